@@ -1,0 +1,103 @@
+//! The admin API (DESIGN §8): on the Unix socket without a token, and on the main listener
+//! only when an admin token is configured.
+
+use std::sync::Arc;
+
+use axum::Json;
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{delete, get, post};
+use serde::de::DeserializeOwned;
+use switchyard_tui::wire;
+
+use super::AppState;
+use super::error::ApiError;
+
+pub fn routes() -> Router<Arc<AppState>> {
+    Router::new()
+        .route("/api/admin/status", get(status))
+        .route(
+            "/api/admin/accounts",
+            get(list_accounts).post(import_account),
+        )
+        .route("/api/admin/accounts/{id}", delete(remove_account))
+        .route("/api/admin/accounts/{id}/enable", post(enable_account))
+        .route("/api/admin/accounts/{id}/disable", post(disable_account))
+        .route("/api/admin/keys", get(list_keys).post(create_key))
+        .route("/api/admin/keys/{id}", delete(revoke_key))
+}
+
+/// Parses a JSON body, answering 400 with the parse position when it is not valid.
+pub fn json_body<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
+    serde_json::from_slice(bytes)
+        .map_err(|e| ApiError::bad_request("invalid_json", format!("invalid JSON body: {e}")))
+}
+
+async fn status(State(state): State<Arc<AppState>>) -> Json<wire::Status> {
+    Json(state.status())
+}
+
+async fn list_accounts(State(state): State<Arc<AppState>>) -> Json<Vec<wire::Account>> {
+    Json(state.fleet.list())
+}
+
+async fn import_account(
+    State(state): State<Arc<AppState>>,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    let parsed = state.fleet.parse_auth(&body)?;
+    let imported = state.fleet.import(parsed).await?;
+    tracing::info!(account = %imported.account.id, created = imported.created, "account imported");
+    let status = if imported.created {
+        StatusCode::CREATED
+    } else {
+        StatusCode::OK
+    };
+    Ok((status, Json(imported)).into_response())
+}
+
+async fn remove_account(
+    State(state): State<Arc<AppState>>,
+    Path(id): Path<String>,
+) -> Result<Json<wire::Account>, ApiError> {
+    let a = state.fleet.remove(&id).await?;
+    tracing::info!(account = %a.id, "account removed");
+    Ok(Json(a))
+}
+
+async fn enable_account(
+    State(state): State<Arc<AppState>>,
+    Path(id): Path<String>,
+) -> Result<Json<wire::Account>, ApiError> {
+    Ok(Json(state.fleet.set_enabled(&id, true).await?))
+}
+
+async fn disable_account(
+    State(state): State<Arc<AppState>>,
+    Path(id): Path<String>,
+) -> Result<Json<wire::Account>, ApiError> {
+    Ok(Json(state.fleet.set_enabled(&id, false).await?))
+}
+
+async fn list_keys(State(state): State<Arc<AppState>>) -> Json<Vec<wire::Key>> {
+    Json(state.keys.list())
+}
+
+async fn create_key(State(state): State<Arc<AppState>>, body: Bytes) -> Result<Response, ApiError> {
+    let req: wire::CreateKey = json_body(&body)?;
+    let created = state.keys.create(&req.name).await?;
+    tracing::info!(key = %created.info.id, name = %created.info.name, "client key created");
+    Ok((StatusCode::CREATED, Json(created)).into_response())
+}
+
+async fn revoke_key(
+    State(state): State<Arc<AppState>>,
+    Path(id): Path<String>,
+) -> Result<Json<wire::Key>, ApiError> {
+    let k = state.keys.revoke(&id).await?;
+    tracing::info!(key = %k.id, "client key revoked");
+    Ok(Json(k))
+}

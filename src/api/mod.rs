@@ -1,0 +1,139 @@
+//! The HTTP contract: routes, authentication, encoding. No policy and no storage logic: the
+//! handlers call the fleet, the key ring and (for health) the store's ping.
+
+pub mod admin;
+pub mod error;
+pub mod health;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use axum::Router;
+use axum::extract::{DefaultBodyLimit, Request, State};
+use axum::http::header::AUTHORIZATION;
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use switchyard_tui::wire;
+
+use crate::clock::SharedClock;
+use crate::fleet::Fleet;
+use crate::keys::KeyRing;
+use crate::store::Store;
+use crate::store::secrets::Secret;
+
+use self::error::ApiError;
+
+/// What every handler can reach.
+pub struct AppState {
+    pub store: Store,
+    pub fleet: Fleet,
+    pub keys: KeyRing,
+    pub clock: SharedClock,
+    pub started_at_ms: u64,
+    /// The client-facing listener's address, as bound.
+    pub listen: String,
+    pub admin_token: Option<Secret>,
+    pub max_body_bytes: usize,
+    draining: AtomicBool,
+}
+
+impl AppState {
+    pub fn new(
+        store: Store,
+        fleet: Fleet,
+        keys: KeyRing,
+        clock: SharedClock,
+        listen: String,
+        admin_token: Option<Secret>,
+        max_body_bytes: usize,
+    ) -> Self {
+        Self {
+            started_at_ms: clock.now_ms(),
+            store,
+            fleet,
+            keys,
+            clock,
+            listen,
+            admin_token,
+            max_body_bytes,
+            draining: AtomicBool::new(false),
+        }
+    }
+
+    /// Marks the gateway as shutting down: `/readyz` answers 503 from now on.
+    pub fn start_draining(&self) {
+        self.draining.store(true, Ordering::SeqCst);
+    }
+
+    pub fn is_draining(&self) -> bool {
+        self.draining.load(Ordering::SeqCst)
+    }
+
+    pub fn status(&self) -> wire::Status {
+        wire::Status {
+            version: env!("CARGO_PKG_VERSION").to_string(),
+            protocol: wire::PROTOCOL_VERSION,
+            pid: std::process::id(),
+            uptime_s: self.clock.now_ms().saturating_sub(self.started_at_ms) / 1000,
+            listen: self.listen.clone(),
+            accounts: self.fleet.len(),
+            accounts_by_state: self.fleet.count_by_state(),
+            in_flight: 0,
+            waiting: 0,
+        }
+    }
+}
+
+/// The client-facing router. The admin API is mounted here only when an admin token is set.
+pub fn router(state: Arc<AppState>) -> Router {
+    let mut r = Router::new()
+        .route("/healthz", get(health::healthz))
+        .route("/readyz", get(health::readyz));
+    if state.admin_token.is_some() {
+        r = r.merge(admin::routes().layer(middleware::from_fn_with_state(
+            Arc::clone(&state),
+            require_admin_token,
+        )));
+    }
+    r.fallback(not_found)
+        .layer(DefaultBodyLimit::max(state.max_body_bytes))
+        .with_state(state)
+}
+
+/// The admin router served on the Unix socket (file permissions are its access control).
+pub fn admin_router(state: Arc<AppState>) -> Router {
+    admin::routes()
+        .route("/healthz", get(health::healthz))
+        .fallback(not_found)
+        .layer(DefaultBodyLimit::max(state.max_body_bytes))
+        .with_state(state)
+}
+
+async fn not_found() -> ApiError {
+    ApiError::not_found("no such route")
+}
+
+async fn require_admin_token(
+    State(state): State<Arc<AppState>>,
+    req: Request,
+    next: Next,
+) -> Response {
+    let presented = req
+        .headers()
+        .get(AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "));
+    match (&state.admin_token, presented) {
+        (Some(expected), Some(p))
+            if constant_time_eq(expected.expose().as_bytes(), p.as_bytes()) =>
+        {
+            next.run(req).await
+        }
+        _ => ApiError::unauthorized("a valid admin token is required").into_response(),
+    }
+}
+
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}

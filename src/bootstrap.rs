@@ -1,0 +1,234 @@
+//! The composition root: open the store, load the pool, bind the listeners, serve until told
+//! to stop, then shut down in a fixed order.
+//!
+//! Start-up: state directory checks and store lock -> accounts and keys loaded -> TCP listener
+//! and admin socket bound -> servers spawned -> `READY=1`.
+//! Shutdown (graceful, SIGTERM): `STOPPING=1` -> `/readyz` answers 503 -> listeners stop
+//! accepting -> in-flight connections get `shutdown_grace` to finish, then are cut -> the
+//! store writer commits what it holds and stops -> the admin socket file is removed -> exit 0.
+//! Fast (SIGINT): the same with no grace period.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::net::{TcpListener, UnixListener};
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use crate::api::{self, AppState};
+use crate::clock::SharedClock;
+use crate::config::Config;
+use crate::fleet::Fleet;
+use crate::keys::KeyRing;
+use crate::store::{Store, StoreError};
+use crate::systemd::{self, Notifier};
+
+#[derive(Debug, thiserror::Error)]
+pub enum BootError {
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("cannot listen on {addr}: {source}")]
+    Listen {
+        addr: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("another switchyard is already serving the admin socket {0}")]
+    SocketInUse(PathBuf),
+    #[error("cannot create the admin socket {path}: {source}")]
+    Socket {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// How to stop.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ShutdownKind {
+    /// Stop accepting, let in-flight work finish within the grace period.
+    Graceful,
+    /// Stop now.
+    Fast,
+}
+
+/// The bound listeners.
+pub struct Listeners {
+    pub http: TcpListener,
+    pub admin: UnixListener,
+    pub admin_path: PathBuf,
+}
+
+impl Listeners {
+    pub fn http_addr(&self) -> Option<SocketAddr> {
+        self.http.local_addr().ok()
+    }
+}
+
+/// Binds the client listener and the admin socket (mode 0660). A stale socket file left by a
+/// crash is replaced; one that a live daemon answers on is an error.
+pub async fn bind(listen: SocketAddr, admin_path: &Path) -> Result<Listeners, BootError> {
+    let http = TcpListener::bind(listen)
+        .await
+        .map_err(|source| BootError::Listen {
+            addr: listen.to_string(),
+            source,
+        })?;
+    let socket_err = |source| BootError::Socket {
+        path: admin_path.to_path_buf(),
+        source,
+    };
+    if admin_path.exists() {
+        if tokio::net::UnixStream::connect(admin_path).await.is_ok() {
+            return Err(BootError::SocketInUse(admin_path.to_path_buf()));
+        }
+        std::fs::remove_file(admin_path).map_err(socket_err)?;
+    }
+    if let Some(parent) = admin_path.parent().filter(|p| !p.as_os_str().is_empty()) {
+        std::fs::create_dir_all(parent).map_err(socket_err)?;
+    }
+    let admin = UnixListener::bind(admin_path).map_err(socket_err)?;
+    std::fs::set_permissions(admin_path, std::fs::Permissions::from_mode(0o660))
+        .map_err(socket_err)?;
+    Ok(Listeners {
+        http,
+        admin,
+        admin_path: admin_path.to_path_buf(),
+    })
+}
+
+/// Builds the application state over an open store.
+pub fn build_state(
+    store: Store,
+    config: &Config,
+    clock: SharedClock,
+    listen: String,
+) -> Result<Arc<AppState>, StoreError> {
+    let fleet = Fleet::load(store.clone(), Arc::clone(&clock))?;
+    let keys = KeyRing::load(store.clone(), Arc::clone(&clock))?;
+    Ok(Arc::new(AppState::new(
+        store,
+        fleet,
+        keys,
+        clock,
+        listen,
+        config.admin.token.clone(),
+        usize::try_from(config.server.max_body_bytes).unwrap_or(usize::MAX),
+    )))
+}
+
+/// Serves until `shutdown` resolves, then shuts down in order. `notifier` gets `READY=1` once
+/// the servers are running and `STOPPING=1` when shutdown begins.
+pub async fn run(
+    store: Store,
+    config: Config,
+    clock: SharedClock,
+    listeners: Listeners,
+    notifier: Notifier,
+    shutdown: impl Future<Output = ShutdownKind>,
+) -> Result<(), BootError> {
+    let listen = listeners
+        .http_addr()
+        .map_or_else(|| config.server.listen.to_string(), |a| a.to_string());
+    let state = build_state(store.clone(), &config, clock, listen.clone())?;
+    let stop_accepting = CancellationToken::new();
+
+    let http = spawn_server(
+        "http",
+        axum::serve(listeners.http, api::router(Arc::clone(&state)))
+            .with_graceful_shutdown(stop_accepting.clone().cancelled_owned()),
+    );
+    let admin = spawn_server(
+        "admin",
+        axum::serve(listeners.admin, api::admin_router(Arc::clone(&state)))
+            .with_graceful_shutdown(stop_accepting.clone().cancelled_owned()),
+    );
+    tracing::info!(
+        listen = %listen,
+        admin_socket = %listeners.admin_path.display(),
+        accounts = state.fleet.len(),
+        version = env!("CARGO_PKG_VERSION"),
+        "switchyard serving"
+    );
+    notifier.notify_or_log("READY=1");
+
+    let watchdog = systemd::watchdog_interval().map(|every| {
+        let notifier = notifier.clone();
+        let store = store.clone();
+        let stop = stop_accepting.clone();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(every);
+            loop {
+                tokio::select! {
+                    _ = stop.cancelled() => break,
+                    _ = tick.tick() => {
+                        // Only a gateway whose store answers is alive.
+                        if store.ping().is_ok() {
+                            notifier.notify_or_log("WATCHDOG=1");
+                        }
+                    }
+                }
+            }
+        })
+    });
+
+    let kind = shutdown.await;
+    tracing::info!(?kind, "shutting down");
+    notifier.notify_or_log("STOPPING=1");
+    state.start_draining();
+    stop_accepting.cancel();
+    let grace = match kind {
+        ShutdownKind::Graceful => config.server.shutdown_grace,
+        ShutdownKind::Fast => Duration::ZERO,
+    };
+    drain(http, grace).await;
+    drain(admin, grace).await;
+    if let Some(w) = watchdog {
+        w.abort();
+    }
+    store.close().await?;
+    let _ = std::fs::remove_file(&listeners.admin_path);
+    tracing::info!("stopped");
+    Ok(())
+}
+
+fn spawn_server<F>(name: &'static str, server: F) -> JoinHandle<()>
+where
+    F: std::future::IntoFuture<Output = std::io::Result<()>> + Send + 'static,
+    F::IntoFuture: Send,
+{
+    tokio::spawn(async move {
+        if let Err(e) = server.await {
+            tracing::error!(server = name, error = %e, "server stopped with an error");
+        }
+    })
+}
+
+/// Waits up to `grace` for a server to finish its connections, then cuts them.
+async fn drain(mut server: JoinHandle<()>, grace: Duration) {
+    if tokio::time::timeout(grace, &mut server).await.is_err() {
+        tracing::warn!(?grace, "grace period over; cutting remaining connections");
+        server.abort();
+        let _ = server.await;
+    }
+}
+
+/// SIGTERM -> graceful, SIGINT -> fast.
+pub async fn signals() -> ShutdownKind {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (Ok(mut term), Ok(mut int)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
+        tracing::error!("cannot install signal handlers; stop with SIGKILL");
+        return std::future::pending().await;
+    };
+    tokio::select! {
+        _ = term.recv() => ShutdownKind::Graceful,
+        _ = int.recv() => ShutdownKind::Fast,
+    }
+}

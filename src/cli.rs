@@ -1,0 +1,90 @@
+//! The command line (clap derive). Every flag can also be set by an environment variable.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "switchyard",
+    version,
+    about = "Pools Codex (ChatGPT) accounts behind one OpenAI-Responses-compatible endpoint"
+)]
+pub struct Cli {
+    /// Config file (TOML). Without one, the documented defaults apply.
+    #[arg(long, global = true, env = "SWITCHYARD_CONFIG", value_name = "PATH")]
+    pub config: Option<PathBuf>,
+
+    /// State directory (default: $STATE_DIRECTORY under systemd, else ./switchyard-data).
+    #[arg(long, global = true, env = "SWITCHYARD_STATE_DIR", value_name = "DIR")]
+    pub state_dir: Option<PathBuf>,
+
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the gateway.
+    Serve(ServeArgs),
+    /// Manage upstream accounts.
+    #[command(subcommand)]
+    Account(AccountCommand),
+    /// Manage client keys.
+    #[command(subcommand)]
+    Key(KeyCommand),
+    /// Check or print the configuration.
+    #[command(subcommand)]
+    Config(ConfigCommand),
+}
+
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    /// Address of the client-facing listener (default 127.0.0.1:8080).
+    #[arg(long, env = "SWITCHYARD_LISTEN", value_name = "ADDR")]
+    pub listen: Option<SocketAddr>,
+}
+
+#[derive(Debug, Args)]
+pub struct ListArgs {
+    /// Print JSON instead of a table.
+    #[arg(long, env = "SWITCHYARD_JSON")]
+    pub json: bool,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum AccountCommand {
+    /// Import Codex auth.json files (`-` reads one from stdin). Re-importing an account updates
+    /// its tokens.
+    Import {
+        #[arg(required = true, value_name = "FILE")]
+        files: Vec<PathBuf>,
+    },
+    /// List accounts.
+    List(ListArgs),
+    /// Let an account take requests again.
+    Enable { id: String },
+    /// Stop sending requests to an account.
+    Disable { id: String },
+    /// Remove an account and its tokens.
+    Remove { id: String },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum KeyCommand {
+    /// Create a client key; prints it once, alone on its line.
+    Create { name: String },
+    /// List client keys (never the keys themselves).
+    List(ListArgs),
+    /// Revoke a client key.
+    Revoke { id: String },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ConfigCommand {
+    /// Validate the configuration and print the effective values (secrets masked).
+    Check,
+    /// Print the documented default configuration.
+    Default,
+}

@@ -1,0 +1,478 @@
+//! What each CLI command does. Management commands talk to a running daemon through its admin
+//! socket (so it sees the change at once) and otherwise open the store directly; both paths
+//! yield the same wire types, printed by the same code, so the output is identical.
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use axum::http::Method;
+use switchyard_tui::wire;
+
+use crate::admin_client::{AdminClient, ClientError};
+use crate::bootstrap::{self, BootError};
+use crate::cli::{AccountCommand, Cli, Command, ConfigCommand, KeyCommand};
+use crate::clock::{self, SharedClock};
+use crate::config::{self, Config, ConfigError};
+use crate::fleet::auth_file::AuthFileError;
+use crate::fleet::{Fleet, FleetError};
+use crate::keys::{KeyError, KeyRing};
+use crate::store::{Store, StoreError};
+use crate::systemd::Notifier;
+use crate::telemetry;
+
+#[derive(Debug, thiserror::Error)]
+pub enum CommandError {
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error(transparent)]
+    Boot(#[from] BootError),
+    #[error(transparent)]
+    Fleet(#[from] FleetError),
+    #[error(transparent)]
+    Key(#[from] KeyError),
+    #[error(transparent)]
+    Client(#[from] ClientError),
+    #[error("{path}: {source}")]
+    AuthFile {
+        path: String,
+        #[source]
+        source: AuthFileError,
+    },
+    #[error("cannot read {path}: {source}")]
+    Read {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error(
+        "the store {path} is locked by another process, and no daemon answers on the admin socket \
+         {socket} (a daemon with another `[admin] socket`? pass the same --config)"
+    )]
+    LockedWithoutDaemon { path: PathBuf, socket: PathBuf },
+    #[error("cannot start the runtime: {0}")]
+    Runtime(std::io::Error),
+}
+
+/// Runs a parsed command line.
+pub fn run(cli: Cli) -> Result<(), CommandError> {
+    let env = config::process_env;
+    let mut config = Config::load(cli.config.as_deref())?;
+    config.apply_env(&env)?;
+    if let Some(dir) = &cli.state_dir {
+        config.storage.state_dir = Some(dir.clone());
+    }
+    if let Command::Serve(args) = &cli.command
+        && let Some(listen) = args.listen
+    {
+        config.server.listen = listen;
+    }
+    let config = config.resolved(&env);
+
+    match cli.command {
+        Command::Config(ConfigCommand::Default) => {
+            print!("{}", config::DEFAULT_TOML);
+            Ok(())
+        }
+        Command::Config(ConfigCommand::Check) => {
+            print!("{}", config.to_toml());
+            Ok(())
+        }
+        Command::Serve(_) => {
+            telemetry::init_logging(&config.log.level, config.log.format);
+            runtime()?.block_on(serve(config))
+        }
+        Command::Account(cmd) => {
+            telemetry::init_logging("warn", config.log.format);
+            runtime()?.block_on(account(&config, cmd))
+        }
+        Command::Key(cmd) => {
+            telemetry::init_logging("warn", config.log.format);
+            runtime()?.block_on(key(&config, cmd))
+        }
+    }
+}
+
+fn runtime() -> Result<tokio::runtime::Runtime, CommandError> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(CommandError::Runtime)
+}
+
+fn state_dir(config: &Config) -> PathBuf {
+    config.state_dir(&config::process_env)
+}
+
+fn admin_socket(config: &Config) -> PathBuf {
+    config.admin_socket(&config::process_env)
+}
+
+async fn serve(config: Config) -> Result<(), CommandError> {
+    let dir = state_dir(&config);
+    let store = Store::open(&dir)?;
+    let listeners = bootstrap::bind(config.server.listen, &admin_socket(&config)).await?;
+    let clock: SharedClock = clock::system();
+    bootstrap::run(
+        store,
+        config,
+        clock,
+        listeners,
+        Notifier::from_env(),
+        bootstrap::signals(),
+    )
+    .await?;
+    Ok(())
+}
+
+/// Where management commands send their work.
+enum Backend {
+    Daemon(AdminClient),
+    Direct {
+        store: Store,
+        fleet: Fleet,
+        keys: KeyRing,
+    },
+}
+
+impl Backend {
+    async fn connect(config: &Config) -> Result<Backend, CommandError> {
+        let socket = admin_socket(config);
+        if let Ok(client) = AdminClient::connect(&socket).await {
+            return Ok(Backend::Daemon(client));
+        }
+        let dir = state_dir(config);
+        let store = Store::open(&dir).map_err(|e| match e {
+            StoreError::Locked { path } => CommandError::LockedWithoutDaemon { path, socket },
+            other => other.into(),
+        })?;
+        let clock = clock::system();
+        let fleet = Fleet::load(store.clone(), Arc::clone(&clock))?;
+        let keys = KeyRing::load(store.clone(), clock)?;
+        Ok(Backend::Direct { store, fleet, keys })
+    }
+
+    async fn close(self) -> Result<(), CommandError> {
+        if let Backend::Direct { store, .. } = self {
+            store.close().await?;
+        }
+        Ok(())
+    }
+
+    async fn list_accounts(&self) -> Result<Vec<wire::Account>, CommandError> {
+        match self {
+            Backend::Daemon(c) => Ok(c.call(Method::GET, "/api/admin/accounts", None).await?),
+            Backend::Direct { fleet, .. } => Ok(fleet.list()),
+        }
+    }
+
+    async fn import_account(&self, raw: &[u8]) -> Result<wire::ImportedAccount, CommandError> {
+        match self {
+            Backend::Daemon(c) => Ok(c
+                .call(Method::POST, "/api/admin/accounts", Some(raw.to_vec()))
+                .await?),
+            Backend::Direct { fleet, .. } => Ok(fleet.import(fleet.parse_auth(raw)?).await?),
+        }
+    }
+
+    async fn set_enabled(&self, id: &str, enabled: bool) -> Result<wire::Account, CommandError> {
+        match self {
+            Backend::Daemon(c) => {
+                let verb = if enabled { "enable" } else { "disable" };
+                Ok(c.call(
+                    Method::POST,
+                    &format!("/api/admin/accounts/{}/{verb}", path_segment(id)),
+                    None,
+                )
+                .await?)
+            }
+            Backend::Direct { fleet, .. } => Ok(fleet.set_enabled(id, enabled).await?),
+        }
+    }
+
+    async fn remove_account(&self, id: &str) -> Result<wire::Account, CommandError> {
+        match self {
+            Backend::Daemon(c) => Ok(c
+                .call(
+                    Method::DELETE,
+                    &format!("/api/admin/accounts/{}", path_segment(id)),
+                    None,
+                )
+                .await?),
+            Backend::Direct { fleet, .. } => Ok(fleet.remove(id).await?),
+        }
+    }
+
+    async fn create_key(&self, name: &str) -> Result<wire::CreatedKey, CommandError> {
+        match self {
+            Backend::Daemon(c) => {
+                let body = serde_json::to_vec(&wire::CreateKey {
+                    name: name.to_string(),
+                })
+                .map_err(|e| ClientError::Decode(e.to_string()))?;
+                Ok(c.call(Method::POST, "/api/admin/keys", Some(body)).await?)
+            }
+            Backend::Direct { keys, .. } => Ok(keys.create(name).await?),
+        }
+    }
+
+    async fn list_keys(&self) -> Result<Vec<wire::Key>, CommandError> {
+        match self {
+            Backend::Daemon(c) => Ok(c.call(Method::GET, "/api/admin/keys", None).await?),
+            Backend::Direct { keys, .. } => Ok(keys.list()),
+        }
+    }
+
+    async fn revoke_key(&self, id: &str) -> Result<wire::Key, CommandError> {
+        match self {
+            Backend::Daemon(c) => Ok(c
+                .call(
+                    Method::DELETE,
+                    &format!("/api/admin/keys/{}", path_segment(id)),
+                    None,
+                )
+                .await?),
+            Backend::Direct { keys, .. } => Ok(keys.revoke(id).await?),
+        }
+    }
+}
+
+/// Percent-encodes an id for use as one URL path segment.
+fn path_segment(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'~' | b'@' | b'+') {
+            out.push(char::from(b));
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+/// Reads every file first and checks it, so a bad file among several imports nothing.
+fn read_auth_files(files: &[PathBuf]) -> Result<Vec<(String, Vec<u8>)>, CommandError> {
+    let mut out = Vec::new();
+    let mut stdin_used = false;
+    for f in files {
+        let (name, bytes) = if f == Path::new("-") {
+            if stdin_used {
+                continue;
+            }
+            stdin_used = true;
+            let mut buf = Vec::new();
+            std::io::stdin()
+                .read_to_end(&mut buf)
+                .map_err(|source| CommandError::Read {
+                    path: "stdin".into(),
+                    source,
+                })?;
+            ("stdin".to_string(), buf)
+        } else {
+            let name = f.display().to_string();
+            let bytes = std::fs::read(f).map_err(|source| CommandError::Read {
+                path: name.clone(),
+                source,
+            })?;
+            (name, bytes)
+        };
+        crate::fleet::auth_file::parse(&bytes, 0).map_err(|source| CommandError::AuthFile {
+            path: name.clone(),
+            source,
+        })?;
+        out.push((name, bytes));
+    }
+    Ok(out)
+}
+
+async fn account(config: &Config, cmd: AccountCommand) -> Result<(), CommandError> {
+    let files = match &cmd {
+        AccountCommand::Import { files } => read_auth_files(files)?,
+        _ => Vec::new(),
+    };
+    let backend = Backend::connect(config).await?;
+    let result = account_with(&backend, cmd, files).await;
+    backend.close().await?;
+    result
+}
+
+async fn account_with(
+    backend: &Backend,
+    cmd: AccountCommand,
+    files: Vec<(String, Vec<u8>)>,
+) -> Result<(), CommandError> {
+    match cmd {
+        AccountCommand::Import { .. } => {
+            for (_, bytes) in files {
+                let imported = backend.import_account(&bytes).await?;
+                let verb = if imported.created {
+                    "imported"
+                } else {
+                    "updated"
+                };
+                println!("{verb} {}", describe_account(&imported.account));
+            }
+        }
+        AccountCommand::List(args) => {
+            let accounts = backend.list_accounts().await?;
+            if args.json {
+                println!("{}", to_json(&accounts));
+            } else {
+                print!("{}", account_table(&accounts));
+            }
+        }
+        AccountCommand::Enable { id } => println!(
+            "enabled {}",
+            describe_account(&backend.set_enabled(&id, true).await?)
+        ),
+        AccountCommand::Disable { id } => println!(
+            "disabled {}",
+            describe_account(&backend.set_enabled(&id, false).await?)
+        ),
+        AccountCommand::Remove { id } => println!(
+            "removed {}",
+            describe_account(&backend.remove_account(&id).await?)
+        ),
+    }
+    Ok(())
+}
+
+async fn key(config: &Config, cmd: KeyCommand) -> Result<(), CommandError> {
+    let backend = Backend::connect(config).await?;
+    let result = key_with(&backend, cmd).await;
+    backend.close().await?;
+    result
+}
+
+async fn key_with(backend: &Backend, cmd: KeyCommand) -> Result<(), CommandError> {
+    match cmd {
+        KeyCommand::Create { name } => {
+            let created = backend.create_key(&name).await?;
+            eprintln!(
+                "created key {} ({}); this is the only time it is shown:",
+                created.info.id, created.info.name
+            );
+            println!("{}", created.key);
+        }
+        KeyCommand::List(args) => {
+            let keys = backend.list_keys().await?;
+            if args.json {
+                println!("{}", to_json(&keys));
+            } else {
+                print!("{}", key_table(&keys));
+            }
+        }
+        KeyCommand::Revoke { id } => {
+            let k = backend.revoke_key(&id).await?;
+            println!("revoked key {} ({})", k.id, k.name);
+        }
+    }
+    Ok(())
+}
+
+fn to_json<T: serde::Serialize>(v: &T) -> String {
+    serde_json::to_string_pretty(v).unwrap_or_else(|e| format!("{{\"error\": \"{e}\"}}"))
+}
+
+fn describe_account(a: &wire::Account) -> String {
+    format!(
+        "{} {} (plan {}, account {})",
+        a.id,
+        a.email.as_deref().unwrap_or(&a.label),
+        a.plan.as_deref().unwrap_or("unknown"),
+        a.chatgpt_account_id
+    )
+}
+
+/// Renders rows as left-aligned columns.
+fn table(header: &[&str], rows: Vec<Vec<String>>) -> String {
+    let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
+    for r in &rows {
+        for (w, c) in widths.iter_mut().zip(r) {
+            *w = (*w).max(c.chars().count());
+        }
+    }
+    let mut out = String::new();
+    let line = |cells: Vec<String>, out: &mut String| {
+        let n = cells.len();
+        for (i, (c, w)) in cells.into_iter().zip(&widths).enumerate() {
+            if i + 1 == n {
+                out.push_str(&c);
+            } else {
+                out.push_str(&format!("{c:<w$}  ", w = *w));
+            }
+        }
+        out.push('\n');
+    };
+    line(header.iter().map(|s| s.to_string()).collect(), &mut out);
+    for r in rows {
+        line(r, &mut out);
+    }
+    out
+}
+
+fn account_table(accounts: &[wire::Account]) -> String {
+    if accounts.is_empty() {
+        return "no accounts (import one with `switchyard account import ~/.codex/auth.json`)\n"
+            .into();
+    }
+    table(
+        &["ID", "EMAIL", "PLAN", "ACCOUNT ID", "STATE", "CREATED"],
+        accounts
+            .iter()
+            .map(|a| {
+                vec![
+                    a.id.clone(),
+                    a.email.clone().unwrap_or_else(|| a.label.clone()),
+                    a.plan.clone().unwrap_or_else(|| "-".into()),
+                    a.chatgpt_account_id.clone(),
+                    a.state.clone(),
+                    a.created_at.clone(),
+                ]
+            })
+            .collect(),
+    )
+}
+
+fn key_table(keys: &[wire::Key]) -> String {
+    if keys.is_empty() {
+        return "no keys (create one with `switchyard key create NAME`)\n".into();
+    }
+    table(
+        &["ID", "NAME", "PREFIX", "STATUS", "CREATED"],
+        keys.iter()
+            .map(|k| {
+                vec![
+                    k.id.clone(),
+                    k.name.clone(),
+                    format!("{}…", k.prefix),
+                    if k.enabled {
+                        "active".into()
+                    } else {
+                        "revoked".into()
+                    },
+                    k.created_at.clone(),
+                ]
+            })
+            .collect(),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn path_segments_are_escaped() {
+        assert_eq!(path_segment("a b/c"), "a%20b%2Fc");
+        assert_eq!(path_segment("user@example.com"), "user@example.com");
+    }
+
+    #[test]
+    fn tables_align_columns() {
+        let t = table(&["A", "BB"], vec![vec!["xxx".into(), "y".into()]]);
+        assert_eq!(t, "A    BB\nxxx  y\n");
+    }
+}

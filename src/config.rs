@@ -1,0 +1,565 @@
+//! The TOML configuration: every key optional with a documented default, unknown keys refused,
+//! environment overrides for the upstream URLs, and errors that name the key and line.
+//!
+//! Precedence, lowest first: built-in defaults, the config file, environment variables, CLI
+//! flags (which clap also reads from `SWITCHYARD_*` variables).
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+use crate::store::secrets::Secret;
+
+pub const DEFAULT_LISTEN: &str = "127.0.0.1:8080";
+pub const DEFAULT_STATE_DIR: &str = "./switchyard-data";
+pub const ADMIN_SOCKET_FILE: &str = "admin.sock";
+
+/// Upstream URL overrides read from the environment.
+pub const ENV_UPSTREAM_BASE_URL: &str = "SWITCHYARD_UPSTREAM_BASE_URL";
+pub const ENV_UPSTREAM_USAGE_URL: &str = "SWITCHYARD_UPSTREAM_USAGE_URL";
+pub const ENV_OAUTH_TOKEN_URL: &str = "SWITCHYARD_OAUTH_TOKEN_URL";
+
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    pub server: ServerConfig,
+    pub storage: StorageConfig,
+    pub upstream: UpstreamConfig,
+    pub admin: AdminConfig,
+    pub log: LogConfig,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ServerConfig {
+    /// Address of the client-facing listener (`/v1`, `/healthz`, `/metrics`).
+    pub listen: SocketAddr,
+    /// Largest accepted request body.
+    #[serde(deserialize_with = "positive_u64")]
+    pub max_body_bytes: u64,
+    /// How long SIGTERM waits for in-flight requests before cutting them.
+    #[serde(with = "duration")]
+    pub shutdown_grace: Duration,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        Self {
+            listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
+            max_body_bytes: 16 * 1024 * 1024,
+            shutdown_grace: Duration::from_secs(30),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct StorageConfig {
+    /// Where `switchyard.redb` and `secret.key` live. Default: `$STATE_DIRECTORY` under
+    /// systemd, else `./switchyard-data`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub state_dir: Option<PathBuf>,
+    /// Request records older than this are pruned.
+    pub request_retention_days: u32,
+}
+
+impl Default for StorageConfig {
+    fn default() -> Self {
+        Self {
+            state_dir: None,
+            request_retention_days: 7,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct UpstreamConfig {
+    /// Codex backend base URL; `/responses` and `/models` are under it.
+    #[serde(deserialize_with = "http_url")]
+    pub base_url: String,
+    /// Usage and limits endpoint (`wham/usage`).
+    #[serde(deserialize_with = "http_url")]
+    pub usage_url: String,
+    /// OAuth token endpoint used to refresh account tokens.
+    #[serde(deserialize_with = "http_url")]
+    pub oauth_token_url: String,
+    /// OAuth client id of Codex CLI.
+    pub oauth_client_id: String,
+    #[serde(with = "duration")]
+    pub connect_timeout: Duration,
+    /// Time allowed for the upstream's response headers.
+    #[serde(with = "duration")]
+    pub header_timeout: Duration,
+    /// Longest silence allowed inside a stream.
+    #[serde(with = "duration")]
+    pub stream_idle_timeout: Duration,
+}
+
+impl Default for UpstreamConfig {
+    fn default() -> Self {
+        Self {
+            base_url: "https://chatgpt.com/backend-api/codex".into(),
+            usage_url: "https://chatgpt.com/backend-api/wham/usage".into(),
+            oauth_token_url: "https://auth.openai.com/oauth/token".into(),
+            oauth_client_id: "app_EMoamEEZ73f0CkXaXp7hrann".into(),
+            connect_timeout: Duration::from_secs(10),
+            header_timeout: Duration::from_secs(60),
+            stream_idle_timeout: Duration::from_secs(300),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AdminConfig {
+    /// The admin Unix socket. Default: `$RUNTIME_DIRECTORY/admin.sock` under systemd, else
+    /// `admin.sock` in the state directory.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub socket: Option<PathBuf>,
+    /// When set, the admin API is also served on the main listener with this bearer token.
+    #[serde(
+        skip_serializing_if = "Option::is_none",
+        serialize_with = "masked",
+        deserialize_with = "non_empty_secret"
+    )]
+    pub token: Option<Secret>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LogConfig {
+    /// `tracing` filter, e.g. `info` or `switchyard=debug,info`; `RUST_LOG` overrides it.
+    pub level: String,
+    /// `auto` (JSON when stderr is not a terminal), `json` or `text`.
+    pub format: LogFormat,
+}
+
+impl Default for LogConfig {
+    fn default() -> Self {
+        Self {
+            level: "info".into(),
+            format: LogFormat::Auto,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    #[default]
+    Auto,
+    Json,
+    Text,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config {path}: {source}")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{path}:{line}: {}{message}", key.as_ref().map(|k| format!("`{k}`: ")).unwrap_or_default())]
+    Parse {
+        path: PathBuf,
+        line: usize,
+        key: Option<String>,
+        message: String,
+    },
+    #[error("environment variable {var}: {message}")]
+    Env { var: &'static str, message: String },
+}
+
+/// What the process environment contributes; a function so tests need not touch the real one.
+pub type EnvLookup<'a> = &'a dyn Fn(&str) -> Option<String>;
+
+pub fn process_env(name: &str) -> Option<String> {
+    std::env::var(name).ok().filter(|v| !v.is_empty())
+}
+
+impl Config {
+    /// Parses config text; `path` is only used in error messages.
+    pub fn parse(text: &str, path: &Path) -> Result<Config, ConfigError> {
+        toml::from_str(text).map_err(|e| {
+            let (line, key) = match e.span() {
+                Some(span) => locate(text, span.start),
+                None => (0, None),
+            };
+            ConfigError::Parse {
+                path: path.to_path_buf(),
+                line,
+                key,
+                message: e.message().trim().to_string(),
+            }
+        })
+    }
+
+    /// Reads the file at `path`, or the defaults when there is none.
+    pub fn load(path: Option<&Path>) -> Result<Config, ConfigError> {
+        match path {
+            None => Ok(Config::default()),
+            Some(p) => {
+                let text = std::fs::read_to_string(p).map_err(|source| ConfigError::Read {
+                    path: p.to_path_buf(),
+                    source,
+                })?;
+                Config::parse(&text, p)
+            }
+        }
+    }
+
+    /// Applies the environment overrides of the upstream URLs.
+    pub fn apply_env(&mut self, env: EnvLookup<'_>) -> Result<(), ConfigError> {
+        for (var, slot) in [
+            (ENV_UPSTREAM_BASE_URL, &mut self.upstream.base_url),
+            (ENV_UPSTREAM_USAGE_URL, &mut self.upstream.usage_url),
+            (ENV_OAUTH_TOKEN_URL, &mut self.upstream.oauth_token_url),
+        ] {
+            if let Some(v) = env(var) {
+                check_http_url(&v).map_err(|message| ConfigError::Env { var, message })?;
+                *slot = v;
+            }
+        }
+        Ok(())
+    }
+
+    /// The state directory in force: the config value, else `$STATE_DIRECTORY` (the first of
+    /// them when systemd sets several), else `./switchyard-data`.
+    pub fn state_dir(&self, env: EnvLookup<'_>) -> PathBuf {
+        if let Some(d) = &self.storage.state_dir {
+            return d.clone();
+        }
+        env("STATE_DIRECTORY")
+            .and_then(|v| v.split(':').next().map(PathBuf::from))
+            .unwrap_or_else(|| PathBuf::from(DEFAULT_STATE_DIR))
+    }
+
+    /// The admin socket in force: the config value, else `$RUNTIME_DIRECTORY/admin.sock`, else
+    /// `admin.sock` in the state directory.
+    pub fn admin_socket(&self, env: EnvLookup<'_>) -> PathBuf {
+        if let Some(s) = &self.admin.socket {
+            return s.clone();
+        }
+        match env("RUNTIME_DIRECTORY").and_then(|v| v.split(':').next().map(PathBuf::from)) {
+            Some(dir) => dir.join(ADMIN_SOCKET_FILE),
+            None => self.state_dir(env).join(ADMIN_SOCKET_FILE),
+        }
+    }
+
+    /// Fills the environment-dependent defaults in, so the value printed by `config check` is
+    /// the one the daemon would use.
+    pub fn resolved(mut self, env: EnvLookup<'_>) -> Config {
+        let state_dir = self.state_dir(env);
+        let socket = self.admin_socket(env);
+        self.storage.state_dir = Some(state_dir);
+        self.admin.socket = Some(socket);
+        self
+    }
+
+    /// The effective configuration as TOML, secrets masked.
+    pub fn to_toml(&self) -> String {
+        toml::to_string(self).unwrap_or_else(|e| format!("# cannot render config: {e}\n"))
+    }
+}
+
+/// Line number (1-based) of byte `offset`, and the dotted key on that line if there is one.
+fn locate(text: &str, offset: usize) -> (usize, Option<String>) {
+    let offset = offset.min(text.len());
+    let before = &text[..offset];
+    let line_no = before.matches('\n').count() + 1;
+    let line_start = before.rfind('\n').map_or(0, |i| i + 1);
+    let line = text[line_start..].lines().next().unwrap_or("").trim();
+    let mut table: Option<String> = None;
+    for l in before.lines() {
+        let l = l.trim();
+        if let Some(h) = l.strip_prefix('[') {
+            table = Some(
+                h.trim_start_matches('[')
+                    .split(']')
+                    .next()
+                    .unwrap_or("")
+                    .trim()
+                    .to_string(),
+            );
+        }
+    }
+    if let Some(h) = line.strip_prefix('[') {
+        let name = h
+            .trim_start_matches('[')
+            .split(']')
+            .next()
+            .unwrap_or("")
+            .trim();
+        return (line_no, Some(name.to_string()));
+    }
+    let key = line
+        .split_once('=')
+        .map(|(k, _)| k.trim().trim_matches('"').to_string())
+        .filter(|k| !k.is_empty() && !k.starts_with('#'));
+    let key = match (table, key) {
+        (Some(t), Some(k)) if line_start > 0 && !t.is_empty() => Some(format!("{t}.{k}")),
+        (_, k) => k,
+    };
+    (line_no, key)
+}
+
+fn check_http_url(s: &str) -> Result<(), String> {
+    let uri: axum::http::Uri = s.parse().map_err(|e| format!("`{s}` is not a URL: {e}"))?;
+    match uri.scheme_str() {
+        Some("http" | "https") if uri.authority().is_some() => Ok(()),
+        _ => Err(format!("`{s}` must be an http:// or https:// URL")),
+    }
+}
+
+fn http_url<'de, D: Deserializer<'de>>(d: D) -> Result<String, D::Error> {
+    let s = String::deserialize(d)?;
+    check_http_url(&s).map_err(serde::de::Error::custom)?;
+    Ok(s.trim_end_matches('/').to_string())
+}
+
+fn positive_u64<'de, D: Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
+    let v = u64::deserialize(d)?;
+    if v == 0 {
+        return Err(serde::de::Error::custom("must be greater than 0"));
+    }
+    Ok(v)
+}
+
+fn non_empty_secret<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Secret>, D::Error> {
+    let s = String::deserialize(d)?;
+    if s.len() < 16 {
+        return Err(serde::de::Error::custom(
+            "an admin token must be at least 16 characters",
+        ));
+    }
+    Ok(Some(Secret::new(s)))
+}
+
+fn masked<S: Serializer>(v: &Option<Secret>, s: S) -> Result<S::Ok, S::Error> {
+    match v {
+        Some(_) => s.serialize_str("***"),
+        None => s.serialize_none(),
+    }
+}
+
+/// Durations as human strings: `"30s"`, `"10m"`, `"1h 30m"`.
+pub mod duration {
+    use std::time::Duration;
+
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&humantime::format_duration(*d).to_string())
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+        let s = String::deserialize(d)?;
+        humantime::parse_duration(&s).map_err(|e| {
+            serde::de::Error::custom(format!(
+                "`{s}` is not a duration like \"30s\" or \"10m\": {e}"
+            ))
+        })
+    }
+}
+
+/// The documented default configuration, printed by `switchyard config default`.
+pub const DEFAULT_TOML: &str = r#"# Switchyard configuration. Every key is optional; the values below are the defaults.
+# Durations are written like "30s", "10m", "1h 30m".
+
+[server]
+# Address of the client-facing listener (/v1, /healthz, /readyz, /metrics).
+listen = "127.0.0.1:8080"
+# Largest accepted request body, in bytes (16 MiB).
+max_body_bytes = 16777216
+# On SIGTERM, how long in-flight requests may finish before they are cut.
+shutdown_grace = "30s"
+
+[storage]
+# Where switchyard.redb and secret.key live.
+# Default: $STATE_DIRECTORY when run by systemd, else ./switchyard-data
+# state_dir = "/var/lib/switchyard"
+# Request records older than this many days are pruned.
+request_retention_days = 7
+
+[upstream]
+# The Codex backend. Environment overrides: SWITCHYARD_UPSTREAM_BASE_URL,
+# SWITCHYARD_UPSTREAM_USAGE_URL, SWITCHYARD_OAUTH_TOKEN_URL.
+base_url = "https://chatgpt.com/backend-api/codex"
+usage_url = "https://chatgpt.com/backend-api/wham/usage"
+oauth_token_url = "https://auth.openai.com/oauth/token"
+oauth_client_id = "app_EMoamEEZ73f0CkXaXp7hrann"
+# Time to open a connection, to receive response headers, and the longest silence in a stream.
+connect_timeout = "10s"
+header_timeout = "1m"
+stream_idle_timeout = "5m"
+
+[admin]
+# The admin Unix socket (mode 0660; file permissions are its access control).
+# Default: $RUNTIME_DIRECTORY/admin.sock when run by systemd, else admin.sock in the state dir.
+# socket = "/run/switchyard/admin.sock"
+# Set a token (16+ characters) to also serve /api/admin on the main listener, with
+# "Authorization: Bearer <token>". Unset: the admin API is only on the socket.
+# token = "change-me-to-a-long-random-string"
+
+[log]
+# tracing filter; RUST_LOG overrides it.
+level = "info"
+# auto (JSON when stderr is not a terminal), json, or text.
+format = "auto"
+"#;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn no_env(_: &str) -> Option<String> {
+        None
+    }
+
+    #[test]
+    fn the_default_text_is_exactly_the_defaults() {
+        let c = Config::parse(DEFAULT_TOML, Path::new("default")).unwrap();
+        assert_eq!(c, Config::default());
+    }
+
+    #[test]
+    fn an_empty_file_is_the_defaults() {
+        assert_eq!(
+            Config::parse("", Path::new("x")).unwrap(),
+            Config::default()
+        );
+    }
+
+    #[test]
+    fn unknown_key_names_key_and_line() {
+        let text = "[server]\nlisten = \"127.0.0.1:9000\"\nlisten_port = 9\n";
+        let err = Config::parse(text, Path::new("s.toml")).unwrap_err();
+        let msg = err.to_string();
+        assert!(
+            msg.starts_with("s.toml:3: `server.listen_port`: unknown field"),
+            "{msg}"
+        );
+    }
+
+    #[test]
+    fn unknown_table_is_refused() {
+        let err = Config::parse("[servr]\nlisten = \"x\"\n", Path::new("s.toml")).unwrap_err();
+        let msg = err.to_string();
+        assert!(msg.contains("s.toml:1") && msg.contains("servr"), "{msg}");
+    }
+
+    #[test]
+    fn bad_values_name_key_and_line() {
+        for (text, line, key, needle) in [
+            (
+                "[server]\nlisten = \"nope\"\n",
+                2,
+                "server.listen",
+                "invalid",
+            ),
+            (
+                "[server]\nmax_body_bytes = 0\n",
+                2,
+                "server.max_body_bytes",
+                "greater than 0",
+            ),
+            (
+                "\n[upstream]\nheader_timeout = \"soon\"\n",
+                3,
+                "upstream.header_timeout",
+                "not a duration",
+            ),
+            (
+                "[upstream]\nbase_url = \"ftp://x\"\n",
+                2,
+                "upstream.base_url",
+                "http",
+            ),
+            (
+                "[admin]\ntoken = \"short\"\n",
+                2,
+                "admin.token",
+                "16 characters",
+            ),
+            (
+                "[log]\nformat = \"xml\"\n",
+                2,
+                "log.format",
+                "unknown variant",
+            ),
+        ] {
+            let msg = Config::parse(text, Path::new("c.toml"))
+                .unwrap_err()
+                .to_string();
+            assert!(
+                msg.starts_with(&format!("c.toml:{line}: `{key}`: ")),
+                "{msg}"
+            );
+            assert!(msg.contains(needle), "{msg}");
+        }
+    }
+
+    #[test]
+    fn malformed_toml_names_the_line() {
+        let msg = Config::parse("[server]\nlisten = \n", Path::new("c.toml"))
+            .unwrap_err()
+            .to_string();
+        assert!(msg.starts_with("c.toml:2:"), "{msg}");
+    }
+
+    #[test]
+    fn env_overrides_upstream_urls_and_rejects_bad_ones() {
+        let mut c = Config::default();
+        let env = |k: &str| {
+            (k == ENV_UPSTREAM_BASE_URL).then(|| "http://127.0.0.1:9/backend-api/codex".to_string())
+        };
+        c.apply_env(&env).unwrap();
+        assert_eq!(c.upstream.base_url, "http://127.0.0.1:9/backend-api/codex");
+        let bad = |k: &str| (k == ENV_OAUTH_TOKEN_URL).then(|| "nope".to_string());
+        let err = c.apply_env(&bad).unwrap_err().to_string();
+        assert!(err.contains(ENV_OAUTH_TOKEN_URL), "{err}");
+    }
+
+    #[test]
+    fn state_dir_and_socket_follow_systemd_directories() {
+        let c = Config::default();
+        assert_eq!(c.state_dir(&no_env), PathBuf::from(DEFAULT_STATE_DIR));
+        assert_eq!(
+            c.admin_socket(&no_env),
+            PathBuf::from(DEFAULT_STATE_DIR).join("admin.sock")
+        );
+        let sd = |k: &str| match k {
+            "STATE_DIRECTORY" => Some("/var/lib/switchyard:/var/lib/other".to_string()),
+            "RUNTIME_DIRECTORY" => Some("/run/switchyard".to_string()),
+            _ => None,
+        };
+        assert_eq!(c.state_dir(&sd), PathBuf::from("/var/lib/switchyard"));
+        assert_eq!(
+            c.admin_socket(&sd),
+            PathBuf::from("/run/switchyard/admin.sock")
+        );
+    }
+
+    #[test]
+    fn printed_config_masks_the_token_and_parses_back() {
+        let text = "[admin]\ntoken = \"0123456789abcdef-secret\"\n";
+        let c = Config::parse(text, Path::new("c"))
+            .unwrap()
+            .resolved(&no_env);
+        let printed = c.to_toml();
+        assert!(!printed.contains("0123456789abcdef-secret"), "{printed}");
+        assert!(printed.contains("token = \"***\""), "{printed}");
+        assert!(printed.contains("state_dir"), "{printed}");
+        // Everything but the masked token parses back to the same values.
+        let back = Config::parse(
+            &printed.replace("\"***\"", "\"0123456789abcdef-secret\""),
+            Path::new("c"),
+        )
+        .unwrap();
+        assert_eq!(back, c);
+    }
+}

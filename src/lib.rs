@@ -1,0 +1,17 @@
+//! Switchyard: one binary that pools Codex (ChatGPT) accounts behind one
+//! OpenAI-Responses-compatible endpoint. See `docs/architecture.md`.
+
+pub mod admin_client;
+pub mod api;
+pub mod bootstrap;
+pub mod cli;
+pub mod clock;
+pub mod commands;
+pub mod config;
+pub mod fleet;
+pub mod keys;
+pub mod sim;
+pub mod store;
+pub mod systemd;
+pub mod telemetry;
+pub mod ttl;

@@ -1,0 +1,662 @@
+//! The redb store: one file, `switchyard.redb`, in the state directory.
+//!
+//! Reads are plain read transactions; every write goes through the single writer task
+//! (`writer.rs`). Values are encoded by `codec.rs` only; account secrets are sealed with the
+//! state directory's `secret.key` (`secrets.rs`).
+
+pub mod codec;
+pub mod records;
+pub mod schema;
+pub mod secrets;
+pub mod writer;
+
+use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
+use serde::{Serialize, de::DeserializeOwned};
+use tokio::sync::{mpsc, oneshot};
+
+use self::codec::CodecError;
+use self::records::{AccountRecord, AccountSecrets, ClientKeyRecord};
+use self::schema::{META, META_KEY_CHECK, META_SCHEMA_VERSION, SCHEMA_VERSION, Table};
+use self::secrets::Sealer;
+use self::writer::{Job, Key, Mutation};
+
+pub const DB_FILE: &str = "switchyard.redb";
+const KEY_CHECK_PLAINTEXT: &[u8] = b"switchyard key check";
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("state directory {path} is not usable: {source}")]
+    StateDir {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error(
+        "the store {path} is locked by another process (another `switchyard serve` on this state \
+         directory whose admin socket is elsewhere?)"
+    )]
+    Locked { path: PathBuf },
+    #[error(
+        "the store {path} has schema version {found}, newer than this binary supports ({supported}); \
+         run the newer switchyard or restore a backup"
+    )]
+    NewerSchema {
+        path: PathBuf,
+        found: u64,
+        supported: u64,
+    },
+    #[error("{path} is corrupted ({reason}); restore it from a backup of the state directory")]
+    SecretKeyCorrupt { path: PathBuf, reason: String },
+    #[error(
+        "{path} is missing but the store holds secrets sealed with it; restore it from a backup \
+         of the state directory"
+    )]
+    SecretKeyMissing { path: PathBuf },
+    #[error("{path} does not match this store (its secrets were sealed with another key)")]
+    SecretKeyMismatch { path: PathBuf },
+    #[error("cannot read {what}: {source}")]
+    Codec {
+        what: String,
+        #[source]
+        source: CodecError,
+    },
+    #[error("the secrets of {what} cannot be opened with secret.key")]
+    Unseal { what: String },
+    #[error("could not seal a secret")]
+    Seal,
+    #[error("no randomness available: {0}")]
+    Random(String),
+    #[error("table {0:?} is not keyed that way")]
+    KeyKind(Table),
+    #[error("the store writer has stopped")]
+    WriterGone,
+    #[error("store error: {0}")]
+    Db(String),
+}
+
+impl StoreError {
+    pub(crate) fn db(e: impl Into<redb::Error>) -> Self {
+        StoreError::Db(e.into().to_string())
+    }
+
+    fn codec(what: impl Into<String>, source: CodecError) -> Self {
+        StoreError::Codec {
+            what: what.into(),
+            source,
+        }
+    }
+}
+
+/// Handle to the open store. Cloning shares it.
+#[derive(Clone)]
+pub struct Store {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    db: Arc<Database>,
+    path: PathBuf,
+    sealer: Sealer,
+    tx: mpsc::Sender<Job>,
+    writer: Mutex<Option<std::thread::JoinHandle<()>>>,
+    dropped: AtomicU64,
+}
+
+impl std::fmt::Debug for Store {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Store")
+            .field("path", &self.inner.path)
+            .finish()
+    }
+}
+
+impl Store {
+    /// Opens (creating if needed) the store in `state_dir`: checks the directory is writable,
+    /// takes the file lock, checks the schema version and the secret key. Nothing is created
+    /// when any check fails.
+    pub fn open(state_dir: &Path) -> Result<Store, StoreError> {
+        ensure_writable_dir(state_dir)?;
+        let path = state_dir.join(DB_FILE);
+        let db = match Database::create(&path) {
+            Ok(db) => db,
+            Err(redb::DatabaseError::DatabaseAlreadyOpen) => {
+                return Err(StoreError::Locked { path });
+            }
+            Err(e) => return Err(StoreError::db(e)),
+        };
+        // Account metadata is not secret, but it is nobody else's business either.
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).map_err(|source| {
+            StoreError::StateDir {
+                path: path.clone(),
+                source,
+            }
+        })?;
+        let has_key_check = read_meta(&db, META_KEY_CHECK)?.is_some();
+        let key = secrets::load_or_create_key(state_dir, !has_key_check)?;
+        Self::finish_open(db, path, state_dir.join(secrets::KEY_FILE), &key)
+    }
+
+    /// A store in memory (tests and benches), sealed with a fixed key.
+    pub fn open_in_memory() -> Result<Store, StoreError> {
+        let db = Database::builder()
+            .create_with_backend(redb::backends::InMemoryBackend::new())
+            .map_err(StoreError::db)?;
+        Self::finish_open(
+            db,
+            PathBuf::from(":memory:"),
+            PathBuf::from(":memory:"),
+            &[42u8; 32],
+        )
+    }
+
+    fn finish_open(
+        db: Database,
+        path: PathBuf,
+        key_path: PathBuf,
+        key: &[u8; 32],
+    ) -> Result<Store, StoreError> {
+        let sealer = Sealer::from_key(key);
+        match read_meta(&db, META_SCHEMA_VERSION)? {
+            Some(raw) => {
+                let found = raw
+                    .as_slice()
+                    .try_into()
+                    .map(u64::from_le_bytes)
+                    .map_err(|_| StoreError::Db("schema_version is malformed".into()))?;
+                if found > SCHEMA_VERSION {
+                    return Err(StoreError::NewerSchema {
+                        path,
+                        found,
+                        supported: SCHEMA_VERSION,
+                    });
+                }
+                // Older schemas would be migrated here; version 1 is the first.
+                match read_meta(&db, META_KEY_CHECK)? {
+                    Some(check) if sealer.open(META_KEY_CHECK, &check).is_some() => {}
+                    Some(_) => return Err(StoreError::SecretKeyMismatch { path: key_path }),
+                    None => write_key_check(&db, &sealer)?,
+                }
+            }
+            None => {
+                let txn = db.begin_write().map_err(StoreError::db)?;
+                for t in Table::ALL {
+                    match t.text_keyed() {
+                        Some(def) => drop(txn.open_table(def).map_err(StoreError::db)?),
+                        None => drop(txn.open_table(schema::REQUESTS).map_err(StoreError::db)?),
+                    }
+                }
+                {
+                    let mut meta = txn.open_table(META).map_err(StoreError::db)?;
+                    meta.insert(META_SCHEMA_VERSION, SCHEMA_VERSION.to_le_bytes().as_slice())
+                        .map_err(StoreError::db)?;
+                    let check = sealer.seal(META_KEY_CHECK, KEY_CHECK_PLAINTEXT)?;
+                    meta.insert(META_KEY_CHECK, check.as_slice())
+                        .map_err(StoreError::db)?;
+                }
+                txn.commit().map_err(StoreError::db)?;
+            }
+        }
+
+        let db = Arc::new(db);
+        let (tx, rx) = mpsc::channel(writer::QUEUE_CAPACITY);
+        let writer_db = Arc::clone(&db);
+        let handle = std::thread::Builder::new()
+            .name("store-writer".into())
+            .spawn(move || writer::run(writer_db, rx))
+            .map_err(|e| StoreError::Db(format!("cannot start the writer thread: {e}")))?;
+        Ok(Store {
+            inner: Arc::new(Inner {
+                db,
+                path,
+                sealer,
+                tx,
+                writer: Mutex::new(Some(handle)),
+                dropped: AtomicU64::new(0),
+            }),
+        })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.inner.path
+    }
+
+    // ---- writing ---------------------------------------------------------------------------
+
+    /// Applies `muts` atomically and returns once they are committed (durable).
+    pub async fn write(&self, muts: Vec<Mutation>) -> Result<(), StoreError> {
+        let (ack, done) = oneshot::channel();
+        self.inner
+            .tx
+            .send(Job::Write(muts, Some(ack)))
+            .await
+            .map_err(|_| StoreError::WriterGone)?;
+        done.await.map_err(|_| StoreError::WriterGone)?
+    }
+
+    /// Offers a telemetry write without waiting; returns false (and counts it) when the queue
+    /// is full or the writer has stopped.
+    pub fn try_write(&self, muts: Vec<Mutation>) -> bool {
+        match self.inner.tx.try_send(Job::Write(muts, None)) {
+            Ok(()) => true,
+            Err(_) => {
+                self.inner.dropped.fetch_add(1, Ordering::Relaxed);
+                false
+            }
+        }
+    }
+
+    /// Telemetry writes dropped because the writer was behind.
+    pub fn dropped_writes(&self) -> u64 {
+        self.inner.dropped.load(Ordering::Relaxed)
+    }
+
+    /// Waits until everything queued before this call is committed.
+    pub async fn flush(&self) -> Result<(), StoreError> {
+        self.write(Vec::new()).await
+    }
+
+    /// Commits everything queued, then stops the writer and waits for its thread. Later
+    /// writes fail with [`StoreError::WriterGone`]. Safe to call twice.
+    pub async fn close(&self) -> Result<(), StoreError> {
+        let (ack, done) = oneshot::channel();
+        if self.inner.tx.send(Job::Stop(ack)).await.is_ok() {
+            let _ = done.await;
+        }
+        let handle = self
+            .inner
+            .writer
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        if let Some(h) = handle {
+            tokio::task::spawn_blocking(move || h.join())
+                .await
+                .map_err(|e| StoreError::Db(format!("writer thread: {e}")))?
+                .map_err(|_| StoreError::Db("the writer thread panicked".into()))?;
+        }
+        Ok(())
+    }
+
+    /// Whether the store answers: a read transaction succeeds and the writer is running.
+    pub fn ping(&self) -> Result<(), StoreError> {
+        if self.inner.tx.is_closed() {
+            return Err(StoreError::WriterGone);
+        }
+        read_meta(&self.inner.db, META_SCHEMA_VERSION).map(|_| ())
+    }
+
+    // ---- generic reads ---------------------------------------------------------------------
+
+    fn get_raw(
+        &self,
+        def: TableDefinition<&str, &[u8]>,
+        key: &str,
+    ) -> Result<Option<Vec<u8>>, StoreError> {
+        let txn = self.inner.db.begin_read().map_err(StoreError::db)?;
+        let table = match txn.open_table(def) {
+            Ok(t) => t,
+            Err(redb::TableError::TableDoesNotExist(_)) => return Ok(None),
+            Err(e) => return Err(StoreError::db(e)),
+        };
+        Ok(table
+            .get(key)
+            .map_err(StoreError::db)?
+            .map(|v| v.value().to_vec()))
+    }
+
+    fn get<T: DeserializeOwned>(
+        &self,
+        def: TableDefinition<&str, &[u8]>,
+        key: &str,
+    ) -> Result<Option<T>, StoreError> {
+        self.get_raw(def, key)?
+            .map(|raw| {
+                codec::decode(&raw).map_err(|e| StoreError::codec(format!("{def}/{key}"), e))
+            })
+            .transpose()
+    }
+
+    fn list<T: DeserializeOwned>(
+        &self,
+        def: TableDefinition<&str, &[u8]>,
+    ) -> Result<Vec<T>, StoreError> {
+        let txn = self.inner.db.begin_read().map_err(StoreError::db)?;
+        let table = match txn.open_table(def) {
+            Ok(t) => t,
+            Err(redb::TableError::TableDoesNotExist(_)) => return Ok(Vec::new()),
+            Err(e) => return Err(StoreError::db(e)),
+        };
+        let mut out = Vec::new();
+        for row in table.iter().map_err(StoreError::db)? {
+            let (k, v) = row.map_err(StoreError::db)?;
+            out.push(
+                codec::decode(v.value())
+                    .map_err(|e| StoreError::codec(format!("{def}/{}", k.value()), e))?,
+            );
+        }
+        Ok(out)
+    }
+
+    fn put<T: Serialize>(table: Table, key: &str, value: &T) -> Result<Mutation, StoreError> {
+        let bytes =
+            codec::encode(value).map_err(|e| StoreError::codec(format!("{table:?}/{key}"), e))?;
+        Ok(Mutation::Put(table, Key::Text(key.to_string()), bytes))
+    }
+
+    // ---- accounts --------------------------------------------------------------------------
+
+    pub fn load_accounts(&self) -> Result<Vec<AccountRecord>, StoreError> {
+        self.list(schema::ACCOUNTS)
+    }
+
+    pub fn account_secrets(&self, id: &str) -> Result<Option<AccountSecrets>, StoreError> {
+        let Some(sealed) = self.get_raw(schema::ACCOUNT_SECRETS, id)? else {
+            return Ok(None);
+        };
+        let aad = secret_aad(id);
+        let plain = self
+            .inner
+            .sealer
+            .open(&aad, &sealed)
+            .ok_or_else(|| StoreError::Unseal {
+                what: format!("account {id}"),
+            })?;
+        codec::decode(&plain)
+            .map(Some)
+            .map_err(|e| StoreError::codec(format!("secrets of account {id}"), e))
+    }
+
+    fn seal_secrets(&self, id: &str, secrets: &AccountSecrets) -> Result<Mutation, StoreError> {
+        let plain = codec::encode(secrets)
+            .map_err(|e| StoreError::codec(format!("secrets of account {id}"), e))?;
+        let sealed = self.inner.sealer.seal(&secret_aad(id), &plain)?;
+        Ok(Mutation::Put(
+            Table::AccountSecrets,
+            Key::Text(id.to_string()),
+            sealed,
+        ))
+    }
+
+    /// Writes an account and (when given) its secrets in one transaction.
+    pub async fn put_account(
+        &self,
+        account: &AccountRecord,
+        secrets: Option<&AccountSecrets>,
+    ) -> Result<(), StoreError> {
+        let mut muts = vec![Self::put(Table::Accounts, &account.id, account)?];
+        if let Some(s) = secrets {
+            muts.push(self.seal_secrets(&account.id, s)?);
+        }
+        self.write(muts).await
+    }
+
+    /// Writes rotated tokens; returns once they are durable.
+    pub async fn put_account_secrets(
+        &self,
+        id: &str,
+        secrets: &AccountSecrets,
+    ) -> Result<(), StoreError> {
+        self.write(vec![self.seal_secrets(id, secrets)?]).await
+    }
+
+    /// Removes an account with its secrets and health.
+    pub async fn delete_account(&self, id: &str) -> Result<(), StoreError> {
+        let k = || Key::Text(id.to_string());
+        self.write(vec![
+            Mutation::Delete(Table::Accounts, k()),
+            Mutation::Delete(Table::AccountSecrets, k()),
+            Mutation::Delete(Table::AccountHealth, k()),
+        ])
+        .await
+    }
+
+    // ---- client keys -----------------------------------------------------------------------
+
+    pub fn load_keys(&self) -> Result<Vec<ClientKeyRecord>, StoreError> {
+        self.list(schema::CLIENT_KEYS)
+    }
+
+    pub async fn put_key(&self, key: &ClientKeyRecord) -> Result<(), StoreError> {
+        self.write(vec![Self::put(Table::ClientKeys, &key.id, key)?])
+            .await
+    }
+
+    // ---- settings, health, snapshots -------------------------------------------------------
+
+    pub fn get_setting<T: DeserializeOwned>(&self, name: &str) -> Result<Option<T>, StoreError> {
+        self.get(schema::SETTINGS, name)
+    }
+
+    pub async fn put_setting<T: Serialize>(&self, name: &str, value: &T) -> Result<(), StoreError> {
+        self.write(vec![Self::put(Table::Settings, name, value)?])
+            .await
+    }
+
+    pub fn load_health<T: DeserializeOwned>(&self) -> Result<Vec<(String, T)>, StoreError> {
+        let txn = self.inner.db.begin_read().map_err(StoreError::db)?;
+        let table = txn
+            .open_table(schema::ACCOUNT_HEALTH)
+            .map_err(StoreError::db)?;
+        let mut out = Vec::new();
+        for row in table.iter().map_err(StoreError::db)? {
+            let (k, v) = row.map_err(StoreError::db)?;
+            let id = k.value().to_string();
+            let value = codec::decode(v.value())
+                .map_err(|e| StoreError::codec(format!("health of account {id}"), e))?;
+            out.push((id, value));
+        }
+        Ok(out)
+    }
+
+    /// The mutation that records an account's health; the caller decides whether to wait.
+    pub fn health_mutation<T: Serialize>(id: &str, health: &T) -> Result<Mutation, StoreError> {
+        Self::put(Table::AccountHealth, id, health)
+    }
+
+    pub fn get_snapshot<T: DeserializeOwned>(&self, name: &str) -> Result<Option<T>, StoreError> {
+        self.get(schema::SNAPSHOTS, name)
+    }
+
+    pub async fn put_snapshot<T: Serialize>(
+        &self,
+        name: &str,
+        value: &T,
+    ) -> Result<(), StoreError> {
+        self.write(vec![Self::put(Table::Snapshots, name, value)?])
+            .await
+    }
+}
+
+fn secret_aad(id: &str) -> String {
+    format!("account_secrets/{id}")
+}
+
+fn read_meta(db: &Database, key: &str) -> Result<Option<Vec<u8>>, StoreError> {
+    let txn = db.begin_read().map_err(StoreError::db)?;
+    let table = match txn.open_table(META) {
+        Ok(t) => t,
+        Err(redb::TableError::TableDoesNotExist(_)) => return Ok(None),
+        Err(e) => return Err(StoreError::db(e)),
+    };
+    Ok(table
+        .get(key)
+        .map_err(StoreError::db)?
+        .map(|v| v.value().to_vec()))
+}
+
+fn write_key_check(db: &Database, sealer: &Sealer) -> Result<(), StoreError> {
+    let check = sealer.seal(META_KEY_CHECK, KEY_CHECK_PLAINTEXT)?;
+    let txn = db.begin_write().map_err(StoreError::db)?;
+    {
+        let mut meta = txn.open_table(META).map_err(StoreError::db)?;
+        meta.insert(META_KEY_CHECK, check.as_slice())
+            .map_err(StoreError::db)?;
+    }
+    txn.commit().map_err(StoreError::db)
+}
+
+/// Creates `dir` (0700) if needed and proves a file can be written in it.
+pub fn ensure_writable_dir(dir: &Path) -> Result<(), StoreError> {
+    let err = |source| StoreError::StateDir {
+        path: dir.to_path_buf(),
+        source,
+    };
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .map_err(err)?;
+    let probe = dir.join(format!(".write-probe-{}", std::process::id()));
+    std::fs::write(&probe, b"").map_err(err)?;
+    std::fs::remove_file(&probe).map_err(err)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use redb::ReadableTableMetadata;
+
+    fn account(id: &str) -> AccountRecord {
+        AccountRecord {
+            id: id.into(),
+            label: "l".into(),
+            email: Some("a@example.com".into()),
+            plan: Some("plus".into()),
+            chatgpt_account_id: format!("acc-{id}"),
+            chatgpt_user_id: None,
+            enabled: true,
+            priority: 0,
+            max_concurrency: None,
+            created_at: 1,
+            updated_at: 1,
+        }
+    }
+
+    fn secrets(tag: &str) -> AccountSecrets {
+        AccountSecrets {
+            access_token: secrets::Secret::new(format!("access-{tag}")),
+            refresh_token: secrets::Secret::new(format!("refresh-{tag}")),
+            id_token: secrets::Secret::new("id"),
+            access_expires_at: Some(5),
+            refreshed_at: 1,
+        }
+    }
+
+    #[tokio::test]
+    async fn accounts_and_secrets_round_trip_in_memory() {
+        let s = Store::open_in_memory().unwrap();
+        s.put_account(&account("a"), Some(&secrets("1")))
+            .await
+            .unwrap();
+        assert_eq!(s.load_accounts().unwrap(), vec![account("a")]);
+        assert_eq!(s.account_secrets("a").unwrap(), Some(secrets("1")));
+        s.put_account_secrets("a", &secrets("2")).await.unwrap();
+        assert_eq!(s.account_secrets("a").unwrap(), Some(secrets("2")));
+        s.delete_account("a").await.unwrap();
+        assert!(s.load_accounts().unwrap().is_empty());
+        assert_eq!(s.account_secrets("a").unwrap(), None);
+        s.close().await.unwrap();
+        assert!(matches!(s.flush().await, Err(StoreError::WriterGone)));
+    }
+
+    #[tokio::test]
+    async fn reopening_a_file_keeps_data_and_refuses_a_newer_schema() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let s = Store::open(dir.path()).unwrap();
+            s.put_account(&account("a"), Some(&secrets("1")))
+                .await
+                .unwrap();
+            s.close().await.unwrap();
+        }
+        {
+            let s = Store::open(dir.path()).unwrap();
+            assert_eq!(s.load_accounts().unwrap().len(), 1);
+            // Pretend a newer binary wrote the file.
+            s.write(vec![Mutation::Put(
+                Table::Meta,
+                Key::Text(META_SCHEMA_VERSION.into()),
+                (SCHEMA_VERSION + 1).to_le_bytes().to_vec(),
+            )])
+            .await
+            .unwrap();
+            s.close().await.unwrap();
+        }
+        let err = Store::open(dir.path()).unwrap_err();
+        assert!(
+            matches!(err, StoreError::NewerSchema { found: 2, .. }),
+            "{err}"
+        );
+        assert!(err.to_string().contains("newer than this binary"));
+    }
+
+    #[tokio::test]
+    async fn a_replaced_secret_key_is_refused_and_a_missing_one_is_not_recreated() {
+        let dir = tempfile::tempdir().unwrap();
+        Store::open(dir.path()).unwrap().close().await.unwrap();
+        let key_path = dir.path().join(secrets::KEY_FILE);
+        let original = std::fs::read(&key_path).unwrap();
+
+        std::fs::write(&key_path, [9u8; 32]).unwrap();
+        assert!(matches!(
+            Store::open(dir.path()),
+            Err(StoreError::SecretKeyMismatch { .. })
+        ));
+
+        std::fs::remove_file(&key_path).unwrap();
+        assert!(matches!(
+            Store::open(dir.path()),
+            Err(StoreError::SecretKeyMissing { .. })
+        ));
+        assert!(
+            !key_path.exists(),
+            "a missing key must not be silently replaced"
+        );
+
+        std::fs::write(&key_path, &original).unwrap();
+        Store::open(dir.path()).unwrap().close().await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn group_commit_acknowledges_every_job() {
+        let s = Store::open_in_memory().unwrap();
+        let mut tasks = Vec::new();
+        for i in 0..2000u64 {
+            let s = s.clone();
+            tasks.push(tokio::spawn(async move {
+                s.write(vec![Mutation::Put(
+                    Table::Requests,
+                    Key::Int(i),
+                    vec![1, 2],
+                )])
+                .await
+            }));
+        }
+        for t in tasks {
+            t.await.unwrap().unwrap();
+        }
+        let txn = s.inner.db.begin_read().unwrap();
+        let t = txn.open_table(schema::REQUESTS).unwrap();
+        assert_eq!(t.len().unwrap(), 2000);
+    }
+
+    #[tokio::test]
+    async fn a_bad_job_does_not_fail_its_batch_neighbours() {
+        let s = Store::open_in_memory().unwrap();
+        let bad = s.write(vec![Mutation::Put(Table::Accounts, Key::Int(1), vec![])]);
+        let good = s.write(vec![Mutation::Put(
+            Table::Settings,
+            Key::Text("x".into()),
+            codec::encode(&5u32).unwrap(),
+        )]);
+        let (bad, good) = tokio::join!(bad, good);
+        assert!(matches!(bad, Err(StoreError::KeyKind(Table::Accounts))));
+        good.unwrap();
+        assert_eq!(s.get_setting::<u32>("x").unwrap(), Some(5));
+    }
+}

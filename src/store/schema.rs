@@ -1,0 +1,77 @@
+//! Every redb table, as constants. Keys are ids (text) or time-ordered integers; values are
+//! always bytes written by [`super::codec`], so the value format changes in one place.
+
+use redb::TableDefinition;
+
+/// The schema this binary writes. A file with a larger number was written by a newer
+/// switchyard and is refused; a smaller one is migrated by code in `super::migrate`.
+pub const SCHEMA_VERSION: u64 = 1;
+
+/// `schema_version` (u64 little-endian, never codec-encoded so any future binary can read
+/// it) and `key_check` (a value sealed with `secret.key`, to detect a wrong key at open).
+pub const META: TableDefinition<&str, &[u8]> = TableDefinition::new("meta");
+pub const META_SCHEMA_VERSION: &str = "schema_version";
+pub const META_KEY_CHECK: &str = "key_check";
+
+/// Account id -> `AccountRecord` (no secrets).
+pub const ACCOUNTS: TableDefinition<&str, &[u8]> = TableDefinition::new("accounts");
+/// Account id -> sealed `AccountSecrets`.
+pub const ACCOUNT_SECRETS: TableDefinition<&str, &[u8]> = TableDefinition::new("account_secrets");
+/// Account id -> health state, written through on every transition.
+pub const ACCOUNT_HEALTH: TableDefinition<&str, &[u8]> = TableDefinition::new("account_health");
+/// Key id -> `ClientKeyRecord` (the SHA-256 of the key, never the key).
+pub const CLIENT_KEYS: TableDefinition<&str, &[u8]> = TableDefinition::new("client_keys");
+/// Setting name -> value.
+pub const SETTINGS: TableDefinition<&str, &[u8]> = TableDefinition::new("settings");
+/// Time-ordered request id -> request record.
+pub const REQUESTS: TableDefinition<u64, &[u8]> = TableDefinition::new("requests");
+/// `account_id/YYYY-MM-DD` -> usage totals of that day.
+pub const USAGE_DAILY: TableDefinition<&str, &[u8]> = TableDefinition::new("usage_daily");
+/// TTL-map name -> its snapshot (session affinity, response ownership).
+pub const SNAPSHOTS: TableDefinition<&str, &[u8]> = TableDefinition::new("snapshots");
+
+/// A table the writer task can be asked to change.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Table {
+    Meta,
+    Accounts,
+    AccountSecrets,
+    AccountHealth,
+    ClientKeys,
+    Settings,
+    Requests,
+    UsageDaily,
+    Snapshots,
+}
+
+impl Table {
+    /// The definition of a table keyed by text; `None` for [`Table::Requests`].
+    pub(crate) fn text_keyed(
+        self,
+    ) -> Option<TableDefinition<'static, &'static str, &'static [u8]>> {
+        Some(match self {
+            Table::Meta => META,
+            Table::Accounts => ACCOUNTS,
+            Table::AccountSecrets => ACCOUNT_SECRETS,
+            Table::AccountHealth => ACCOUNT_HEALTH,
+            Table::ClientKeys => CLIENT_KEYS,
+            Table::Settings => SETTINGS,
+            Table::UsageDaily => USAGE_DAILY,
+            Table::Snapshots => SNAPSHOTS,
+            Table::Requests => return None,
+        })
+    }
+
+    /// Every table, so a new file gets them all at creation.
+    pub(crate) const ALL: [Table; 9] = [
+        Table::Meta,
+        Table::Accounts,
+        Table::AccountSecrets,
+        Table::AccountHealth,
+        Table::ClientKeys,
+        Table::Settings,
+        Table::Requests,
+        Table::UsageDaily,
+        Table::Snapshots,
+    ];
+}

@@ -1,0 +1,165 @@
+//! The single writer task. Every change to the store goes through it; it batches whatever is
+//! queued (group commit: up to [`MAX_BATCH_OPS`] mutations, or what arrived within
+//! [`MAX_BATCH_WINDOW`] of the first) into one redb transaction on its own thread, then
+//! acknowledges each job. An acknowledged write is durable (redb's default durability fsyncs
+//! on commit).
+//!
+//! Jobs that need their write (accounts, keys, settings, health) wait for queue space and for
+//! the acknowledgement; telemetry jobs are offered with `try_send` and counted as dropped when
+//! the queue is full, so the request path never waits on the disk.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use redb::{Database, WriteTransaction};
+use tokio::sync::{mpsc, oneshot};
+
+use super::StoreError;
+use super::schema::{REQUESTS, Table};
+
+/// Largest number of mutations folded into one transaction.
+pub const MAX_BATCH_OPS: usize = 512;
+/// Longest time a batch stays open after its first job.
+pub const MAX_BATCH_WINDOW: Duration = Duration::from_millis(50);
+/// Jobs that can wait for the writer.
+pub const QUEUE_CAPACITY: usize = 8192;
+
+/// The key of a row.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Key {
+    Text(String),
+    Int(u64),
+}
+
+/// One change to one row.
+#[derive(Debug, Clone)]
+pub enum Mutation {
+    Put(Table, Key, Vec<u8>),
+    Delete(Table, Key),
+    /// Deletes rows of an integer-keyed table whose key is below the bound (retention).
+    DeleteIntBelow(Table, u64),
+}
+
+pub(crate) type Ack = oneshot::Sender<Result<(), StoreError>>;
+
+pub(crate) enum Job {
+    /// Mutations applied atomically (all or none), acknowledged after commit if asked.
+    Write(Vec<Mutation>, Option<Ack>),
+    /// Commit what came before, acknowledge, and stop.
+    Stop(Ack),
+}
+
+/// Runs the writer on the current (dedicated) thread until a `Stop` job or every sender is gone.
+pub(crate) fn run(db: Arc<Database>, mut rx: mpsc::Receiver<Job>) {
+    let mut stop_ack: Option<Ack> = None;
+    while stop_ack.is_none() {
+        let Some(first) = rx.blocking_recv() else {
+            break;
+        };
+        let opened = Instant::now();
+        let mut batch: Vec<(Vec<Mutation>, Option<Ack>)> = Vec::new();
+        let mut ops = 0;
+        let mut next = Some(first);
+        while let Some(job) = next.take() {
+            match job {
+                Job::Write(muts, ack) => {
+                    ops += muts.len();
+                    batch.push((muts, ack));
+                }
+                Job::Stop(ack) => {
+                    stop_ack = Some(ack);
+                    break;
+                }
+            }
+            if ops >= MAX_BATCH_OPS || opened.elapsed() >= MAX_BATCH_WINDOW {
+                break;
+            }
+            next = rx.try_recv().ok();
+        }
+        commit_batch(&db, batch);
+    }
+    if let Some(ack) = stop_ack {
+        let _ = ack.send(Ok(()));
+    }
+}
+
+fn commit_batch(db: &Database, batch: Vec<(Vec<Mutation>, Option<Ack>)>) {
+    if batch.is_empty() {
+        return;
+    }
+    let all: Vec<&Mutation> = batch.iter().flat_map(|(m, _)| m.iter()).collect();
+    match commit(db, &all) {
+        Ok(()) => {
+            for (_, ack) in batch {
+                if let Some(ack) = ack {
+                    let _ = ack.send(Ok(()));
+                }
+            }
+        }
+        Err(e) if batch.len() == 1 => {
+            tracing::error!(error = %e, "store write failed");
+            if let Some((_, Some(ack))) = batch.into_iter().next() {
+                let _ = ack.send(Err(e));
+            }
+        }
+        Err(e) => {
+            // One bad job must not fail its neighbours: retry each on its own.
+            tracing::warn!(error = %e, jobs = batch.len(), "group commit failed; retrying jobs one by one");
+            for (muts, ack) in batch {
+                let refs: Vec<&Mutation> = muts.iter().collect();
+                let res = commit(db, &refs);
+                if let Err(e) = &res {
+                    tracing::error!(error = %e, "store write failed");
+                }
+                if let Some(ack) = ack {
+                    let _ = ack.send(res);
+                }
+            }
+        }
+    }
+}
+
+fn commit(db: &Database, muts: &[&Mutation]) -> Result<(), StoreError> {
+    let txn = db.begin_write().map_err(StoreError::db)?;
+    for m in muts {
+        apply(&txn, m)?;
+    }
+    txn.commit().map_err(StoreError::db)
+}
+
+fn apply(txn: &WriteTransaction, m: &Mutation) -> Result<(), StoreError> {
+    match m {
+        Mutation::Put(table, key, value) => match (table.text_keyed(), key) {
+            (Some(def), Key::Text(k)) => {
+                let mut t = txn.open_table(def).map_err(StoreError::db)?;
+                t.insert(k.as_str(), value.as_slice())
+                    .map_err(StoreError::db)?;
+            }
+            (None, Key::Int(k)) => {
+                let mut t = txn.open_table(REQUESTS).map_err(StoreError::db)?;
+                t.insert(*k, value.as_slice()).map_err(StoreError::db)?;
+            }
+            _ => return Err(StoreError::KeyKind(*table)),
+        },
+        Mutation::Delete(table, key) => match (table.text_keyed(), key) {
+            (Some(def), Key::Text(k)) => {
+                let mut t = txn.open_table(def).map_err(StoreError::db)?;
+                t.remove(k.as_str()).map_err(StoreError::db)?;
+            }
+            (None, Key::Int(k)) => {
+                let mut t = txn.open_table(REQUESTS).map_err(StoreError::db)?;
+                t.remove(*k).map_err(StoreError::db)?;
+            }
+            _ => return Err(StoreError::KeyKind(*table)),
+        },
+        Mutation::DeleteIntBelow(table, bound) => {
+            if table.text_keyed().is_some() {
+                return Err(StoreError::KeyKind(*table));
+            }
+            let mut t = txn.open_table(REQUESTS).map_err(StoreError::db)?;
+            t.retain_in(..*bound, |_, _| false)
+                .map_err(StoreError::db)?;
+        }
+    }
+    Ok(())
+}

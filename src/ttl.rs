@@ -1,0 +1,500 @@
+//! An in-memory map whose entries expire: the gateway's replacement for Redis.
+//!
+//! - idle TTL (since the last read or write) and absolute TTL (since insertion), either optional;
+//! - a bound on the number of entries, evicting the least recently used one;
+//! - expiry is checked on every read, so a stale entry is never returned even between sweeps;
+//! - one sweeper task per map ([`TtlMap::spawn_sweeper`]) reclaims memory, not a task per entry;
+//! - time comes from a [`Clock`], so tests move time instead of sleeping;
+//! - [`TtlMap::snapshot`] / [`TtlMap::restore`] carry the entries (with their ages) across a
+//!   restart through the store.
+
+use std::collections::{BTreeMap, HashMap};
+use std::hash::Hash;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize, de::DeserializeOwned};
+use tokio_util::sync::CancellationToken;
+
+use crate::clock::SharedClock;
+use crate::store::{Store, StoreError};
+
+/// Limits of one map.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TtlConfig {
+    /// An entry not read or written for this long is gone.
+    pub idle: Option<Duration>,
+    /// An entry older than this (since insertion) is gone, however often it is read.
+    pub absolute: Option<Duration>,
+    /// At most this many entries; inserting one more evicts the least recently used.
+    pub max_entries: usize,
+}
+
+/// One entry as carried through a snapshot, in least-recently-used-first order.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SnapshotEntry<K, V> {
+    pub key: K,
+    pub value: V,
+    pub created_ms: u64,
+    pub touched_ms: u64,
+}
+
+/// Counters for the console and metrics.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TtlStats {
+    pub len: usize,
+    pub expired: u64,
+    pub evicted: u64,
+}
+
+struct Entry<V> {
+    value: V,
+    created_ms: u64,
+    touched_ms: u64,
+    /// Position in the LRU order; larger is more recent.
+    seq: u64,
+}
+
+struct Inner<K, V> {
+    entries: HashMap<K, Entry<V>>,
+    lru: BTreeMap<u64, K>,
+    next_seq: u64,
+    expired: u64,
+    evicted: u64,
+}
+
+/// A bounded map with idle/absolute expiry. Cloning shares the same map.
+pub struct TtlMap<K, V> {
+    inner: Arc<Mutex<Inner<K, V>>>,
+    config: TtlConfig,
+    clock: SharedClock,
+}
+
+impl<K, V> Clone for TtlMap<K, V> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: Arc::clone(&self.inner),
+            config: self.config,
+            clock: Arc::clone(&self.clock),
+        }
+    }
+}
+
+fn ms(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+impl<K, V> TtlMap<K, V>
+where
+    K: Eq + Hash + Clone,
+    V: Clone,
+{
+    pub fn new(config: TtlConfig, clock: SharedClock) -> Self {
+        Self {
+            inner: Arc::new(Mutex::new(Inner {
+                entries: HashMap::new(),
+                lru: BTreeMap::new(),
+                next_seq: 0,
+                expired: 0,
+                evicted: 0,
+            })),
+            config,
+            clock,
+        }
+    }
+
+    pub fn config(&self) -> TtlConfig {
+        self.config
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Inner<K, V>> {
+        // A panic while holding this lock cannot leave the map half-updated in a way that
+        // matters more than losing the whole gateway, so keep serving from it.
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn is_expired(&self, created_ms: u64, touched_ms: u64, now: u64) -> bool {
+        let idle = self
+            .config
+            .idle
+            .is_some_and(|t| now.saturating_sub(touched_ms) >= ms(t));
+        let absolute = self
+            .config
+            .absolute
+            .is_some_and(|t| now.saturating_sub(created_ms) >= ms(t));
+        idle || absolute
+    }
+
+    /// The value for `key` if present and not expired; counts as a use (refreshes idle TTL
+    /// and LRU position).
+    pub fn get(&self, key: &K) -> Option<V> {
+        let now = self.clock.now_ms();
+        let mut inner = self.lock();
+        let (created, touched, old_seq) = {
+            let e = inner.entries.get(key)?;
+            (e.created_ms, e.touched_ms, e.seq)
+        };
+        if self.is_expired(created, touched, now) {
+            inner.remove_entry(key);
+            inner.expired += 1;
+            return None;
+        }
+        let seq = inner.bump_seq();
+        inner.lru.remove(&old_seq);
+        inner.lru.insert(seq, key.clone());
+        let e = inner.entries.get_mut(key)?;
+        e.touched_ms = now;
+        e.seq = seq;
+        Some(e.value.clone())
+    }
+
+    /// The value for `key` if present and not expired, without counting as a use.
+    pub fn peek(&self, key: &K) -> Option<V> {
+        let now = self.clock.now_ms();
+        let inner = self.lock();
+        let e = inner.entries.get(key)?;
+        if self.is_expired(e.created_ms, e.touched_ms, now) {
+            return None;
+        }
+        Some(e.value.clone())
+    }
+
+    /// Inserts or replaces; a replaced entry starts a new life. Returns the previous live value.
+    pub fn insert(&self, key: K, value: V) -> Option<V> {
+        let now = self.clock.now_ms();
+        self.insert_at(key, value, now, now)
+    }
+
+    fn insert_at(&self, key: K, value: V, created_ms: u64, touched_ms: u64) -> Option<V> {
+        if self.config.max_entries == 0 {
+            return None;
+        }
+        let now = self.clock.now_ms();
+        let mut inner = self.lock();
+        let previous = inner
+            .remove_entry(&key)
+            .filter(|e| !self.is_expired(e.created_ms, e.touched_ms, now))
+            .map(|e| e.value);
+        while inner.entries.len() >= self.config.max_entries {
+            let Some((_, oldest)) = inner.lru.pop_first() else {
+                break;
+            };
+            inner.entries.remove(&oldest);
+            inner.evicted += 1;
+        }
+        let seq = inner.bump_seq();
+        inner.lru.insert(seq, key.clone());
+        inner.entries.insert(
+            key,
+            Entry {
+                value,
+                created_ms,
+                touched_ms,
+                seq,
+            },
+        );
+        previous
+    }
+
+    pub fn remove(&self, key: &K) -> Option<V> {
+        let now = self.clock.now_ms();
+        let mut inner = self.lock();
+        inner
+            .remove_entry(key)
+            .filter(|e| !self.is_expired(e.created_ms, e.touched_ms, now))
+            .map(|e| e.value)
+    }
+
+    /// Removes every entry for which `f` returns false (expired entries go too).
+    pub fn retain(&self, mut f: impl FnMut(&K, &V) -> bool) {
+        let now = self.clock.now_ms();
+        let mut inner = self.lock();
+        let doomed: Vec<K> = inner
+            .entries
+            .iter()
+            .filter(|(k, e)| self.is_expired(e.created_ms, e.touched_ms, now) || !f(k, &e.value))
+            .map(|(k, _)| k.clone())
+            .collect();
+        for k in doomed {
+            inner.remove_entry(&k);
+        }
+    }
+
+    /// Number of entries held, including expired ones not yet swept.
+    pub fn len(&self) -> usize {
+        self.lock().entries.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    pub fn stats(&self) -> TtlStats {
+        let inner = self.lock();
+        TtlStats {
+            len: inner.entries.len(),
+            expired: inner.expired,
+            evicted: inner.evicted,
+        }
+    }
+
+    /// Drops every expired entry; returns how many went.
+    pub fn sweep(&self) -> usize {
+        let now = self.clock.now_ms();
+        let mut inner = self.lock();
+        let doomed: Vec<K> = inner
+            .entries
+            .iter()
+            .filter(|(_, e)| self.is_expired(e.created_ms, e.touched_ms, now))
+            .map(|(k, _)| k.clone())
+            .collect();
+        for k in &doomed {
+            inner.remove_entry(k);
+        }
+        inner.expired += doomed.len() as u64;
+        doomed.len()
+    }
+
+    /// Live entries, least recently used first (so [`restore`](Self::restore) rebuilds the
+    /// same LRU order).
+    pub fn snapshot(&self) -> Vec<SnapshotEntry<K, V>> {
+        let now = self.clock.now_ms();
+        let inner = self.lock();
+        inner
+            .lru
+            .values()
+            .filter_map(|k| {
+                let e = inner.entries.get(k)?;
+                if self.is_expired(e.created_ms, e.touched_ms, now) {
+                    return None;
+                }
+                Some(SnapshotEntry {
+                    key: k.clone(),
+                    value: e.value.clone(),
+                    created_ms: e.created_ms,
+                    touched_ms: e.touched_ms,
+                })
+            })
+            .collect()
+    }
+
+    /// Adds the entries of a snapshot, keeping their ages; entries that expired while the
+    /// process was down are skipped. Returns how many were restored.
+    pub fn restore(&self, entries: Vec<SnapshotEntry<K, V>>) -> usize {
+        let now = self.clock.now_ms();
+        let mut restored = 0;
+        for e in entries {
+            if self.is_expired(e.created_ms, e.touched_ms, now) {
+                continue;
+            }
+            self.insert_at(e.key, e.value, e.created_ms, e.touched_ms.min(now));
+            restored += 1;
+        }
+        restored
+    }
+
+    /// Starts this map's one sweeper; it stops when `shutdown` is cancelled.
+    pub fn spawn_sweeper(
+        &self,
+        every: Duration,
+        shutdown: CancellationToken,
+    ) -> tokio::task::JoinHandle<()>
+    where
+        K: Send + 'static,
+        V: Send + 'static,
+    {
+        let map = self.clone();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(every);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tokio::select! {
+                    _ = shutdown.cancelled() => break,
+                    _ = tick.tick() => { map.sweep(); }
+                }
+            }
+        })
+    }
+}
+
+impl<K, V> TtlMap<K, V>
+where
+    K: Eq + Hash + Clone + Serialize + DeserializeOwned,
+    V: Clone + Serialize + DeserializeOwned,
+{
+    /// Persists the live entries under `name` (waits for the commit).
+    pub async fn save_to(&self, store: &Store, name: &str) -> Result<usize, StoreError> {
+        let entries = self.snapshot();
+        let n = entries.len();
+        store.put_snapshot(name, &entries).await?;
+        Ok(n)
+    }
+
+    /// Restores the entries saved under `name`, if any.
+    pub fn load_from(&self, store: &Store, name: &str) -> Result<usize, StoreError> {
+        match store.get_snapshot::<Vec<SnapshotEntry<K, V>>>(name)? {
+            Some(entries) => Ok(self.restore(entries)),
+            None => Ok(0),
+        }
+    }
+}
+
+impl<K: Eq + Hash, V> Inner<K, V> {
+    fn bump_seq(&mut self) -> u64 {
+        self.next_seq += 1;
+        self.next_seq
+    }
+
+    fn remove_entry(&mut self, key: &K) -> Option<Entry<V>> {
+        let e = self.entries.remove(key)?;
+        self.lru.remove(&e.seq);
+        Some(e)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::clock::{Clock, ManualClock};
+
+    fn map(
+        idle: Option<u64>,
+        absolute: Option<u64>,
+        max: usize,
+    ) -> (TtlMap<String, u32>, ManualClock) {
+        let clock = ManualClock::new(1_000_000);
+        let m = TtlMap::new(
+            TtlConfig {
+                idle: idle.map(Duration::from_secs),
+                absolute: absolute.map(Duration::from_secs),
+                max_entries: max,
+            },
+            Arc::new(clock.clone()),
+        );
+        (m, clock)
+    }
+
+    #[test]
+    fn idle_ttl_expires_unused_entries_and_reads_refresh_it() {
+        let (m, clock) = map(Some(10), None, 100);
+        m.insert("a".into(), 1);
+        m.insert("b".into(), 2);
+        clock.advance(Duration::from_secs(6));
+        assert_eq!(m.get(&"a".into()), Some(1)); // refreshes a
+        clock.advance(Duration::from_secs(6));
+        assert_eq!(m.get(&"a".into()), Some(1));
+        assert_eq!(m.get(&"b".into()), None, "b idle for 12s > 10s");
+        assert_eq!(m.stats().expired, 1);
+    }
+
+    #[test]
+    fn peek_does_not_refresh_idle_ttl() {
+        let (m, clock) = map(Some(10), None, 100);
+        m.insert("a".into(), 1);
+        clock.advance(Duration::from_secs(6));
+        assert_eq!(m.peek(&"a".into()), Some(1));
+        clock.advance(Duration::from_secs(6));
+        assert_eq!(m.peek(&"a".into()), None);
+    }
+
+    #[test]
+    fn absolute_ttl_expires_even_when_read() {
+        let (m, clock) = map(Some(10), Some(15), 100);
+        m.insert("a".into(), 1);
+        for _ in 0..3 {
+            clock.advance(Duration::from_secs(5));
+            if clock.now_ms() - 1_000_000 < 15_000 {
+                assert_eq!(m.get(&"a".into()), Some(1));
+            }
+        }
+        assert_eq!(m.get(&"a".into()), None);
+    }
+
+    #[test]
+    fn max_entries_evicts_least_recently_used() {
+        let (m, _clock) = map(None, None, 2);
+        m.insert("a".into(), 1);
+        m.insert("b".into(), 2);
+        assert_eq!(m.get(&"a".into()), Some(1)); // b is now the LRU
+        m.insert("c".into(), 3);
+        assert_eq!(m.len(), 2);
+        assert_eq!(m.peek(&"b".into()), None);
+        assert_eq!(m.peek(&"a".into()), Some(1));
+        assert_eq!(m.peek(&"c".into()), Some(3));
+        assert_eq!(m.stats().evicted, 1);
+    }
+
+    #[test]
+    fn replacing_a_key_does_not_evict_another() {
+        let (m, _clock) = map(None, None, 2);
+        m.insert("a".into(), 1);
+        m.insert("b".into(), 2);
+        assert_eq!(m.insert("a".into(), 10), Some(1));
+        assert_eq!(m.len(), 2);
+        assert_eq!(m.peek(&"b".into()), Some(2));
+    }
+
+    #[test]
+    fn sweep_removes_only_expired_entries() {
+        let (m, clock) = map(Some(10), None, 100);
+        m.insert("old".into(), 1);
+        clock.advance(Duration::from_secs(8));
+        m.insert("new".into(), 2);
+        clock.advance(Duration::from_secs(3));
+        assert_eq!(m.len(), 2, "expired entries linger until read or swept");
+        assert_eq!(m.sweep(), 1);
+        assert_eq!(m.len(), 1);
+        assert_eq!(m.peek(&"new".into()), Some(2));
+    }
+
+    #[test]
+    fn snapshot_restore_keeps_ages_order_and_drops_what_expired_meanwhile() {
+        let (m, clock) = map(Some(100), None, 3);
+        m.insert("a".into(), 1);
+        clock.advance(Duration::from_secs(50));
+        m.insert("b".into(), 2);
+        m.insert("c".into(), 3);
+        let snap = m.snapshot();
+        assert_eq!(
+            snap.iter().map(|e| e.key.as_str()).collect::<Vec<_>>(),
+            ["a", "b", "c"]
+        );
+
+        let clock2 = ManualClock::new(clock.now_ms() + 60_000); // 60 s "downtime"
+        let m2: TtlMap<String, u32> = TtlMap::new(m.config(), Arc::new(clock2.clone()));
+        assert_eq!(m2.restore(snap), 2, "a was idle 110 s > 100 s");
+        assert_eq!(m2.peek(&"a".into()), None);
+        assert_eq!(m2.peek(&"b".into()), Some(2));
+        // b keeps its age: 40 s more of idleness expires it.
+        clock2.advance(Duration::from_secs(40));
+        assert_eq!(m2.peek(&"b".into()), None);
+    }
+
+    #[test]
+    fn retain_and_remove() {
+        let (m, _clock) = map(None, None, 10);
+        for (i, k) in ["a", "b", "c"].iter().enumerate() {
+            m.insert((*k).into(), i as u32);
+        }
+        m.retain(|_, v| *v != 1);
+        assert_eq!(m.peek(&"b".into()), None);
+        assert_eq!(m.remove(&"a".into()), Some(0));
+        assert_eq!(m.len(), 1);
+    }
+
+    #[tokio::test]
+    async fn sweeper_runs_and_stops_on_shutdown() {
+        let (m, clock) = map(Some(1), None, 10);
+        m.insert("a".into(), 1);
+        clock.advance(Duration::from_secs(2));
+        let stop = CancellationToken::new();
+        let handle = m.spawn_sweeper(Duration::from_millis(1), stop.clone());
+        // The first interval tick fires at once; wait until it has swept.
+        while !m.is_empty() {
+            tokio::task::yield_now().await;
+        }
+        stop.cancel();
+        handle.await.unwrap();
+        assert_eq!(m.stats().expired, 1);
+    }
+}
