@@ -483,6 +483,19 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn snapshots_round_trip_through_the_store() {
+        let store = Store::open_in_memory().unwrap();
+        let (m, clock) = map(Some(100), None, 10);
+        m.insert("a".into(), 1);
+        m.insert("b".into(), 2);
+        assert_eq!(m.save_to(&store, "affinity").await.unwrap(), 2);
+        let m2: TtlMap<String, u32> = TtlMap::new(m.config(), Arc::new(clock.clone()));
+        assert_eq!(m2.load_from(&store, "affinity").unwrap(), 2);
+        assert_eq!(m2.peek(&"b".into()), Some(2));
+        assert_eq!(m2.load_from(&store, "nothing-saved").unwrap(), 0);
+    }
+
+    #[tokio::test]
     async fn sweeper_runs_and_stops_on_shutdown() {
         let (m, clock) = map(Some(1), None, 10);
         m.insert("a".into(), 1);

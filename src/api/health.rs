@@ -49,3 +49,47 @@ pub async fn readyz(State(state): State<Arc<AppState>>) -> (StatusCode, Json<Val
         ),
     )
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::clock::ManualClock;
+    use crate::config::Config;
+    use crate::store::Store;
+
+    fn state() -> Arc<AppState> {
+        crate::bootstrap::build_state(
+            Store::open_in_memory().unwrap(),
+            &Config::default(),
+            Arc::new(ManualClock::new(0)),
+            "127.0.0.1:0".into(),
+        )
+        .unwrap()
+    }
+
+    #[tokio::test]
+    async fn healthz_is_ok_while_the_store_answers_and_503_after_it_stops() {
+        let s = state();
+        let (code, Json(body)) = healthz(State(Arc::clone(&s))).await;
+        assert_eq!((code, body), (StatusCode::OK, json!({"status": "ok"})));
+        s.store.close().await.unwrap();
+        let (code, Json(body)) = healthz(State(Arc::clone(&s))).await;
+        assert_eq!(code, StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(body["status"], "error");
+    }
+
+    #[tokio::test]
+    async fn readyz_is_503_while_draining() {
+        let s = state();
+        assert_eq!(readyz(State(Arc::clone(&s))).await.0, StatusCode::OK);
+        s.start_draining();
+        let (code, Json(body)) = readyz(State(s)).await;
+        assert_eq!(
+            (code, body),
+            (
+                StatusCode::SERVICE_UNAVAILABLE,
+                json!({"status": "draining"})
+            )
+        );
+    }
+}

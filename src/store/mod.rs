@@ -130,12 +130,12 @@ impl Store {
             Err(e) => return Err(StoreError::db(e)),
         };
         // Account metadata is not secret, but it is nobody else's business either.
-        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).map_err(|source| {
-            StoreError::StateDir {
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).map_err(
+            |source| StoreError::StateDir {
                 path: path.clone(),
                 source,
-            }
-        })?;
+            },
+        )?;
         let has_key_check = read_meta(&db, META_KEY_CHECK)?.is_some();
         let key = secrets::load_or_create_key(state_dir, !has_key_check)?;
         Self::finish_open(db, path, state_dir.join(secrets::KEY_FILE), &key)
