@@ -23,7 +23,7 @@ pub fn spec(n: u32, tag: &str) -> AuthSpec {
         email: format!("user{n}@example.com"),
         chatgpt_account_id: format!("acc-{n:04}"),
         chatgpt_user_id: format!("user-{n}"),
-        plan: if n % 2 == 0 {
+        plan: if n.is_multiple_of(2) {
             "pro".into()
         } else {
             "plus".into()
