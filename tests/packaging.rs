@@ -1,0 +1,65 @@
+//! Every example config shipped in `packaging/` parses, and means what the daemon expects.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::Path;
+
+use switchyard::config::Config;
+
+#[test]
+fn every_example_config_in_packaging_parses() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("packaging");
+    let mut found = 0;
+    let mut stack = vec![dir];
+    while let Some(d) = stack.pop() {
+        for entry in std::fs::read_dir(&d).unwrap() {
+            let p = entry.unwrap().path();
+            if p.is_dir() {
+                stack.push(p);
+            } else if p.extension().is_some_and(|e| e == "toml") {
+                let text = std::fs::read_to_string(&p).unwrap();
+                Config::parse(&text, &p).unwrap_or_else(|e| panic!("{e}"));
+                found += 1;
+            }
+        }
+    }
+    assert!(found >= 1, "no example config found in packaging/");
+}
+
+#[test]
+fn the_packaged_config_names_the_systemd_directories() {
+    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("packaging/switchyard.toml");
+    let c = Config::parse(&std::fs::read_to_string(&p).unwrap(), &p).unwrap();
+    assert_eq!(
+        c.storage.state_dir.as_deref(),
+        Some(Path::new("/var/lib/switchyard"))
+    );
+    assert_eq!(
+        c.admin.socket.as_deref(),
+        Some(Path::new("/run/switchyard/admin.sock"))
+    );
+}
+
+#[test]
+fn the_systemd_unit_is_hardened_and_notifies() {
+    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("packaging/systemd/switchyard.service");
+    let unit = std::fs::read_to_string(p).unwrap();
+    for line in [
+        "Type=notify",
+        "DynamicUser=yes",
+        "StateDirectory=switchyard",
+        "RuntimeDirectory=switchyard",
+        "ProtectSystem=strict",
+        "CapabilityBoundingSet=",
+        "NoNewPrivileges=yes",
+        "MemoryDenyWriteExecute=yes",
+        "Restart=on-failure",
+    ] {
+        assert!(
+            unit.lines()
+                .any(|l| l.trim() == line || l.trim().starts_with(&format!("{line} "))),
+            "unit lacks `{line}`"
+        );
+    }
+    assert!(unit.lines().any(|l| l.starts_with("WatchdogSec=")));
+    assert!(unit.contains("systemctl edit"));
+}
