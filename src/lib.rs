@@ -15,3 +15,4 @@ pub mod store;
 pub mod systemd;
 pub mod telemetry;
 pub mod ttl;
+pub mod upstream;

@@ -111,6 +111,12 @@ impl From<FleetError> for ApiError {
             ),
             FleetError::AuthFile(_) => ApiError::bad_request("invalid_auth_file", e.to_string()),
             FleetError::Store(s) => s.into(),
+            FleetError::Refresh(_) => ApiError::new(
+                StatusCode::BAD_GATEWAY,
+                "server_error",
+                Some("refresh_failed"),
+                e.to_string(),
+            ),
         }
     }
 }

@@ -1,25 +1,33 @@
-//! The account pool: which accounts exist, whether they are enabled, and (in later modules)
-//! their health, scheduling, affinity and slots. One owner with a small API; callers never
-//! hold its lock.
+//! The account pool: which accounts exist, their tokens, health, quota and in-flight work.
+//! One owner with a small API; callers never hold its lock across an `.await`.
 //!
-//! Changes are persisted through the store's writer and acknowledged only once durable:
-//! imports write before they appear in memory (a failed write leaves no ghost account);
-//! disabling takes effect in memory first, so no request can lease the account while the write
-//! is in flight.
+//! Changes are persisted through the store's writer. Imports are written before they appear
+//! in memory (a failed write leaves no ghost account); disabling and health transitions take
+//! effect in memory first, so no request can lease an account that is known to be bad while
+//! the write is in flight.
 
 pub mod auth_file;
+pub mod health;
+pub mod refresh;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::time::Duration;
 
 use sha2::{Digest, Sha256};
 use switchyard_tui::wire;
 
 use crate::clock::{self, SharedClock};
-use crate::store::records::AccountRecord;
+use crate::store::records::{AccountRecord, AccountSecrets};
 use crate::store::{Store, StoreError};
+use crate::ttl::{TtlConfig, TtlMap};
+use crate::upstream::Identity;
+use crate::upstream::failure::Facts;
+use crate::upstream::quota::QuotaSnapshot;
 
 use self::auth_file::{AuthFileError, ParsedAuth};
+use self::health::{Class, Effective, Health, State, Transition};
 
 #[derive(Debug, thiserror::Error)]
 pub enum FleetError {
@@ -31,99 +39,272 @@ pub enum FleetError {
     AuthFile(#[from] AuthFileError),
     #[error(transparent)]
     Store(#[from] StoreError),
+    #[error("refresh failed: {0}")]
+    Refresh(String),
+}
+
+/// How long an (account, model) pair stays marked unsupported.
+pub const UNSUPPORTED_TTL: Duration = Duration::from_secs(3600);
+
+/// Why an account was not a candidate for a request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SkipReason {
+    Disabled,
+    NeedsReauth,
+    Cooling,
+    /// Half-open with its one probe already running.
+    Probing,
+    ModelUnsupported,
+    NoTokens,
+}
+
+impl SkipReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SkipReason::Disabled => "disabled",
+            SkipReason::NeedsReauth => "needs_reauth",
+            SkipReason::Cooling => "cooling",
+            SkipReason::Probing => "half_open_probe",
+            SkipReason::ModelUnsupported => "model_unsupported",
+            SkipReason::NoTokens => "no_tokens",
+        }
+    }
+}
+
+pub(crate) struct Entry {
+    record: AccountRecord,
+    health: Health,
+    secrets: Option<AccountSecrets>,
+    quota: Option<QuotaSnapshot>,
+    in_flight: u32,
+    probing: bool,
+}
+
+struct Inner {
+    accounts: BTreeMap<String, Entry>,
 }
 
 /// The pool of accounts. Cloning shares it.
 #[derive(Clone)]
 pub struct Fleet {
-    inner: Arc<RwLock<BTreeMap<String, AccountRecord>>>,
+    inner: Arc<RwLock<Inner>>,
     store: Store,
     clock: SharedClock,
+    unsupported: TtlMap<(String, String), ()>,
+    rr: Arc<AtomicUsize>,
+    refresh: refresh::RefreshState,
 }
 
 impl std::fmt::Debug for Fleet {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Fleet")
-            .field("accounts", &self.read().len())
+            .field("accounts", &self.len())
             .finish()
     }
 }
 
 /// The id of an account: stable across re-imports, derived from its ChatGPT identity.
 pub fn account_id(chatgpt_account_id: &str, user: Option<&str>) -> String {
-    let mut h = Sha256::new();
-    h.update(chatgpt_account_id.as_bytes());
-    h.update(b"/");
-    h.update(user.unwrap_or("").as_bytes());
-    let digest = h.finalize();
+    let digest = Sha256::digest(format!("{chatgpt_account_id}/{}", user.unwrap_or("")).as_bytes());
     digest[..4].iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// A per-account device id for `x-codex-installation-id`, stable and UUID-shaped.
+pub fn installation_id(id: &str) -> String {
+    let d = Sha256::digest(format!("switchyard-installation/{id}").as_bytes());
+    let h: String = d[..16].iter().map(|b| format!("{b:02x}")).collect();
+    format!(
+        "{}-{}-4{}-a{}-{}",
+        &h[0..8],
+        &h[8..12],
+        &h[13..16],
+        &h[17..20],
+        &h[20..32]
+    )
+}
+
+/// The candidates for one request, in the order they will be tried, and why others were left
+/// out.
+#[derive(Debug, Clone, Default)]
+pub struct Candidates {
+    pub order: Vec<String>,
+    pub skipped: Vec<(String, SkipReason)>,
+}
+
+/// A running attempt's hold on an account. Dropping it releases the account, on every path.
+#[derive(Debug)]
+pub struct Lease {
+    fleet: Fleet,
+    pub id: String,
+    pub chatgpt_account_id: String,
+    probe: bool,
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        let mut inner = self.fleet.write();
+        if let Some(e) = inner.accounts.get_mut(&self.id) {
+            e.in_flight = e.in_flight.saturating_sub(1);
+            if self.probe {
+                e.probing = false;
+            }
+        }
+    }
 }
 
 impl Fleet {
     pub fn load(store: Store, clock: SharedClock) -> Result<Fleet, StoreError> {
-        let accounts = store
-            .load_accounts()?
-            .into_iter()
-            .map(|a| (a.id.clone(), a))
-            .collect();
+        let mut health: HashMap<String, Health> =
+            store.load_health::<Health>()?.into_iter().collect();
+        let mut accounts = BTreeMap::new();
+        for record in store.load_accounts()? {
+            let secrets = match store.account_secrets(&record.id) {
+                Ok(s) => s,
+                Err(e) => {
+                    tracing::error!(account = %record.id, error = %e, "cannot read the account's tokens");
+                    None
+                }
+            };
+            let id = record.id.clone();
+            accounts.insert(
+                id.clone(),
+                Entry {
+                    health: health.remove(&id).unwrap_or_default(),
+                    record,
+                    secrets,
+                    quota: None,
+                    in_flight: 0,
+                    probing: false,
+                },
+            );
+        }
+        let unsupported = TtlMap::new(
+            TtlConfig {
+                idle: None,
+                absolute: Some(UNSUPPORTED_TTL),
+                max_entries: 10_000,
+            },
+            Arc::clone(&clock),
+        );
         Ok(Fleet {
-            inner: Arc::new(RwLock::new(accounts)),
+            inner: Arc::new(RwLock::new(Inner { accounts })),
             store,
             clock,
+            unsupported,
+            rr: Arc::new(AtomicUsize::new(0)),
+            refresh: refresh::RefreshState::default(),
         })
     }
 
-    fn read(&self) -> RwLockReadGuard<'_, BTreeMap<String, AccountRecord>> {
+    fn read(&self) -> RwLockReadGuard<'_, Inner> {
         self.inner.read().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn write(&self) -> RwLockWriteGuard<'_, BTreeMap<String, AccountRecord>> {
+    fn write(&self) -> RwLockWriteGuard<'_, Inner> {
         self.inner.write().unwrap_or_else(|e| e.into_inner())
     }
 
+    pub fn clock(&self) -> &SharedClock {
+        &self.clock
+    }
+
+    pub fn store(&self) -> &Store {
+        &self.store
+    }
+
     pub fn len(&self) -> usize {
-        self.read().len()
+        self.read().accounts.len()
     }
 
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
 
-    fn view(a: &AccountRecord) -> wire::Account {
+    fn state_name(e: &Entry, now_ms: u64) -> &'static str {
+        if !e.record.enabled {
+            "disabled"
+        } else {
+            e.health.effective(now_ms).name()
+        }
+    }
+
+    fn view(e: &Entry, now_ms: u64) -> wire::Account {
+        let a = &e.record;
+        let effective = e.health.effective(now_ms);
+        let cooling_until = match effective {
+            Effective::Cooling { until_ms } => Some(until_ms),
+            _ => None,
+        };
+        let rfc = |s: Option<u64>| s.map(clock::rfc3339);
         wire::Account {
             id: a.id.clone(),
             label: a.label.clone(),
             email: a.email.clone(),
-            plan: a.plan.clone(),
+            plan: e
+                .quota
+                .as_ref()
+                .and_then(|q| q.plan.clone())
+                .or_else(|| a.plan.clone()),
             chatgpt_account_id: a.chatgpt_account_id.clone(),
             enabled: a.enabled,
-            state: if a.enabled { "ready" } else { "disabled" }.to_string(),
+            state: Self::state_name(e, now_ms).to_string(),
             created_at: clock::rfc3339(a.created_at),
+            reason: match effective {
+                Effective::Ready if e.health.level() == 0 => None,
+                _ => e.health.reason.clone(),
+            },
+            cooldown_until: rfc(cooling_until.map(|ms| ms.div_ceil(1000))),
+            cooldown_remaining_s: cooling_until
+                .map(|until| until.saturating_sub(now_ms).div_ceil(1000)),
+            level: e.health.level(),
+            last_error: e.health.last_error.clone(),
+            in_flight: e.in_flight,
+            quota: e.quota.as_ref().map(|q| wire::Quota {
+                primary_used_percent: q.primary_used_percent,
+                primary_reset_at: rfc(q.primary_reset_at),
+                secondary_used_percent: q.secondary_used_percent,
+                secondary_reset_at: rfc(q.secondary_reset_at),
+                plan: q.plan.clone(),
+                observed_at: Some(clock::rfc3339(q.observed_ms / 1000)),
+            }),
         }
     }
 
     /// Every account, oldest first.
     pub fn list(&self) -> Vec<wire::Account> {
-        let accounts = self.read();
-        let mut v: Vec<&AccountRecord> = accounts.values().collect();
-        v.sort_by(|a, b| a.created_at.cmp(&b.created_at).then(a.id.cmp(&b.id)));
-        v.into_iter().map(Self::view).collect()
+        let now = self.clock.now_ms();
+        let inner = self.read();
+        let mut v: Vec<&Entry> = inner.accounts.values().collect();
+        v.sort_by(|a, b| {
+            a.record
+                .created_at
+                .cmp(&b.record.created_at)
+                .then(a.record.id.cmp(&b.record.id))
+        });
+        v.into_iter().map(|e| Self::view(e, now)).collect()
+    }
+
+    pub fn get(&self, id: &str) -> Option<wire::Account> {
+        let now = self.clock.now_ms();
+        self.read().accounts.get(id).map(|e| Self::view(e, now))
     }
 
     /// Finds one account by id, ChatGPT account id, email or label.
     pub fn resolve(&self, selector: &str) -> Result<String, FleetError> {
-        let accounts = self.read();
-        if accounts.contains_key(selector) {
+        let inner = self.read();
+        if inner.accounts.contains_key(selector) {
             return Ok(selector.to_string());
         }
-        let matches: Vec<&String> = accounts
+        let matches: Vec<&String> = inner
+            .accounts
             .values()
-            .filter(|a| {
+            .filter(|e| {
+                let a = &e.record;
                 a.chatgpt_account_id == selector
                     || a.email.as_deref() == Some(selector)
                     || a.label == selector
             })
-            .map(|a| &a.id)
+            .map(|e| &e.record.id)
             .collect();
         match matches.as_slice() {
             [id] => Ok((*id).clone()),
@@ -141,14 +322,15 @@ impl Fleet {
     }
 
     /// Adds the account of an auth.json, or updates the tokens (and claims) of the account it
-    /// already is. Returns once durable.
+    /// already is; a re-login also clears its health (a new login is a fresh start). Returns
+    /// once durable.
     pub async fn import(&self, parsed: ParsedAuth) -> Result<wire::ImportedAccount, FleetError> {
         let id = account_id(
             &parsed.chatgpt_account_id,
             parsed.chatgpt_user_id.as_deref(),
         );
         let now = self.clock.now_secs();
-        let existing = self.read().get(&id).cloned();
+        let existing = self.read().accounts.get(&id).map(|e| e.record.clone());
         let created = existing.is_none();
         let record = match existing {
             Some(mut a) => {
@@ -175,13 +357,29 @@ impl Fleet {
                 updated_at: now,
             },
         };
+        let health = Health::default();
         self.store
-            .put_account(&record, Some(&parsed.secrets))
+            .write(vec![
+                Store::account_mutation(&record)?,
+                self.store.secrets_mutation(&record.id, &parsed.secrets)?,
+                Store::health_mutation(&record.id, &health)?,
+            ])
             .await?;
-        let view = Self::view(&record);
-        self.write().insert(id, record);
+        let now_ms = self.clock.now_ms();
+        let mut inner = self.write();
+        let entry = inner.accounts.entry(id).or_insert_with(|| Entry {
+            record: record.clone(),
+            health: Health::default(),
+            secrets: None,
+            quota: None,
+            in_flight: 0,
+            probing: false,
+        });
+        entry.record = record;
+        entry.secrets = Some(parsed.secrets);
+        entry.health = health;
         Ok(wire::ImportedAccount {
-            account: view,
+            account: Self::view(entry, now_ms),
             created,
         })
     }
@@ -192,37 +390,298 @@ impl Fleet {
         enabled: bool,
     ) -> Result<wire::Account, FleetError> {
         let id = self.resolve(selector)?;
-        let record = {
-            let mut accounts = self.write();
-            let a = accounts
+        let now_ms = self.clock.now_ms();
+        let (record, view) = {
+            let mut inner = self.write();
+            let e = inner
+                .accounts
                 .get_mut(&id)
                 .ok_or_else(|| FleetError::NotFound(selector.to_string()))?;
-            a.enabled = enabled;
-            a.updated_at = self.clock.now_secs();
-            a.clone()
+            e.record.enabled = enabled;
+            e.record.updated_at = now_ms / 1000;
+            (e.record.clone(), Self::view(e, now_ms))
         };
-        self.store.put_account(&record, None).await?;
-        Ok(Self::view(&record))
+        self.store
+            .write(vec![Store::account_mutation(&record)?])
+            .await?;
+        tracing::info!(account = %id, enabled, "account {}", if enabled { "enabled" } else { "disabled" });
+        Ok(view)
     }
 
     /// Removes an account with its tokens and health. Takes effect in memory first.
     pub async fn remove(&self, selector: &str) -> Result<wire::Account, FleetError> {
         let id = self.resolve(selector)?;
-        let record = self
+        let now_ms = self.clock.now_ms();
+        let entry = self
             .write()
+            .accounts
             .remove(&id)
             .ok_or_else(|| FleetError::NotFound(selector.to_string()))?;
         self.store.delete_account(&id).await?;
-        Ok(Self::view(&record))
+        Ok(Self::view(&entry, now_ms))
+    }
+
+    /// Clears an account's cooldown and ladders (operator action).
+    pub async fn clear_cooldown(&self, selector: &str) -> Result<wire::Account, FleetError> {
+        let id = self.resolve(selector)?;
+        let now_ms = self.clock.now_ms();
+        let (health, view) = {
+            let mut inner = self.write();
+            let e = inner
+                .accounts
+                .get_mut(&id)
+                .ok_or_else(|| FleetError::NotFound(selector.to_string()))?;
+            if e.health.state != State::NeedsReauth {
+                e.health.clear();
+            }
+            (e.health.clone(), Self::view(e, now_ms))
+        };
+        self.store
+            .write(vec![Store::health_mutation(&id, &health)?])
+            .await?;
+        tracing::info!(account = %id, "cooldown cleared by operator");
+        Ok(view)
     }
 
     /// Number of accounts per state name.
     pub fn count_by_state(&self) -> BTreeMap<String, usize> {
+        let now = self.clock.now_ms();
         let mut m = BTreeMap::new();
-        for a in self.list() {
-            *m.entry(a.state).or_insert(0) += 1;
+        for e in self.read().accounts.values() {
+            *m.entry(Self::state_name(e, now).to_string()).or_insert(0) += 1;
         }
         m
+    }
+
+    pub fn in_flight(&self) -> u64 {
+        self.read()
+            .accounts
+            .values()
+            .map(|e| u64::from(e.in_flight))
+            .sum()
+    }
+
+    // ---- scheduling ------------------------------------------------------------------------
+
+    fn skip_reason(&self, e: &Entry, model: &str, now_ms: u64) -> Option<SkipReason> {
+        if !e.record.enabled {
+            return Some(SkipReason::Disabled);
+        }
+        if e.secrets.is_none() {
+            return Some(SkipReason::NoTokens);
+        }
+        match e.health.effective(now_ms) {
+            Effective::NeedsReauth => return Some(SkipReason::NeedsReauth),
+            Effective::Cooling { .. } => return Some(SkipReason::Cooling),
+            Effective::HalfOpen if e.probing => return Some(SkipReason::Probing),
+            Effective::HalfOpen | Effective::Ready => {}
+        }
+        if self
+            .unsupported
+            .peek(&(e.record.id.clone(), model.to_string()))
+            .is_some()
+        {
+            return Some(SkipReason::ModelUnsupported);
+        }
+        None
+    }
+
+    /// The accounts that may serve `model` now, in round-robin order, and the others with
+    /// their reasons. The order is frozen for the request.
+    pub fn candidates(&self, model: &str) -> Candidates {
+        let now = self.clock.now_ms();
+        let inner = self.read();
+        let mut c = Candidates::default();
+        for e in inner.accounts.values() {
+            match self.skip_reason(e, model, now) {
+                None => c.order.push(e.record.id.clone()),
+                Some(r) => c.skipped.push((e.record.id.clone(), r)),
+            }
+        }
+        if !c.order.is_empty() {
+            let start = self.rr.fetch_add(1, Ordering::Relaxed) % c.order.len();
+            c.order.rotate_left(start);
+        }
+        c
+    }
+
+    /// Takes the account for one attempt if it is still eligible (the state may have changed
+    /// since the candidates were frozen). A half-open account admits one probe at a time.
+    pub fn lease(&self, id: &str, model: &str) -> Result<Lease, SkipReason> {
+        let now = self.clock.now_ms();
+        let mut inner = self.write();
+        let e = inner.accounts.get_mut(id).ok_or(SkipReason::Disabled)?;
+        if let Some(r) = self.skip_reason(e, model, now) {
+            return Err(r);
+        }
+        let probe = e.health.effective(now) == Effective::HalfOpen;
+        if probe {
+            e.probing = true;
+        }
+        e.in_flight += 1;
+        Ok(Lease {
+            fleet: self.clone(),
+            id: id.to_string(),
+            chatgpt_account_id: e.record.chatgpt_account_id.clone(),
+            probe,
+        })
+    }
+
+    /// The identity of an account's attempt (its current access token).
+    pub fn identity(&self, id: &str) -> Option<Identity> {
+        let inner = self.read();
+        let e = inner.accounts.get(id)?;
+        let s = e.secrets.as_ref()?;
+        Some(Identity {
+            access_token: s.access_token.expose().to_string(),
+            chatgpt_account_id: e.record.chatgpt_account_id.clone(),
+            installation_id: installation_id(id),
+        })
+    }
+
+    pub fn chatgpt_account_id(&self, id: &str) -> Option<String> {
+        self.read()
+            .accounts
+            .get(id)
+            .map(|e| e.record.chatgpt_account_id.clone())
+    }
+
+    /// Applies an attempt's class to its account (the effects of DESIGN §5), persisting any
+    /// transition without making the caller wait for the disk.
+    pub fn report(
+        &self,
+        id: &str,
+        class: Class,
+        facts: Option<&Facts>,
+        model: &str,
+    ) -> Option<Transition> {
+        if class == Class::ModelUnsupported {
+            self.unsupported
+                .insert((id.to_string(), model.to_string()), ());
+            tracing::info!(account = %id, model, "model marked unsupported for this account");
+        }
+        let now = self.clock.now_ms();
+        let (transition, health) = {
+            let mut inner = self.write();
+            let e = inner.accounts.get_mut(id)?;
+            let t = e.health.apply(class, facts, now)?;
+            (t, e.health.clone())
+        };
+        tracing::info!(
+            account = %id,
+            from = transition.from,
+            to = transition.to,
+            class = class.as_str(),
+            reason = transition.reason.as_deref().unwrap_or(""),
+            cooldown_until_ms = health.cooldown_until_ms,
+            "account transition"
+        );
+        match Store::health_mutation(id, &health) {
+            Ok(m) => self.store.enqueue(vec![m]),
+            Err(e) => tracing::error!(error = %e, "cannot encode account health"),
+        }
+        Some(transition)
+    }
+
+    /// Whether any account supports `model` now or could once its marks expire.
+    pub fn model_marked_everywhere(&self, model: &str) -> bool {
+        let inner = self.read();
+        let usable: Vec<&Entry> = inner
+            .accounts
+            .values()
+            .filter(|e| e.record.enabled && e.health.state != State::NeedsReauth)
+            .collect();
+        !usable.is_empty()
+            && usable.iter().all(|e| {
+                self.unsupported
+                    .peek(&(e.record.id.clone(), model.to_string()))
+                    .is_some()
+            })
+    }
+
+    /// Records the usage windows the backend reported for an account.
+    pub fn update_quota(&self, id: &str, q: QuotaSnapshot) {
+        if let Some(e) = self.write().accounts.get_mut(id) {
+            e.quota = Some(q);
+        }
+    }
+
+    /// A summary of why nothing is available: `(all_on_quota, earliest_reset_ms, text)`.
+    pub fn exhaustion_summary(&self) -> (bool, Option<u64>, String) {
+        let now = self.clock.now_ms();
+        let inner = self.read();
+        let total = inner.accounts.len();
+        let mut groups: BTreeMap<String, (usize, Option<u64>)> = BTreeMap::new();
+        let mut usable = 0;
+        let mut on_quota = 0;
+        let mut earliest_quota: Option<u64> = None;
+        let mut earliest_any: Option<u64> = None;
+        for e in inner.accounts.values() {
+            let (label, until) = match (e.record.enabled, e.health.effective(now)) {
+                (false, _) => ("disabled".to_string(), None),
+                (true, Effective::NeedsReauth) => ("need re-login".to_string(), None),
+                (true, Effective::Cooling { until_ms }) => {
+                    usable += 1;
+                    let reason = e.health.reason.clone().unwrap_or_else(|| "cooling".into());
+                    if reason == "quota" {
+                        on_quota += 1;
+                        earliest_quota =
+                            Some(earliest_quota.map_or(until_ms, |x: u64| x.min(until_ms)));
+                    }
+                    earliest_any = Some(earliest_any.map_or(until_ms, |x: u64| x.min(until_ms)));
+                    (format!("cooling ({reason}"), Some(until_ms))
+                }
+                (true, Effective::HalfOpen) => {
+                    usable += 1;
+                    ("half-open, probe running".to_string(), None)
+                }
+                (true, Effective::Ready) => {
+                    usable += 1;
+                    ("ready but unavailable for this request".to_string(), None)
+                }
+            };
+            let g = groups.entry(label).or_insert((0, None));
+            g.0 += 1;
+            if let Some(u) = until {
+                g.1 = Some(g.1.map_or(u, |x: u64| x.min(u)));
+            }
+        }
+        let parts: Vec<String> = groups
+            .into_iter()
+            .map(|(label, (n, until))| match until {
+                Some(u) => format!(
+                    "{n} {label}, resets in {})",
+                    human_duration(u.saturating_sub(now))
+                ),
+                None => format!("{n} {label}"),
+            })
+            .collect();
+        let noun = if total == 1 { "account" } else { "accounts" };
+        let text = if total == 0 {
+            "no accounts in the pool".to_string()
+        } else {
+            format!("{total} {noun}: {}", parts.join(", "))
+        };
+        let all_quota = usable > 0 && on_quota == usable;
+        (
+            all_quota,
+            if all_quota {
+                earliest_quota
+            } else {
+                earliest_any
+            },
+            text,
+        )
+    }
+}
+
+/// `41m`, `2h05m`, `30s`.
+pub fn human_duration(ms: u64) -> String {
+    let s = ms.div_ceil(1000);
+    match s {
+        0..=59 => format!("{s}s"),
+        60..=3599 => format!("{}m", s.div_ceil(60)),
+        _ => format!("{}h{:02}m", s / 3600, (s % 3600) / 60),
     }
 }
 
@@ -243,17 +702,25 @@ mod tests {
         }
     }
 
-    fn fleet() -> Fleet {
-        Fleet::load(
-            Store::open_in_memory().unwrap(),
-            Arc::new(ManualClock::new(1_767_225_600_000)),
+    fn fleet() -> (Fleet, ManualClock) {
+        let clock = ManualClock::new(1_767_225_600_000);
+        let f = Fleet::load(Store::open_in_memory().unwrap(), Arc::new(clock.clone())).unwrap();
+        (f, clock)
+    }
+
+    async fn import(f: &Fleet, n: u32) -> wire::Account {
+        f.import(
+            f.parse_auth(auth_json(&spec(n, "t")).to_string().as_bytes())
+                .unwrap(),
         )
+        .await
         .unwrap()
+        .account
     }
 
     #[tokio::test]
     async fn reimport_updates_tokens_instead_of_duplicating() {
-        let f = fleet();
+        let (f, _) = fleet();
         let first = f
             .import(
                 f.parse_auth(auth_json(&spec(1, "old")).to_string().as_bytes())
@@ -278,15 +745,8 @@ mod tests {
 
     #[tokio::test]
     async fn accounts_are_found_by_id_account_id_email_or_label() {
-        let f = fleet();
-        let a = f
-            .import(
-                f.parse_auth(auth_json(&spec(1, "t")).to_string().as_bytes())
-                    .unwrap(),
-            )
-            .await
-            .unwrap()
-            .account;
+        let (f, _) = fleet();
+        let a = import(&f, 1).await;
         for sel in [a.id.as_str(), "acc-1", "user1@example.com"] {
             assert_eq!(f.resolve(sel).unwrap(), a.id);
         }
@@ -296,5 +756,83 @@ mod tests {
         f.remove(&a.id).await.unwrap();
         assert!(f.is_empty());
         assert!(f.store.load_accounts().unwrap().is_empty());
+    }
+
+    #[tokio::test]
+    async fn candidates_rotate_and_skip_bad_accounts_with_reasons() {
+        let (f, clock) = fleet();
+        let a = import(&f, 1).await.id;
+        let b = import(&f, 2).await.id;
+        let c = import(&f, 3).await.id;
+        let first: Vec<String> = (0..3).map(|_| f.candidates("m").order[0].clone()).collect();
+        let mut sorted = first.clone();
+        sorted.sort();
+        let mut all = vec![a.clone(), b.clone(), c.clone()];
+        all.sort();
+        assert_eq!(sorted, all, "round robin starts at each account once");
+
+        f.report(&a, Class::Quota, None, "m");
+        f.set_enabled(&b, false).await.unwrap();
+        let cands = f.candidates("m");
+        assert_eq!(cands.order, vec![c.clone()]);
+        assert!(cands.skipped.contains(&(a.clone(), SkipReason::Cooling)));
+        assert!(cands.skipped.contains(&(b.clone(), SkipReason::Disabled)));
+
+        f.report(&c, Class::ModelUnsupported, None, "m");
+        assert!(f.candidates("m").order.is_empty());
+        assert_eq!(f.candidates("other").order, vec![c.clone()]);
+
+        let (all_quota, _, text) = f.exhaustion_summary();
+        assert!(!all_quota);
+        assert!(text.starts_with("3 accounts:"), "{text}");
+        clock.advance(Duration::from_secs(3600));
+        assert_eq!(f.get(&a).unwrap().state, "half_open");
+    }
+
+    #[tokio::test]
+    async fn a_half_open_account_admits_one_probe_and_leases_release_on_drop() {
+        let (f, clock) = fleet();
+        let a = import(&f, 1).await.id;
+        f.report(&a, Class::Transient, None, "m");
+        assert_eq!(f.lease(&a, "m").unwrap_err(), SkipReason::Cooling);
+        clock.advance(Duration::from_secs(31));
+        let probe = f.lease(&a, "m").unwrap();
+        assert_eq!(f.lease(&a, "m").unwrap_err(), SkipReason::Probing);
+        assert_eq!(f.in_flight(), 1);
+        drop(probe);
+        assert_eq!(f.in_flight(), 0);
+        assert!(f.lease(&a, "m").is_ok());
+    }
+
+    #[tokio::test]
+    async fn health_survives_a_reload() {
+        let store = Store::open_in_memory().unwrap();
+        let clock = ManualClock::new(1_767_225_600_000);
+        let f = Fleet::load(store.clone(), Arc::new(clock.clone())).unwrap();
+        let a = import(&f, 1).await.id;
+        f.report(&a, Class::Quota, None, "m");
+        store.flush().await.unwrap();
+        let g = Fleet::load(store, Arc::new(clock)).unwrap();
+        let view = g.get(&a).unwrap();
+        assert_eq!(
+            (view.state.as_str(), view.reason.as_deref()),
+            ("cooling", Some("quota"))
+        );
+    }
+
+    #[test]
+    fn installation_ids_are_stable_and_uuid_shaped() {
+        let a = installation_id("abcd1234");
+        assert_eq!(a, installation_id("abcd1234"));
+        assert_ne!(a, installation_id("other"));
+        assert_eq!(a.len(), 36);
+        assert_eq!(a.matches('-').count(), 4);
+    }
+
+    #[test]
+    fn human_durations() {
+        assert_eq!(human_duration(30_000), "30s");
+        assert_eq!(human_duration(41 * 60_000), "41m");
+        assert_eq!(human_duration(2 * 3_600_000 + 5 * 60_000), "2h05m");
     }
 }

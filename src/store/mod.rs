@@ -250,6 +250,24 @@ impl Store {
         }
     }
 
+    /// Queues a write that must not be lost without waiting for it: offered at once, and only
+    /// when the queue is full handed to a task that waits for room. Used on the request path
+    /// for account health, which may not be dropped but must not make a request wait.
+    pub fn enqueue(&self, muts: Vec<Mutation>) {
+        match self.inner.tx.try_send(Job::Write(muts, None)) {
+            Ok(()) => {}
+            Err(mpsc::error::TrySendError::Full(job)) => {
+                let tx = self.inner.tx.clone();
+                tokio::spawn(async move {
+                    let _ = tx.send(job).await;
+                });
+            }
+            Err(mpsc::error::TrySendError::Closed(_)) => {
+                tracing::error!("the store writer has stopped; a health write is lost");
+            }
+        }
+    }
+
     /// Telemetry writes dropped because the writer was behind.
     pub fn dropped_writes(&self) -> u64 {
         self.inner.dropped.load(Ordering::Relaxed)
@@ -369,6 +387,20 @@ impl Store {
         codec::decode(&plain)
             .map(Some)
             .map_err(|e| StoreError::codec(format!("secrets of account {id}"), e))
+    }
+
+    /// The mutation that writes an account record.
+    pub fn account_mutation(account: &AccountRecord) -> Result<Mutation, StoreError> {
+        Self::put(Table::Accounts, &account.id, account)
+    }
+
+    /// The mutation that writes an account's sealed secrets.
+    pub fn secrets_mutation(
+        &self,
+        id: &str,
+        secrets: &AccountSecrets,
+    ) -> Result<Mutation, StoreError> {
+        self.seal_secrets(id, secrets)
     }
 
     fn seal_secrets(&self, id: &str, secrets: &AccountSecrets) -> Result<Mutation, StoreError> {

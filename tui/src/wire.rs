@@ -25,7 +25,7 @@ pub struct Status {
 }
 
 /// One account as the admin API shows it. Never carries a token.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Account {
     pub id: String,
     pub label: String,
@@ -37,10 +37,42 @@ pub struct Account {
     pub state: String,
     /// RFC 3339.
     pub created_at: String,
+    /// Why it is not ready (`quota`, `transient`, `auth_dead`, …).
+    #[serde(default)]
+    pub reason: Option<String>,
+    /// When a cooling account half-opens (RFC 3339).
+    #[serde(default)]
+    pub cooldown_until: Option<String>,
+    #[serde(default)]
+    pub cooldown_remaining_s: Option<u64>,
+    /// Highest step reached on a cooldown ladder (0 = not escalated).
+    #[serde(default)]
+    pub level: u8,
+    #[serde(default)]
+    pub last_error: Option<String>,
+    /// Requests running on the account now.
+    #[serde(default)]
+    pub in_flight: u32,
+    /// The last usage windows the backend reported.
+    #[serde(default)]
+    pub quota: Option<Quota>,
+}
+
+/// An account's usage windows: primary is the 5-hour window, secondary the weekly one.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Quota {
+    pub primary_used_percent: Option<f64>,
+    /// RFC 3339.
+    pub primary_reset_at: Option<String>,
+    pub secondary_used_percent: Option<f64>,
+    pub secondary_reset_at: Option<String>,
+    pub plan: Option<String>,
+    /// When the backend reported it (RFC 3339).
+    pub observed_at: Option<String>,
 }
 
 /// `POST /api/admin/accounts`: the account, and whether it was new or updated.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ImportedAccount {
     #[serde(flatten)]
     pub account: Account,
@@ -88,4 +120,56 @@ pub struct ErrorDetail {
     pub code: Option<String>,
     #[serde(default)]
     pub param: Option<String>,
+}
+
+/// One attempt of a request, in its record.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Attempt {
+    /// The account's `chatgpt_account_id`.
+    pub account: String,
+    /// `success, quota, rate_limited, auth_expired, auth_dead, edge_challenge, model_unsupported,
+    /// caller, transient, client_cancelled`.
+    pub class: String,
+    pub status: Option<u16>,
+    /// `connect | pre_headers | pre_commit | mid_stream`.
+    pub phase: Option<String>,
+    pub ms: u64,
+    #[serde(default)]
+    pub error: Option<String>,
+}
+
+/// Token counts of a response.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Usage {
+    pub input_tokens: u64,
+    pub cached_tokens: u64,
+    pub output_tokens: u64,
+    pub reasoning_tokens: u64,
+}
+
+/// `GET /api/admin/requests`: one `/v1` request, with its attempt chain.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RequestRecord {
+    pub id: String,
+    /// RFC 3339 with milliseconds.
+    pub started_at: String,
+    /// The client key's name.
+    pub key: String,
+    pub model: String,
+    pub stream: bool,
+    /// `success | incomplete | failed | stream_error | caller_error | quota_exhausted |
+    /// no_account | model_not_found | client_cancelled`.
+    pub outcome: String,
+    /// The HTTP status the client got (200 for a stream that later failed).
+    pub status: u16,
+    /// The `chatgpt_account_id` that served it, if any.
+    pub account: Option<String>,
+    pub attempts: Vec<Attempt>,
+    pub ttft_ms: Option<u64>,
+    pub duration_ms: u64,
+    pub usage: Option<Usage>,
+    #[serde(default)]
+    pub path: String,
+    #[serde(default)]
+    pub session: Option<String>,
 }

@@ -1,0 +1,620 @@
+//! The one owner of failure classification and account health (DESIGN §5).
+//!
+//! [`classify`] turns upstream facts into a [`Class`]; [`Health::apply`] applies the class's
+//! effect on the account at a given time. Pure functions of their inputs and the clock, so the
+//! ladders are tested without sleeping.
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::upstream::failure::Facts;
+
+/// What an attempt's outcome says about the account.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Class {
+    Success,
+    Quota,
+    RateLimited,
+    AuthExpired,
+    AuthDead,
+    EdgeChallenge,
+    ModelUnsupported,
+    Caller,
+    Transient,
+    ClientCancelled,
+}
+
+impl Class {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Class::Success => "success",
+            Class::Quota => "quota",
+            Class::RateLimited => "rate_limited",
+            Class::AuthExpired => "auth_expired",
+            Class::AuthDead => "auth_dead",
+            Class::EdgeChallenge => "edge_challenge",
+            Class::ModelUnsupported => "model_unsupported",
+            Class::Caller => "caller",
+            Class::Transient => "transient",
+            Class::ClientCancelled => "client_cancelled",
+        }
+    }
+
+    pub const ALL: [Class; 10] = [
+        Class::Success,
+        Class::Quota,
+        Class::RateLimited,
+        Class::AuthExpired,
+        Class::AuthDead,
+        Class::EdgeChallenge,
+        Class::ModelUnsupported,
+        Class::Caller,
+        Class::Transient,
+        Class::ClientCancelled,
+    ];
+}
+
+const QUOTA_CODES: [&str; 3] = [
+    "usage_limit_reached",
+    "insufficient_quota",
+    "usage_not_included",
+];
+const DEAD_AUTH_CODES: [&str; 6] = [
+    "token_invalidated",
+    "account_deactivated",
+    "refresh_token_reused",
+    "refresh_token_expired",
+    "refresh_token_invalidated",
+    "invalid_grant",
+];
+
+fn is_any(v: Option<&str>, set: &[&str]) -> bool {
+    v.is_some_and(|v| set.contains(&v))
+}
+
+/// Classifies the facts of a failed attempt (a transport failure, a non-2xx answer, or a
+/// failure event inside a 200 stream).
+pub fn classify(f: &Facts) -> Class {
+    let code = f.error_code.as_deref();
+    let kind = f.error_type.as_deref();
+    let either = |set: &[&str]| is_any(code, set) || is_any(kind, set);
+    if f.transport.is_some() && f.status.is_none() {
+        return Class::Transient;
+    }
+    if either(&QUOTA_CODES) {
+        return Class::Quota;
+    }
+    if either(&["context_length_exceeded"]) {
+        return Class::Caller;
+    }
+    if either(&DEAD_AUTH_CODES) {
+        return Class::AuthDead;
+    }
+    if either(&["token_expired"]) {
+        return Class::AuthExpired;
+    }
+    if either(&["rate_limit_exceeded"]) {
+        return Class::RateLimited;
+    }
+    if either(&["model_not_found"]) || is_model_unsupported(f.message.as_deref()) {
+        return Class::ModelUnsupported;
+    }
+    match f.status.unwrap_or(0) {
+        200..=299 => Class::Transient, // a failure event inside a 200 stream, not a caller problem
+        429 => Class::RateLimited,
+        401 => Class::AuthExpired,
+        403 if f.cloudflare => Class::EdgeChallenge,
+        403 => Class::EdgeChallenge,
+        408 | 409 | 425 => Class::Transient,
+        400..=499 => Class::Caller,
+        _ => Class::Transient,
+    }
+}
+
+fn is_model_unsupported(message: Option<&str>) -> bool {
+    message.is_some_and(|m| {
+        let m = m.to_ascii_lowercase();
+        m.contains("model") && (m.contains("not supported") || m.contains("does not exist"))
+    })
+}
+
+/// An account's health state (`disabled` is the account's enabled flag, not a health state).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum State {
+    Ready,
+    Cooling,
+    NeedsReauth,
+}
+
+/// Cooldown ladders.
+pub const TRANSIENT_LADDER: [Duration; 4] = [
+    Duration::from_secs(30),
+    Duration::from_secs(120),
+    Duration::from_secs(600),
+    Duration::from_secs(1800),
+];
+pub const RATE_LADDER: [Duration; 4] = [
+    Duration::from_secs(5),
+    Duration::from_secs(15),
+    Duration::from_secs(60),
+    Duration::from_secs(300),
+];
+pub const EDGE_LADDER: [Duration; 4] = [
+    Duration::from_secs(10),
+    Duration::from_secs(30),
+    Duration::from_secs(90),
+    Duration::from_secs(120),
+];
+/// A failure within this long of the account's last recovery escalates its ladder.
+pub const STREAK_WINDOW: Duration = Duration::from_secs(300);
+/// Quota cooldown when the upstream gives no reset time, and the longest one accepted.
+pub const QUOTA_DEFAULT: Duration = Duration::from_secs(3600);
+pub const QUOTA_CAP: Duration = Duration::from_secs(7 * 24 * 3600);
+/// Successes in a row needed to clear an escalated account.
+pub const CLEAN_SUCCESSES: u8 = 2;
+
+/// The three ladders an account climbs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Ladder {
+    Transient = 0,
+    Rate = 1,
+    Edge = 2,
+}
+
+impl Ladder {
+    fn steps(self) -> &'static [Duration; 4] {
+        match self {
+            Ladder::Transient => &TRANSIENT_LADDER,
+            Ladder::Rate => &RATE_LADDER,
+            Ladder::Edge => &EDGE_LADDER,
+        }
+    }
+}
+
+/// Persisted health of one account (written through on every transition).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Health {
+    pub state: State,
+    /// The class that put the account in its state (`quota`, `transient`, …).
+    pub reason: Option<String>,
+    /// Unix ms; meaningful while cooling.
+    pub cooldown_until_ms: u64,
+    /// Next step on each ladder, indexed by [`Ladder`].
+    pub levels: [u8; 3],
+    /// Unix ms of the last failure that counted towards a ladder.
+    pub last_failure_ms: u64,
+    pub clean_successes: u8,
+    pub last_error: Option<String>,
+    pub last_error_ms: u64,
+}
+
+impl Default for Health {
+    fn default() -> Self {
+        Health {
+            state: State::Ready,
+            reason: None,
+            cooldown_until_ms: 0,
+            levels: [0; 3],
+            last_failure_ms: 0,
+            clean_successes: 0,
+            last_error: None,
+            last_error_ms: 0,
+        }
+    }
+}
+
+/// The state as seen at a moment: cooling turns half-open when its time is up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Effective {
+    Ready,
+    Cooling { until_ms: u64 },
+    HalfOpen,
+    NeedsReauth,
+}
+
+impl Effective {
+    pub fn name(self) -> &'static str {
+        match self {
+            Effective::Ready => "ready",
+            Effective::Cooling { .. } => "cooling",
+            Effective::HalfOpen => "half_open",
+            Effective::NeedsReauth => "needs_reauth",
+        }
+    }
+}
+
+/// A change of state worth an event and a write.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Transition {
+    pub from: &'static str,
+    pub to: &'static str,
+    pub class: Class,
+    pub reason: Option<String>,
+}
+
+fn ms(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+impl Health {
+    pub fn effective(&self, now_ms: u64) -> Effective {
+        match self.state {
+            State::Ready => Effective::Ready,
+            State::NeedsReauth => Effective::NeedsReauth,
+            State::Cooling if now_ms < self.cooldown_until_ms => Effective::Cooling {
+                until_ms: self.cooldown_until_ms,
+            },
+            State::Cooling => Effective::HalfOpen,
+        }
+    }
+
+    /// The level shown to operators: the highest ladder step reached.
+    pub fn level(&self) -> u8 {
+        self.levels.iter().copied().max().unwrap_or(0)
+    }
+
+    /// Applies one attempt's class at `now_ms`. Returns the transition when the state changed
+    /// (or a cooldown was set or extended), `None` when nothing worth persisting happened.
+    pub fn apply(
+        &mut self,
+        class: Class,
+        facts: Option<&Facts>,
+        now_ms: u64,
+    ) -> Option<Transition> {
+        let before = self.clone();
+        let from = self.effective(now_ms).name();
+        match class {
+            Class::Success => {
+                if self.state == State::Cooling {
+                    self.state = State::Ready;
+                }
+                if self.levels != [0; 3] {
+                    self.clean_successes = self.clean_successes.saturating_add(1);
+                    if self.clean_successes >= CLEAN_SUCCESSES {
+                        self.levels = [0; 3];
+                        self.clean_successes = 0;
+                        self.reason = None;
+                    }
+                } else if self.state == State::Ready {
+                    self.reason = None;
+                }
+            }
+            Class::Quota => {
+                let until = quota_reset_ms(facts, now_ms);
+                self.cool(until, class);
+            }
+            Class::RateLimited => {
+                let step = self.climb(Ladder::Rate, now_ms);
+                let wait = facts
+                    .and_then(|f| f.retry_after)
+                    .map_or(step, |ra| ra.max(step));
+                self.cool(now_ms + ms(wait), class);
+            }
+            Class::EdgeChallenge => {
+                let step = self.climb(Ladder::Edge, now_ms);
+                self.cool(now_ms + ms(step), class);
+            }
+            Class::Transient => {
+                let step = self.climb(Ladder::Transient, now_ms);
+                self.cool(now_ms + ms(step), class);
+            }
+            Class::AuthDead => {
+                self.state = State::NeedsReauth;
+                self.reason = Some(class.as_str().to_string());
+                self.clean_successes = 0;
+            }
+            Class::AuthExpired
+            | Class::ModelUnsupported
+            | Class::Caller
+            | Class::ClientCancelled => {}
+        }
+        if !matches!(
+            class,
+            Class::Success
+                | Class::Caller
+                | Class::ClientCancelled
+                | Class::ModelUnsupported
+                | Class::AuthExpired
+        ) && let Some(f) = facts
+        {
+            self.last_error = Some(format!("{}: {}", class.as_str(), f.summary()));
+            self.last_error_ms = now_ms;
+        }
+        if *self == before {
+            return None;
+        }
+        let to = self.effective(now_ms).name();
+        Some(Transition {
+            from,
+            to,
+            class,
+            reason: self.reason.clone(),
+        })
+    }
+
+    /// Steps `ladder` (escalating if the previous failure was recent) and returns the wait.
+    fn climb(&mut self, ladder: Ladder, now_ms: u64) -> Duration {
+        let idx = ladder as usize;
+        let recovered_at = self.last_failure_ms.max(self.cooldown_until_ms.min(now_ms));
+        let recent =
+            self.last_failure_ms > 0 && now_ms.saturating_sub(recovered_at) <= ms(STREAK_WINDOW);
+        if !recent {
+            // A failure long after the last one starts the ladder over.
+            self.levels[idx] = 0;
+        }
+        let steps = ladder.steps();
+        let step = steps[usize::from(self.levels[idx]).min(steps.len() - 1)];
+        self.levels[idx] = (self.levels[idx] + 1).min(steps.len() as u8);
+        self.last_failure_ms = now_ms;
+        self.clean_successes = 0;
+        step
+    }
+
+    fn cool(&mut self, until_ms: u64, class: Class) {
+        if self.state == State::NeedsReauth {
+            return;
+        }
+        self.state = State::Cooling;
+        self.cooldown_until_ms = if self.reason.as_deref() == Some("quota") && class != Class::Quota
+        {
+            self.cooldown_until_ms.max(until_ms)
+        } else {
+            until_ms
+        };
+        self.reason = Some(class.as_str().to_string());
+    }
+
+    /// An operator cleared the cooldown (or re-imported the account).
+    pub fn clear(&mut self) {
+        *self = Health {
+            last_error: self.last_error.take(),
+            last_error_ms: self.last_error_ms,
+            ..Health::default()
+        };
+    }
+}
+
+fn quota_reset_ms(facts: Option<&Facts>, now_ms: u64) -> u64 {
+    let now_s = now_ms / 1000;
+    let secs = facts
+        .and_then(|f| {
+            f.resets_in_seconds
+                .or_else(|| f.resets_at.map(|at| at.saturating_sub(now_s)))
+        })
+        .filter(|s| *s > 0)
+        .map_or(QUOTA_DEFAULT, Duration::from_secs)
+        .min(QUOTA_CAP);
+    now_ms + ms(secs)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::upstream::failure::Phase;
+
+    fn facts(status: u16, code: &str) -> Facts {
+        Facts {
+            phase: Some(Phase::PreCommit),
+            status: Some(status),
+            error_code: (!code.is_empty()).then(|| code.to_string()),
+            ..Facts::default()
+        }
+    }
+
+    #[test]
+    fn the_classification_table() {
+        let quota = Facts {
+            error_type: Some("usage_limit_reached".into()),
+            ..facts(429, "")
+        };
+        assert_eq!(classify(&quota), Class::Quota);
+        assert_eq!(classify(&facts(429, "usage_not_included")), Class::Quota);
+        assert_eq!(classify(&facts(200, "insufficient_quota")), Class::Quota);
+        assert_eq!(classify(&facts(429, "")), Class::RateLimited);
+        assert_eq!(
+            classify(&facts(200, "rate_limit_exceeded")),
+            Class::RateLimited
+        );
+        assert_eq!(classify(&facts(401, "token_expired")), Class::AuthExpired);
+        assert_eq!(classify(&facts(401, "token_invalidated")), Class::AuthDead);
+        assert_eq!(
+            classify(&facts(401, "account_deactivated")),
+            Class::AuthDead
+        );
+        assert_eq!(
+            classify(&facts(401, "refresh_token_reused")),
+            Class::AuthDead
+        );
+        let cf = Facts {
+            cloudflare: true,
+            ..facts(403, "")
+        };
+        assert_eq!(classify(&cf), Class::EdgeChallenge);
+        let unsupported = Facts {
+            message: Some(
+                "The 'gpt-x' model is not supported when using Codex with a ChatGPT account."
+                    .into(),
+            ),
+            ..facts(400, "")
+        };
+        assert_eq!(classify(&unsupported), Class::ModelUnsupported);
+        assert_eq!(
+            classify(&facts(400, "context_length_exceeded")),
+            Class::Caller
+        );
+        assert_eq!(
+            classify(&facts(200, "context_length_exceeded")),
+            Class::Caller
+        );
+        assert_eq!(classify(&facts(400, "")), Class::Caller);
+        assert_eq!(classify(&facts(413, "")), Class::Caller);
+        assert_eq!(classify(&facts(422, "")), Class::Caller);
+        assert_eq!(classify(&facts(500, "")), Class::Transient);
+        assert_eq!(
+            classify(&facts(503, "server_is_overloaded")),
+            Class::Transient
+        );
+        assert_eq!(
+            classify(&facts(200, "server_is_overloaded")),
+            Class::Transient
+        );
+        assert_eq!(
+            classify(&Facts::transport(Phase::Connect, "refused")),
+            Class::Transient
+        );
+        assert_eq!(
+            classify(&Facts::transport(Phase::MidStream, "reset")),
+            Class::Transient
+        );
+    }
+
+    const T0: u64 = 1_767_225_600_000;
+
+    #[test]
+    fn quota_cools_until_the_reset_then_half_opens() {
+        let mut h = Health::default();
+        let f = Facts {
+            resets_in_seconds: Some(3600),
+            ..facts(429, "usage_limit_reached")
+        };
+        let t = h.apply(Class::Quota, Some(&f), T0).unwrap();
+        assert_eq!((t.from, t.to), ("ready", "cooling"));
+        assert_eq!(
+            h.effective(T0 + 3_599_000),
+            Effective::Cooling {
+                until_ms: T0 + 3_600_000
+            }
+        );
+        assert_eq!(h.effective(T0 + 3_600_000), Effective::HalfOpen);
+        h.apply(Class::Success, None, T0 + 3_600_001).unwrap();
+        assert_eq!(h.effective(T0 + 3_600_001), Effective::Ready);
+        assert_eq!(h.reason, None);
+    }
+
+    #[test]
+    fn quota_without_a_reset_uses_the_default_and_caps_long_ones() {
+        let mut h = Health::default();
+        h.apply(Class::Quota, Some(&facts(429, "usage_limit_reached")), T0);
+        assert_eq!(h.cooldown_until_ms, T0 + 3_600_000);
+        let f = Facts {
+            resets_in_seconds: Some(30 * 24 * 3600),
+            ..facts(429, "usage_limit_reached")
+        };
+        h.apply(Class::Quota, Some(&f), T0);
+        assert_eq!(h.cooldown_until_ms, T0 + ms(QUOTA_CAP));
+    }
+
+    #[test]
+    fn transient_ladder_escalates_within_the_window_and_needs_two_successes_to_clear() {
+        let mut h = Health::default();
+        let mut now = T0;
+        for expected in TRANSIENT_LADDER {
+            h.apply(Class::Transient, Some(&facts(502, "")), now);
+            assert_eq!(h.cooldown_until_ms, now + ms(expected));
+            // It fails again right when it half-opens.
+            now = h.cooldown_until_ms;
+        }
+        // The top step repeats.
+        h.apply(Class::Transient, Some(&facts(502, "")), now);
+        assert_eq!(h.cooldown_until_ms, now + ms(TRANSIENT_LADDER[3]));
+        now = h.cooldown_until_ms;
+
+        h.apply(Class::Success, None, now);
+        assert_eq!(h.effective(now), Effective::Ready);
+        assert_eq!(
+            h.level(),
+            4,
+            "one success does not clear an escalated account"
+        );
+        h.apply(Class::Success, None, now + 1);
+        assert_eq!(h.level(), 0, "two do");
+    }
+
+    #[test]
+    fn a_failure_between_two_successes_keeps_the_escalation() {
+        let mut h = Health::default();
+        h.apply(Class::Transient, None, T0);
+        let back = h.cooldown_until_ms;
+        h.apply(Class::Success, None, back);
+        h.apply(Class::Transient, None, back + 1000);
+        assert_eq!(h.cooldown_until_ms, back + 1000 + ms(TRANSIENT_LADDER[1]));
+    }
+
+    #[test]
+    fn a_failure_long_after_recovery_starts_the_ladder_over() {
+        let mut h = Health::default();
+        h.apply(Class::Transient, None, T0);
+        h.apply(Class::Success, None, h.cooldown_until_ms);
+        let later = h.cooldown_until_ms + ms(STREAK_WINDOW) + 1000;
+        h.apply(Class::Transient, None, later);
+        assert_eq!(h.cooldown_until_ms, later + ms(TRANSIENT_LADDER[0]));
+    }
+
+    #[test]
+    fn rate_limit_ladder_honours_retry_after() {
+        let mut h = Health::default();
+        h.apply(Class::RateLimited, None, T0);
+        assert_eq!(h.cooldown_until_ms, T0 + 5_000);
+        let f = Facts {
+            retry_after: Some(Duration::from_secs(40)),
+            ..facts(429, "")
+        };
+        h.apply(Class::RateLimited, Some(&f), T0 + 5_000);
+        assert_eq!(h.cooldown_until_ms, T0 + 5_000 + 40_000);
+        h.apply(Class::RateLimited, None, T0 + 45_000);
+        assert_eq!(h.cooldown_until_ms, T0 + 45_000 + 60_000);
+    }
+
+    #[test]
+    fn edge_ladder_and_auth_dead() {
+        let mut h = Health::default();
+        h.apply(Class::EdgeChallenge, None, T0);
+        assert_eq!(h.cooldown_until_ms, T0 + 10_000);
+        h.apply(Class::EdgeChallenge, None, T0 + 10_000);
+        assert_eq!(h.cooldown_until_ms, T0 + 10_000 + 30_000);
+        let t = h
+            .apply(
+                Class::AuthDead,
+                Some(&facts(401, "token_invalidated")),
+                T0 + 50_000,
+            )
+            .unwrap();
+        assert_eq!(t.to, "needs_reauth");
+        assert_eq!(h.effective(u64::MAX), Effective::NeedsReauth);
+        // Nothing but a re-login brings it back: a later transient does not change it.
+        h.apply(Class::Transient, None, T0 + 60_000);
+        assert_eq!(h.effective(T0 + 60_000), Effective::NeedsReauth);
+        h.clear();
+        assert_eq!(h.effective(T0), Effective::Ready);
+    }
+
+    #[test]
+    fn neutral_classes_change_nothing() {
+        let mut h = Health::default();
+        for c in [
+            Class::Caller,
+            Class::ClientCancelled,
+            Class::ModelUnsupported,
+            Class::AuthExpired,
+        ] {
+            assert_eq!(h.apply(c, Some(&facts(400, "")), T0), None);
+        }
+        assert_eq!(h, Health::default());
+    }
+
+    #[test]
+    fn a_burst_limit_does_not_shorten_a_quota_cooldown() {
+        let mut h = Health::default();
+        h.apply(
+            Class::Quota,
+            Some(&Facts {
+                resets_in_seconds: Some(3600),
+                ..facts(429, "usage_limit_reached")
+            }),
+            T0,
+        );
+        h.apply(Class::RateLimited, None, T0 + 1000);
+        assert_eq!(h.cooldown_until_ms, T0 + 3_600_000);
+    }
+}

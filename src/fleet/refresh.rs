@@ -1,0 +1,364 @@
+//! Access tokens: refreshed before they expire (JWT `exp` minus 5 minutes) and when the backend
+//! says `token_expired`; one refresh at a time per account (single flight); the rotated refresh
+//! token is committed to the store before the new access token is used. A dead refresh token
+//! puts the account in `needs_reauth`; a transient failure keeps the current access token while
+//! it is still valid.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures_util::future::BoxFuture;
+
+use super::health::{Class, State};
+use super::{Fleet, FleetError};
+use crate::store::records::AccountSecrets;
+use crate::store::secrets::Secret;
+use crate::upstream::failure::Facts;
+use crate::upstream::{Identity, RefreshFailure, TokenSet, Upstream};
+
+/// Refresh this long before the access token's `exp`.
+pub const REFRESH_SKEW: Duration = Duration::from_secs(300);
+
+/// Whoever exchanges refresh tokens (the upstream in production, fakes in tests).
+pub trait Refresher: Send + Sync {
+    fn refresh<'a>(
+        &'a self,
+        refresh_token: &'a str,
+    ) -> BoxFuture<'a, Result<TokenSet, RefreshFailure>>;
+}
+
+impl Refresher for Upstream {
+    fn refresh<'a>(
+        &'a self,
+        refresh_token: &'a str,
+    ) -> BoxFuture<'a, Result<TokenSet, RefreshFailure>> {
+        Box::pin(Upstream::refresh(self, refresh_token))
+    }
+}
+
+/// Per-account single-flight locks.
+#[derive(Clone, Default)]
+pub(crate) struct RefreshState {
+    locks: Arc<Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>>,
+}
+
+impl RefreshState {
+    fn lock_for(&self, id: &str) -> Arc<tokio::sync::Mutex<()>> {
+        let mut locks = self.locks.lock().unwrap_or_else(|e| e.into_inner());
+        Arc::clone(locks.entry(id.to_string()).or_default())
+    }
+}
+
+/// Why no usable access token could be had.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TokenError {
+    /// The refresh token is dead; the account now needs a new login.
+    Dead(String),
+    /// The refresh failed for now and the current access token has expired.
+    Unavailable(String),
+    /// The account is gone or has no tokens.
+    Missing,
+}
+
+impl Fleet {
+    fn needs_refresh(s: &AccountSecrets, now_s: u64) -> bool {
+        s.access_expires_at
+            .is_some_and(|exp| exp <= now_s + REFRESH_SKEW.as_secs())
+    }
+
+    fn token_valid(s: &AccountSecrets, now_s: u64) -> bool {
+        s.access_expires_at.is_none_or(|exp| exp > now_s)
+    }
+
+    /// An identity with a usable access token: refreshes first when the token is close to
+    /// expiry, or when `rejected` (the token the backend just refused) is still current.
+    pub async fn ensure_fresh(
+        &self,
+        id: &str,
+        rejected: Option<&str>,
+        refresher: &dyn Refresher,
+    ) -> Result<Identity, TokenError> {
+        let due = |fleet: &Fleet| -> Result<bool, TokenError> {
+            let inner = fleet.read();
+            let e = inner.accounts.get(id).ok_or(TokenError::Missing)?;
+            let s = e.secrets.as_ref().ok_or(TokenError::Missing)?;
+            let now = fleet.clock.now_secs();
+            Ok(rejected.is_some_and(|r| r == s.access_token.expose())
+                || Self::needs_refresh(s, now))
+        };
+        if !due(self)? {
+            return self.identity(id).ok_or(TokenError::Missing);
+        }
+        let lock = self.refresh.lock_for(id);
+        let _single_flight = lock.lock().await;
+        // Someone else may have refreshed while we waited.
+        if !due(self)? {
+            return self.identity(id).ok_or(TokenError::Missing);
+        }
+        self.refresh_now(id, refresher).await
+    }
+
+    /// Refreshes the account's tokens unconditionally (caller holds the single-flight lock or
+    /// is the operator).
+    async fn refresh_now(
+        &self,
+        id: &str,
+        refresher: &dyn Refresher,
+    ) -> Result<Identity, TokenError> {
+        let current = {
+            let inner = self.read();
+            let e = inner.accounts.get(id).ok_or(TokenError::Missing)?;
+            e.secrets.clone().ok_or(TokenError::Missing)?
+        };
+        tracing::info!(account = %id, "refreshing access token");
+        match refresher.refresh(current.refresh_token.expose()).await {
+            Ok(tokens) => {
+                let fresh = self.rotated(&current, tokens);
+                // Commit the rotated refresh token before using the new access token: the old
+                // refresh token is dead from now on.
+                match self.store.secrets_mutation(id, &fresh) {
+                    Ok(m) => {
+                        if let Err(e) = self.store.write(vec![m]).await {
+                            tracing::error!(account = %id, error = %e, "rotated tokens could not be persisted; keeping them in memory");
+                        }
+                    }
+                    Err(e) => {
+                        tracing::error!(account = %id, error = %e, "cannot seal rotated tokens")
+                    }
+                }
+                let revived = {
+                    let mut inner = self.write();
+                    let e = inner.accounts.get_mut(id).ok_or(TokenError::Missing)?;
+                    e.secrets = Some(fresh);
+                    let revived = e.health.state == State::NeedsReauth;
+                    if revived {
+                        e.health.clear();
+                    }
+                    revived.then(|| e.health.clone())
+                };
+                if let Some(h) = revived
+                    && let Ok(m) = crate::store::Store::health_mutation(id, &h)
+                {
+                    self.store.enqueue(vec![m]);
+                }
+                self.identity(id).ok_or(TokenError::Missing)
+            }
+            Err(RefreshFailure::Permanent(why)) => {
+                tracing::warn!(account = %id, reason = %why, "refresh token rejected; account needs a new login");
+                let facts = Facts {
+                    status: Some(401),
+                    message: Some(format!("refresh failed: {why}")),
+                    ..Facts::default()
+                };
+                self.report(id, Class::AuthDead, Some(&facts), "");
+                Err(TokenError::Dead(why))
+            }
+            Err(RefreshFailure::Transient(why)) => {
+                tracing::warn!(account = %id, reason = %why, "refresh failed for now");
+                let now = self.clock.now_secs();
+                if Self::token_valid(&current, now) {
+                    self.identity(id).ok_or(TokenError::Missing)
+                } else {
+                    Err(TokenError::Unavailable(why))
+                }
+            }
+        }
+    }
+
+    fn rotated(&self, current: &AccountSecrets, t: TokenSet) -> AccountSecrets {
+        let exp = super::auth_file::decode_claims(&t.access_token)
+            .ok()
+            .and_then(|c| c.exp);
+        AccountSecrets {
+            access_token: Secret::new(t.access_token),
+            refresh_token: Secret::new(t.refresh_token),
+            id_token: t
+                .id_token
+                .map(Secret::new)
+                .unwrap_or_else(|| current.id_token.clone()),
+            access_expires_at: exp,
+            refreshed_at: self.clock.now_secs(),
+        }
+    }
+
+    /// Operator-requested refresh (admin API).
+    pub async fn refresh_account(
+        &self,
+        selector: &str,
+        refresher: &dyn Refresher,
+    ) -> Result<switchyard_tui::wire::Account, FleetError> {
+        let id = self.resolve(selector)?;
+        let lock = self.refresh.lock_for(&id);
+        let _single_flight = lock.lock().await;
+        match self.refresh_now(&id, refresher).await {
+            Ok(_) => self.get(&id).ok_or(FleetError::NotFound(id)),
+            Err(TokenError::Dead(why)) | Err(TokenError::Unavailable(why)) => {
+                Err(FleetError::Refresh(why))
+            }
+            Err(TokenError::Missing) => Err(FleetError::NotFound(id)),
+        }
+    }
+
+    /// Ids of accounts whose access token expires within the refresh skew (for the background
+    /// refresher).
+    pub fn due_for_refresh(&self) -> Vec<String> {
+        let now = self.clock.now_secs();
+        self.read()
+            .accounts
+            .values()
+            .filter(|e| e.record.enabled && e.health.state != State::NeedsReauth)
+            .filter(|e| {
+                e.secrets
+                    .as_ref()
+                    .is_some_and(|s| Self::needs_refresh(s, now))
+            })
+            .map(|e| e.record.id.clone())
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::clock::ManualClock;
+    use crate::sim::auth::{AuthSpec, access_token, auth_json};
+    use crate::store::Store;
+    use std::sync::atomic::{AtomicU32, Ordering};
+
+    struct Fake {
+        calls: AtomicU32,
+        answer: Mutex<Result<TokenSet, RefreshFailure>>,
+        gate: tokio::sync::Semaphore,
+    }
+
+    impl Refresher for Fake {
+        fn refresh<'a>(&'a self, _rt: &'a str) -> BoxFuture<'a, Result<TokenSet, RefreshFailure>> {
+            Box::pin(async move {
+                self.calls.fetch_add(1, Ordering::SeqCst);
+                let _permit = self.gate.acquire().await;
+                self.answer.lock().unwrap().clone()
+            })
+        }
+    }
+
+    fn spec(exp: u64, tag: &str) -> AuthSpec {
+        AuthSpec {
+            email: "a@example.com".into(),
+            chatgpt_account_id: "acc-1".into(),
+            chatgpt_user_id: "u".into(),
+            plan: "plus".into(),
+            access_exp: exp,
+            token_tag: tag.into(),
+        }
+    }
+
+    const NOW_S: u64 = 1_767_225_600;
+
+    async fn setup(exp: u64) -> (Fleet, String, Store) {
+        let store = Store::open_in_memory().unwrap();
+        let f = Fleet::load(store.clone(), Arc::new(ManualClock::new(NOW_S * 1000))).unwrap();
+        let id = f
+            .import(
+                f.parse_auth(auth_json(&spec(exp, "old")).to_string().as_bytes())
+                    .unwrap(),
+            )
+            .await
+            .unwrap()
+            .account
+            .id;
+        (f, id, store)
+    }
+
+    fn fake(answer: Result<TokenSet, RefreshFailure>, permits: usize) -> Fake {
+        Fake {
+            calls: AtomicU32::new(0),
+            answer: Mutex::new(answer),
+            gate: tokio::sync::Semaphore::new(permits),
+        }
+    }
+
+    fn new_tokens() -> TokenSet {
+        TokenSet {
+            access_token: access_token(&spec(NOW_S + 3600, "new")),
+            refresh_token: "rt-new".into(),
+            id_token: None,
+        }
+    }
+
+    #[tokio::test]
+    async fn a_valid_token_is_used_as_is() {
+        let (f, id, _) = setup(NOW_S + 3600).await;
+        let r = fake(Ok(new_tokens()), 1);
+        let ident = f.ensure_fresh(&id, None, &r).await.unwrap();
+        assert_eq!(ident.access_token, access_token(&spec(NOW_S + 3600, "old")));
+        assert_eq!(r.calls.load(Ordering::SeqCst), 0);
+    }
+
+    #[tokio::test]
+    async fn concurrent_refreshes_are_single_flight_and_persist_the_rotated_token() {
+        let (f, id, store) = setup(NOW_S + 60).await; // inside the 5-minute skew
+        let r = Arc::new(fake(Ok(new_tokens()), 0));
+        let mut tasks = Vec::new();
+        for _ in 0..5 {
+            let f = f.clone();
+            let id = id.clone();
+            let r = Arc::clone(&r);
+            tasks.push(tokio::spawn(async move {
+                f.ensure_fresh(&id, None, r.as_ref()).await
+            }));
+        }
+        while r.calls.load(Ordering::SeqCst) == 0 {
+            tokio::task::yield_now().await;
+        }
+        r.gate.add_permits(10);
+        for t in tasks {
+            let ident = t.await.unwrap().unwrap();
+            assert_eq!(ident.access_token, new_tokens().access_token);
+        }
+        assert_eq!(r.calls.load(Ordering::SeqCst), 1);
+        let stored = store.account_secrets(&id).unwrap().unwrap();
+        assert_eq!(stored.refresh_token.expose(), "rt-new");
+        assert_eq!(stored.access_expires_at, Some(NOW_S + 3600));
+    }
+
+    #[tokio::test]
+    async fn a_rejected_token_forces_one_refresh() {
+        let (f, id, _) = setup(NOW_S + 3600).await;
+        let r = fake(Ok(new_tokens()), 1);
+        let old = f.identity(&id).unwrap().access_token;
+        let ident = f.ensure_fresh(&id, Some(&old), &r).await.unwrap();
+        assert_ne!(ident.access_token, old);
+        // The old token is no longer current: a late second report does not refresh again.
+        f.ensure_fresh(&id, Some(&old), &r).await.unwrap();
+        assert_eq!(r.calls.load(Ordering::SeqCst), 1);
+    }
+
+    #[tokio::test]
+    async fn a_dead_refresh_token_needs_reauth() {
+        let (f, id, _) = setup(NOW_S + 60).await;
+        let r = fake(
+            Err(RefreshFailure::Permanent("refresh_token_reused".into())),
+            1,
+        );
+        assert!(matches!(
+            f.ensure_fresh(&id, None, &r).await,
+            Err(TokenError::Dead(_))
+        ));
+        assert_eq!(f.get(&id).unwrap().state, "needs_reauth");
+    }
+
+    #[tokio::test]
+    async fn a_transient_failure_keeps_a_still_valid_token() {
+        let (f, id, _) = setup(NOW_S + 60).await;
+        let r = fake(Err(RefreshFailure::Transient("503".into())), 1);
+        let ident = f.ensure_fresh(&id, None, &r).await.unwrap();
+        assert_eq!(ident.access_token, access_token(&spec(NOW_S + 60, "old")));
+        assert_eq!(f.get(&id).unwrap().state, "ready");
+        let (f, id, _) = setup(NOW_S - 10).await;
+        assert!(matches!(
+            f.ensure_fresh(&id, None, &r).await,
+            Err(TokenError::Unavailable(_))
+        ));
+    }
+}

@@ -1,0 +1,265 @@
+//! Typed facts about a failed (or suspicious) upstream exchange. Transports produce them;
+//! `fleet::health` is the only place that decides what they mean.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use reqwest::header::HeaderMap;
+use serde_json::Value;
+
+/// Where in the exchange a failure happened.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Phase {
+    /// Opening the connection (DNS, TCP, TLS).
+    Connect,
+    /// Connected, waiting for the response headers.
+    PreHeaders,
+    /// Headers received, nothing delivered to the client yet.
+    PreCommit,
+    /// After the first event the client renders: nothing can be replayed.
+    MidStream,
+}
+
+impl Phase {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Phase::Connect => "connect",
+            Phase::PreHeaders => "pre_headers",
+            Phase::PreCommit => "pre_commit",
+            Phase::MidStream => "mid_stream",
+        }
+    }
+}
+
+/// What we know about one failed attempt.
+#[derive(Debug, Clone, Default)]
+pub struct Facts {
+    pub phase: Option<Phase>,
+    /// HTTP status, when one arrived (200 for a failure event inside a stream).
+    pub status: Option<u16>,
+    pub error_type: Option<String>,
+    pub error_code: Option<String>,
+    pub message: Option<String>,
+    pub retry_after: Option<Duration>,
+    /// Unix seconds at which a quota window resets.
+    pub resets_at: Option<u64>,
+    pub resets_in_seconds: Option<u64>,
+    /// A Cloudflare challenge (header `cf-mitigated` or an HTML body on a 403).
+    pub cloudflare: bool,
+    /// A transport failure (connect error, reset, timeout, EOF) described for the operator.
+    pub transport: Option<String>,
+    /// The upstream body, kept for caller errors that are returned as they are.
+    pub body: Option<Bytes>,
+    pub content_type: Option<String>,
+}
+
+impl Facts {
+    pub fn transport(phase: Phase, what: impl Into<String>) -> Facts {
+        Facts {
+            phase: Some(phase),
+            transport: Some(what.into()),
+            ..Facts::default()
+        }
+    }
+
+    /// Facts of a non-2xx response.
+    pub fn from_response(status: u16, headers: &HeaderMap, body: Bytes) -> Facts {
+        let header = |name: &str| {
+            headers
+                .get(name)
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_string)
+        };
+        let content_type = header("content-type");
+        let is_html = content_type
+            .as_deref()
+            .is_some_and(|c| c.contains("text/html"))
+            || body.trim_ascii_start().starts_with(b"<");
+        let mut f = Facts {
+            phase: Some(Phase::PreCommit),
+            status: Some(status),
+            retry_after: header("retry-after")
+                .and_then(|v| v.trim().parse::<u64>().ok())
+                .map(Duration::from_secs),
+            cloudflare: headers.contains_key("cf-mitigated") || (status == 403 && is_html),
+            content_type,
+            ..Facts::default()
+        };
+        if let Ok(v) = serde_json::from_slice::<Value>(&body) {
+            f.absorb_error_json(&v);
+        } else if !body.is_empty() && !is_html {
+            f.message = Some(String::from_utf8_lossy(&body[..body.len().min(500)]).into_owned());
+        }
+        f.body = Some(body);
+        f
+    }
+
+    /// Facts of a `response.failed` or `error` event inside a 200 stream.
+    pub fn from_event(phase: Phase, event: &Value) -> Facts {
+        let mut f = Facts {
+            phase: Some(phase),
+            status: event["status"]
+                .as_u64()
+                .and_then(|s| u16::try_from(s).ok())
+                .or(Some(200)),
+            ..Facts::default()
+        };
+        if event["response"]["error"].is_object() {
+            f.absorb_error_object(&event["response"]["error"]);
+        } else {
+            f.absorb_error_json(event);
+        }
+        f
+    }
+
+    /// Reads `{"error": {...}}`, `{"detail": "..."}` or `{"error": "code", ...}` shapes.
+    fn absorb_error_json(&mut self, v: &Value) {
+        match &v["error"] {
+            Value::Object(_) => self.absorb_error_object(&v["error"]),
+            Value::String(code) => {
+                self.error_code = Some(code.clone());
+                self.message = v["error_description"]
+                    .as_str()
+                    .or(v["message"].as_str())
+                    .map(str::to_string);
+            }
+            _ => {}
+        }
+        if self.message.is_none() {
+            self.message = match &v["detail"] {
+                Value::String(s) => Some(s.clone()),
+                Value::Object(o) => o.get("message").and_then(Value::as_str).map(str::to_string),
+                _ => None,
+            };
+            if let Some(code) = v["detail"]["code"].as_str() {
+                self.error_code.get_or_insert(code.to_string());
+            }
+        }
+    }
+
+    fn absorb_error_object(&mut self, e: &Value) {
+        let s = |v: &Value| v.as_str().filter(|s| !s.is_empty()).map(str::to_string);
+        self.error_type = s(&e["type"]).or(self.error_type.take());
+        self.error_code = s(&e["code"]).or(self.error_code.take());
+        self.message = s(&e["message"]).or(self.message.take());
+        self.resets_at = e["resets_at"].as_u64().or(self.resets_at);
+        self.resets_in_seconds = e["resets_in_seconds"].as_u64().or(self.resets_in_seconds);
+        if self.retry_after.is_none()
+            && let Some(secs) = self.message.as_deref().and_then(retry_hint)
+        {
+            self.retry_after = Some(Duration::from_secs(secs));
+        }
+    }
+
+    /// A short description for records and logs.
+    pub fn summary(&self) -> String {
+        let mut parts = Vec::new();
+        if let Some(s) = self.status {
+            parts.push(s.to_string());
+        }
+        if let Some(c) = self.error_code.as_deref().or(self.error_type.as_deref()) {
+            parts.push(c.to_string());
+        }
+        if self.cloudflare {
+            parts.push("cloudflare challenge".into());
+        }
+        if let Some(t) = &self.transport {
+            parts.push(t.clone());
+        } else if let Some(m) = &self.message {
+            parts.push(m.chars().take(160).collect());
+        }
+        parts.join(" ")
+    }
+}
+
+/// "try again in 20s" / "Please try again in 1.5s" -> seconds (rounded up).
+fn retry_hint(message: &str) -> Option<u64> {
+    let lower = message.to_ascii_lowercase();
+    let rest = &lower[lower.find("try again in ")? + "try again in ".len()..];
+    let num: String = rest
+        .chars()
+        .take_while(|c| c.is_ascii_digit() || *c == '.')
+        .collect();
+    let value: f64 = num.parse().ok()?;
+    let unit = rest[num.len()..].trim_start();
+    let secs = if unit.starts_with("ms") {
+        value / 1000.0
+    } else if unit.starts_with('m') {
+        value * 60.0
+    } else {
+        value
+    };
+    Some(secs.ceil().max(1.0) as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn headers(pairs: &[(&'static str, &'static str)]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for (k, v) in pairs {
+            h.insert(*k, v.parse().unwrap());
+        }
+        h
+    }
+
+    #[test]
+    fn reads_a_quota_429() {
+        let body = br#"{"error":{"type":"usage_limit_reached","message":"The usage limit has been reached","plan_type":"plus","resets_at":1767225600,"resets_in_seconds":14400}}"#;
+        let f = Facts::from_response(429, &headers(&[]), Bytes::from_static(body));
+        assert_eq!(f.error_type.as_deref(), Some("usage_limit_reached"));
+        assert_eq!(f.resets_in_seconds, Some(14400));
+        assert_eq!(f.resets_at, Some(1_767_225_600));
+    }
+
+    #[test]
+    fn reads_retry_after_from_header_or_message() {
+        let f = Facts::from_response(
+            429,
+            &headers(&[("retry-after", "7")]),
+            Bytes::from_static(b"{}"),
+        );
+        assert_eq!(f.retry_after, Some(Duration::from_secs(7)));
+        let body = br#"{"error":{"code":"rate_limit_exceeded","message":"Rate limit reached. Please try again in 1.5s."}}"#;
+        let f = Facts::from_response(429, &headers(&[]), Bytes::from_static(body));
+        assert_eq!(f.retry_after, Some(Duration::from_secs(2)));
+    }
+
+    #[test]
+    fn spots_cloudflare_challenges() {
+        let f = Facts::from_response(
+            403,
+            &headers(&[("content-type", "text/html")]),
+            Bytes::from_static(b"<html>Just a moment</html>"),
+        );
+        assert!(f.cloudflare);
+        let f = Facts::from_response(
+            403,
+            &headers(&[("cf-mitigated", "challenge")]),
+            Bytes::new(),
+        );
+        assert!(f.cloudflare);
+        let f = Facts::from_response(
+            403,
+            &headers(&[]),
+            Bytes::from_static(br#"{"error":{"code":"account_deactivated"}}"#),
+        );
+        assert!(!f.cloudflare);
+    }
+
+    #[test]
+    fn reads_detail_bodies_and_failed_events() {
+        let f = Facts::from_response(400, &headers(&[]), Bytes::from_static(br#"{"detail":"The 'x' model is not supported when using Codex with a ChatGPT account."}"#));
+        assert!(f.message.unwrap().contains("not supported"));
+        let ev: Value = serde_json::from_str(r#"{"type":"response.failed","response":{"id":"r","status":"failed","error":{"code":"server_is_overloaded","message":"busy"}}}"#).unwrap();
+        let f = Facts::from_event(Phase::PreCommit, &ev);
+        assert_eq!(
+            (f.status, f.error_code.as_deref()),
+            (Some(200), Some("server_is_overloaded"))
+        );
+        let ev: Value = serde_json::from_str(r#"{"type":"error","status":429,"error":{"type":"usage_limit_reached","resets_in_seconds":60}}"#).unwrap();
+        let f = Facts::from_event(Phase::PreCommit, &ev);
+        assert_eq!((f.status, f.resets_in_seconds), (Some(429), Some(60)));
+    }
+}

@@ -1,0 +1,243 @@
+//! The Codex backend's protocol and transports. Sends what it is given with the identity it is
+//! given and reports typed facts; it never picks accounts and knows nothing of their health.
+
+pub mod failure;
+pub mod quota;
+pub mod sse;
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures_util::StreamExt;
+use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
+use serde_json::{Value, json};
+
+use crate::config::UpstreamConfig;
+
+use self::failure::{Facts, Phase};
+
+/// The account-side identity of one attempt.
+#[derive(Debug, Clone)]
+pub struct Identity {
+    pub access_token: String,
+    pub chatgpt_account_id: String,
+    /// Per-account device id (`x-codex-installation-id`).
+    pub installation_id: String,
+}
+
+/// New tokens from the OAuth endpoint.
+#[derive(Debug, Clone)]
+pub struct TokenSet {
+    pub access_token: String,
+    pub refresh_token: String,
+    pub id_token: Option<String>,
+}
+
+/// Why a refresh failed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RefreshFailure {
+    /// The refresh token is dead (`refresh_token_reused`, `…_expired`, `…_invalidated`,
+    /// `invalid_grant`): only a new login helps.
+    Permanent(String),
+    /// Network trouble or a 5xx/429: try again later.
+    Transient(String),
+}
+
+/// Largest error body read from the upstream.
+pub const MAX_ERROR_BODY: usize = 64 * 1024;
+
+#[derive(Debug, Clone)]
+pub struct Upstream {
+    http: reqwest::Client,
+    config: UpstreamConfig,
+}
+
+/// Installs the TLS crypto provider once per process (ring).
+pub fn install_crypto_provider() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}
+
+impl Upstream {
+    pub fn new(config: &UpstreamConfig) -> Result<Upstream, String> {
+        install_crypto_provider();
+        let http = reqwest::Client::builder()
+            .connect_timeout(config.connect_timeout)
+            .pool_idle_timeout(Duration::from_secs(90))
+            .tcp_nodelay(true)
+            .user_agent(concat!("switchyard/", env!("CARGO_PKG_VERSION")))
+            .build()
+            .map_err(|e| format!("cannot build the HTTP client: {e}"))?;
+        Ok(Upstream {
+            http,
+            config: config.clone(),
+        })
+    }
+
+    pub fn config(&self) -> &UpstreamConfig {
+        &self.config
+    }
+
+    fn authed(&self, req: reqwest::RequestBuilder, id: &Identity) -> reqwest::RequestBuilder {
+        req.bearer_auth(&id.access_token)
+            .header("chatgpt-account-id", &id.chatgpt_account_id)
+            .header("x-codex-installation-id", &id.installation_id)
+    }
+
+    /// `POST {base}{path}` with a JSON body; returns the response once its headers arrive
+    /// (any status), or the facts of a transport failure.
+    pub async fn post(
+        &self,
+        path: &str,
+        id: &Identity,
+        headers: &[(HeaderName, HeaderValue)],
+        body: Bytes,
+        sse: bool,
+    ) -> Result<reqwest::Response, Facts> {
+        let mut req = self
+            .authed(
+                self.http.post(format!("{}{path}", self.config.base_url)),
+                id,
+            )
+            .header("content-type", "application/json")
+            .header(
+                "accept",
+                if sse {
+                    "text/event-stream"
+                } else {
+                    "application/json"
+                },
+            );
+        for (k, v) in headers {
+            req = req.header(k, v);
+        }
+        self.send(req.body(body)).await
+    }
+
+    async fn send(&self, req: reqwest::RequestBuilder) -> Result<reqwest::Response, Facts> {
+        match tokio::time::timeout(self.config.header_timeout, req.send()).await {
+            Err(_) => Err(Facts::transport(
+                Phase::PreHeaders,
+                format!(
+                    "no response headers within {:?}",
+                    self.config.header_timeout
+                ),
+            )),
+            Ok(Err(e)) => {
+                let phase = if e.is_connect() {
+                    Phase::Connect
+                } else {
+                    Phase::PreHeaders
+                };
+                Err(Facts::transport(phase, describe(&e)))
+            }
+            Ok(Ok(resp)) => Ok(resp),
+        }
+    }
+
+    /// `GET {base}/models?client_version=…`.
+    pub async fn models(&self, id: &Identity, client_version: &str) -> Result<Value, Facts> {
+        let req = self.authed(
+            self.http.get(format!(
+                "{}/models?client_version={}",
+                self.config.base_url,
+                client_version
+                    .chars()
+                    .filter(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_'))
+                    .collect::<String>()
+            )),
+            id,
+        );
+        json_answer(self.send(req).await?).await
+    }
+
+    /// `GET wham/usage`.
+    pub async fn usage(&self, id: &Identity) -> Result<Value, Facts> {
+        let req = self.authed(self.http.get(&self.config.usage_url), id);
+        json_answer(self.send(req).await?).await
+    }
+
+    /// Exchanges a refresh token for new tokens (the refresh token rotates).
+    pub async fn refresh(&self, refresh_token: &str) -> Result<TokenSet, RefreshFailure> {
+        let body = json!({
+            "client_id": self.config.oauth_client_id,
+            "grant_type": "refresh_token",
+            "refresh_token": refresh_token,
+            "scope": "openid profile email",
+        });
+        let resp = self
+            .send(self.http.post(&self.config.oauth_token_url).json(&body))
+            .await
+            .map_err(|f| RefreshFailure::Transient(f.summary()))?;
+        let status = resp.status().as_u16();
+        let bytes = read_limited(resp, MAX_ERROR_BODY)
+            .await
+            .map_err(|f| RefreshFailure::Transient(f.summary()))?;
+        if (200..300).contains(&status) {
+            let v: Value = serde_json::from_slice(&bytes)
+                .map_err(|e| RefreshFailure::Transient(format!("token answer is not JSON: {e}")))?;
+            let s = |k: &str| v[k].as_str().filter(|s| !s.is_empty()).map(str::to_string);
+            return match (s("access_token"), s("refresh_token")) {
+                (Some(access_token), Some(refresh_token)) => Ok(TokenSet {
+                    access_token,
+                    refresh_token,
+                    id_token: s("id_token"),
+                }),
+                _ => Err(RefreshFailure::Transient(
+                    "token answer lacks tokens".into(),
+                )),
+            };
+        }
+        let facts = Facts::from_response(status, &HeaderMap::new(), bytes);
+        let what = facts.summary();
+        if status == 429 || status >= 500 {
+            Err(RefreshFailure::Transient(what))
+        } else {
+            Err(RefreshFailure::Permanent(what))
+        }
+    }
+}
+
+async fn json_answer(resp: reqwest::Response) -> Result<Value, Facts> {
+    let status = resp.status().as_u16();
+    let headers = resp.headers().clone();
+    let bytes = read_limited(resp, 8 * 1024 * 1024).await?;
+    if !(200..300).contains(&status) {
+        return Err(Facts::from_response(status, &headers, bytes));
+    }
+    serde_json::from_slice(&bytes).map_err(|e| Facts {
+        status: Some(status),
+        message: Some(format!("answer is not JSON: {e}")),
+        phase: Some(Phase::PreCommit),
+        ..Facts::default()
+    })
+}
+
+/// Reads a whole (error) body, at most `limit` bytes.
+pub async fn read_limited(resp: reqwest::Response, limit: usize) -> Result<Bytes, Facts> {
+    let mut out = Vec::new();
+    let mut stream = resp.bytes_stream();
+    while let Some(chunk) = stream.next().await {
+        let chunk = chunk.map_err(|e| Facts::transport(Phase::PreCommit, describe(&e)))?;
+        let room = limit.saturating_sub(out.len());
+        out.extend_from_slice(&chunk[..chunk.len().min(room)]);
+        if out.len() >= limit {
+            break;
+        }
+    }
+    Ok(Bytes::from(out))
+}
+
+/// A transport error, with its causes, in one line.
+pub fn describe(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut s = e.to_string();
+    let mut src = e.source();
+    while let Some(c) = src {
+        let text = c.to_string();
+        if !s.contains(&text) {
+            s.push_str(": ");
+            s.push_str(&text);
+        }
+        src = c.source();
+    }
+    s
+}

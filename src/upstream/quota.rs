@@ -1,0 +1,110 @@
+//! The account's usage windows as the backend reports them: `x-codex-*` headers on every
+//! response, and the `wham/usage` document.
+
+use reqwest::header::HeaderMap;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+/// The last known usage of an account's windows (primary: 5 hours, secondary: weekly).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct QuotaSnapshot {
+    pub primary_used_percent: Option<f64>,
+    pub primary_window_minutes: Option<u64>,
+    /// Unix seconds.
+    pub primary_reset_at: Option<u64>,
+    pub secondary_used_percent: Option<f64>,
+    pub secondary_window_minutes: Option<u64>,
+    pub secondary_reset_at: Option<u64>,
+    pub plan: Option<String>,
+    /// Unix ms when this was observed.
+    pub observed_ms: u64,
+}
+
+impl QuotaSnapshot {
+    /// Reads the rate-limit headers; `None` when the response carries none.
+    pub fn from_headers(h: &HeaderMap, now_ms: u64) -> Option<QuotaSnapshot> {
+        let get = |name: &str| h.get(name).and_then(|v| v.to_str().ok()).map(str::trim);
+        let f = |name: &str| get(name).and_then(|v| v.parse::<f64>().ok());
+        let u = |name: &str| {
+            get(name)
+                .and_then(|v| v.parse::<f64>().ok())
+                .map(|v| v.max(0.0) as u64)
+        };
+        let now_s = now_ms / 1000;
+        let reset = |window: &str| {
+            u(&format!("x-codex-{window}-reset-at"))
+                .or_else(|| u(&format!("x-codex-{window}-reset-after-seconds")).map(|s| now_s + s))
+        };
+        let snap = QuotaSnapshot {
+            primary_used_percent: f("x-codex-primary-used-percent"),
+            primary_window_minutes: u("x-codex-primary-window-minutes"),
+            primary_reset_at: reset("primary"),
+            secondary_used_percent: f("x-codex-secondary-used-percent"),
+            secondary_window_minutes: u("x-codex-secondary-window-minutes"),
+            secondary_reset_at: reset("secondary"),
+            plan: get("x-codex-plan-type").map(str::to_string),
+            observed_ms: now_ms,
+        };
+        (snap.primary_used_percent.is_some()
+            || snap.secondary_used_percent.is_some()
+            || snap.plan.is_some())
+        .then_some(snap)
+    }
+
+    /// Reads a `wham/usage` document.
+    pub fn from_usage(v: &Value, now_ms: u64) -> QuotaSnapshot {
+        let now_s = now_ms / 1000;
+        let window = |w: &Value| {
+            let used = w["used_percent"].as_f64();
+            let minutes = w["limit_window_seconds"].as_u64().map(|s| s / 60);
+            let reset = w["reset_at"]
+                .as_u64()
+                .or_else(|| w["reset_after_seconds"].as_u64().map(|s| now_s + s));
+            (used, minutes, reset)
+        };
+        let (pu, pm, pr) = window(&v["rate_limit"]["primary_window"]);
+        let (su, sm, sr) = window(&v["rate_limit"]["secondary_window"]);
+        QuotaSnapshot {
+            primary_used_percent: pu,
+            primary_window_minutes: pm,
+            primary_reset_at: pr,
+            secondary_used_percent: su,
+            secondary_window_minutes: sm,
+            secondary_reset_at: sr,
+            plan: v["plan_type"].as_str().map(str::to_string),
+            observed_ms: now_ms,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_rate_limit_headers() {
+        let mut h = HeaderMap::new();
+        h.insert("x-codex-primary-used-percent", "12.5".parse().unwrap());
+        h.insert("x-codex-primary-window-minutes", "300".parse().unwrap());
+        h.insert("x-codex-primary-reset-after-seconds", "60".parse().unwrap());
+        h.insert("x-codex-secondary-used-percent", "40".parse().unwrap());
+        h.insert("x-codex-secondary-reset-at", "1767225600".parse().unwrap());
+        h.insert("x-codex-plan-type", "plus".parse().unwrap());
+        let q = QuotaSnapshot::from_headers(&h, 1_000_000).unwrap();
+        assert_eq!(q.primary_used_percent, Some(12.5));
+        assert_eq!(q.primary_reset_at, Some(1_060));
+        assert_eq!(q.secondary_reset_at, Some(1_767_225_600));
+        assert_eq!(q.plan.as_deref(), Some("plus"));
+        assert!(QuotaSnapshot::from_headers(&HeaderMap::new(), 0).is_none());
+    }
+
+    #[test]
+    fn reads_the_usage_document() {
+        let v: Value = serde_json::from_str(r#"{"plan_type":"pro","rate_limit":{"primary_window":{"used_percent":12,"limit_window_seconds":18000,"reset_after_seconds":9000,"reset_at":1767225600},"secondary_window":{"used_percent":3,"limit_window_seconds":604800,"reset_after_seconds":100}}}"#).unwrap();
+        let q = QuotaSnapshot::from_usage(&v, 5_000);
+        assert_eq!(q.primary_used_percent, Some(12.0));
+        assert_eq!(q.primary_window_minutes, Some(300));
+        assert_eq!(q.secondary_reset_at, Some(105));
+        assert_eq!(q.plan.as_deref(), Some("pro"));
+    }
+}
