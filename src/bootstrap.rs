@@ -22,10 +22,13 @@ use tokio_util::sync::CancellationToken;
 use crate::api::{self, AppState};
 use crate::clock::SharedClock;
 use crate::config::Config;
+use crate::dispatch::{DispatchConfig, Dispatcher};
 use crate::fleet::Fleet;
 use crate::keys::KeyRing;
 use crate::store::{Store, StoreError};
 use crate::systemd::{self, Notifier};
+use crate::telemetry::records::RequestLog;
+use crate::upstream::Upstream;
 
 #[derive(Debug, thiserror::Error)]
 pub enum BootError {
@@ -39,6 +42,8 @@ pub enum BootError {
     },
     #[error("another switchyard is already serving the admin socket {0}")]
     SocketInUse(PathBuf),
+    #[error("{0}")]
+    Upstream(String),
     #[error("cannot create the admin socket {path}: {source}")]
     Socket {
         path: PathBuf,
@@ -101,19 +106,34 @@ pub async fn bind(listen: SocketAddr, admin_path: &Path) -> Result<Listeners, Bo
     })
 }
 
+/// The dispatcher's tunables from the config.
+pub fn dispatch_config(config: &Config) -> DispatchConfig {
+    DispatchConfig {
+        keepalive_after: config.server.keepalive_after,
+        stream_idle_timeout: config.upstream.stream_idle_timeout,
+        first_output_timeout: Some(config.upstream.first_output_timeout).filter(|d| !d.is_zero()),
+        aliases: config.models.aliases.clone(),
+        ..DispatchConfig::default()
+    }
+}
+
 /// Builds the application state over an open store.
 pub fn build_state(
     store: Store,
     config: &Config,
     clock: SharedClock,
     listen: String,
-) -> Result<Arc<AppState>, StoreError> {
+) -> Result<Arc<AppState>, BootError> {
     let fleet = Fleet::load(store.clone(), Arc::clone(&clock))?;
     let keys = KeyRing::load(store.clone(), Arc::clone(&clock))?;
+    let upstream = Arc::new(Upstream::new(&config.upstream).map_err(BootError::Upstream)?);
+    let log = RequestLog::load(store.clone(), Arc::clone(&clock));
+    let dispatcher = Dispatcher::new(fleet.clone(), upstream, log, dispatch_config(config));
     Ok(Arc::new(AppState::new(
         store,
         fleet,
         keys,
+        dispatcher,
         clock,
         listen,
         config.admin.token.clone(),
@@ -156,6 +176,7 @@ pub async fn run(
     );
     notifier.notify_or_log("READY=1");
 
+    let background = spawn_background(&state, &config, stop_accepting.clone());
     let watchdog = systemd::watchdog_interval().map(|every| {
         let notifier = notifier.clone();
         let store = store.clone();
@@ -190,10 +211,54 @@ pub async fn run(
     if let Some(w) = watchdog {
         w.abort();
     }
+    for task in background {
+        task.abort();
+    }
     store.close().await?;
     let _ = std::fs::remove_file(&listeners.admin_path);
     tracing::info!("stopped");
     Ok(())
+}
+
+/// The periodic work of the daemon: proactive token refresh and record pruning.
+fn spawn_background(
+    state: &Arc<AppState>,
+    config: &Config,
+    stop: CancellationToken,
+) -> Vec<JoinHandle<()>> {
+    let refresher = {
+        let d = state.dispatcher.clone();
+        let stop = stop.clone();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_secs(30));
+            loop {
+                tokio::select! {
+                    _ = stop.cancelled() => break,
+                    _ = tick.tick() => {
+                        for id in d.fleet.due_for_refresh() {
+                            if let Err(e) = d.fleet.ensure_fresh(&id, None, d.upstream.as_ref()).await {
+                                tracing::warn!(account = %id, error = ?e, "proactive refresh failed");
+                            }
+                        }
+                    }
+                }
+            }
+        })
+    };
+    let pruner = {
+        let log = state.dispatcher.log.clone();
+        let days = config.storage.request_retention_days;
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_secs(3600));
+            loop {
+                tokio::select! {
+                    _ = stop.cancelled() => break,
+                    _ = tick.tick() => log.prune(days),
+                }
+            }
+        })
+    };
+    vec![refresher, pruner]
 }
 
 fn spawn_server<F>(name: &'static str, server: F) -> JoinHandle<()>

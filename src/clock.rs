@@ -78,6 +78,12 @@ pub fn rfc3339(unix_secs: u64) -> String {
         .to_string()
 }
 
+/// Formats unix milliseconds as RFC 3339 UTC with milliseconds.
+pub fn rfc3339_ms(unix_ms: u64) -> String {
+    humantime::format_rfc3339_millis(UNIX_EPOCH + std::time::Duration::from_millis(unix_ms))
+        .to_string()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -28,7 +28,15 @@ pub struct Config {
     pub storage: StorageConfig,
     pub upstream: UpstreamConfig,
     pub admin: AdminConfig,
+    pub models: ModelsConfig,
     pub log: LogConfig,
+}
+
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ModelsConfig {
+    /// Extra model names and the upstream model each stands for, e.g. `{ "gpt-5" = "gpt-5.5" }`.
+    pub aliases: std::collections::BTreeMap<String, String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -42,6 +50,10 @@ pub struct ServerConfig {
     /// How long SIGTERM waits for in-flight requests before cutting them.
     #[serde(with = "duration")]
     pub shutdown_grace: Duration,
+    /// An SSE client that would wait longer than this for its first event (queue, slow first
+    /// token) gets 200 headers and `: keep-alive` comments meanwhile.
+    #[serde(with = "duration")]
+    pub keepalive_after: Duration,
 }
 
 impl Default for ServerConfig {
@@ -50,6 +62,7 @@ impl Default for ServerConfig {
             listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
             max_body_bytes: 16 * 1024 * 1024,
             shutdown_grace: Duration::from_secs(30),
+            keepalive_after: Duration::from_secs(10),
         }
     }
 }
@@ -96,6 +109,11 @@ pub struct UpstreamConfig {
     /// Longest silence allowed inside a stream.
     #[serde(with = "duration")]
     pub stream_idle_timeout: Duration,
+    /// Fail over an account that shows nothing within this long ("0s" = off).
+    #[serde(with = "duration")]
+    pub first_output_timeout: Duration,
+    /// `client_version` sent when fetching the model catalog.
+    pub client_version: String,
 }
 
 impl Default for UpstreamConfig {
@@ -108,6 +126,8 @@ impl Default for UpstreamConfig {
             connect_timeout: Duration::from_secs(10),
             header_timeout: Duration::from_secs(60),
             stream_idle_timeout: Duration::from_secs(300),
+            first_output_timeout: Duration::ZERO,
+            client_version: "0.169.0".into(),
         }
     }
 }
@@ -377,6 +397,9 @@ listen = "127.0.0.1:8080"
 max_body_bytes = 16777216
 # On SIGTERM, how long in-flight requests may finish before they are cut.
 shutdown_grace = "30s"
+# An SSE client that would wait longer than this for its first event gets 200 headers and
+# ": keep-alive" comments while it waits (failover stays invisible).
+keepalive_after = "10s"
 
 [storage]
 # Where switchyard.redb and secret.key live.
@@ -396,6 +419,15 @@ oauth_client_id = "app_EMoamEEZ73f0CkXaXp7hrann"
 connect_timeout = "10s"
 header_timeout = "1m"
 stream_idle_timeout = "5m"
+# Fail over an account that shows nothing (no text, reasoning or tool call) within this long;
+# "0s" turns it off.
+first_output_timeout = "0s"
+# client_version sent when fetching the model catalog.
+client_version = "0.169.0"
+
+[models]
+# Extra model names clients may use, and the upstream model each stands for.
+# aliases = { "gpt-5" = "gpt-5.5" }
 
 [admin]
 # The admin Unix socket (mode 0660; file permissions are its access control).

@@ -26,6 +26,12 @@ pub fn routes() -> Router<Arc<AppState>> {
         .route("/api/admin/accounts/{id}", delete(remove_account))
         .route("/api/admin/accounts/{id}/enable", post(enable_account))
         .route("/api/admin/accounts/{id}/disable", post(disable_account))
+        .route(
+            "/api/admin/accounts/{id}/clear-cooldown",
+            post(clear_cooldown),
+        )
+        .route("/api/admin/accounts/{id}/refresh", post(refresh_account))
+        .route("/api/admin/requests", get(requests))
         .route("/api/admin/keys", get(list_keys).post(create_key))
         .route("/api/admin/keys/{id}", delete(revoke_key))
 }
@@ -80,6 +86,39 @@ async fn disable_account(
     Path(id): Path<String>,
 ) -> Result<Json<wire::Account>, ApiError> {
     Ok(Json(state.fleet.set_enabled(&id, false).await?))
+}
+
+async fn clear_cooldown(
+    State(state): State<Arc<AppState>>,
+    Path(id): Path<String>,
+) -> Result<Json<wire::Account>, ApiError> {
+    Ok(Json(state.fleet.clear_cooldown(&id).await?))
+}
+
+async fn refresh_account(
+    State(state): State<Arc<AppState>>,
+    Path(id): Path<String>,
+) -> Result<Json<wire::Account>, ApiError> {
+    let upstream = std::sync::Arc::clone(&state.dispatcher.upstream);
+    Ok(Json(
+        state.fleet.refresh_account(&id, upstream.as_ref()).await?,
+    ))
+}
+
+#[derive(serde::Deserialize)]
+struct RequestsQuery {
+    limit: Option<usize>,
+}
+
+async fn requests(
+    State(state): State<Arc<AppState>>,
+    axum::extract::Query(q): axum::extract::Query<RequestsQuery>,
+) -> Json<Vec<wire::RequestRecord>> {
+    let limit = q
+        .limit
+        .unwrap_or(50)
+        .clamp(1, crate::telemetry::records::RING);
+    Json(state.dispatcher.log.recent(limit))
 }
 
 async fn list_keys(State(state): State<Arc<AppState>>) -> Json<Vec<wire::Key>> {

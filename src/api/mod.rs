@@ -4,6 +4,8 @@
 pub mod admin;
 pub mod error;
 pub mod health;
+pub mod models;
+pub mod responses;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -13,10 +15,11 @@ use axum::extract::{DefaultBodyLimit, Request, State};
 use axum::http::header::AUTHORIZATION;
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
+use axum::routing::{get, post};
 use switchyard_tui::wire;
 
 use crate::clock::SharedClock;
+use crate::dispatch::Dispatcher;
 use crate::fleet::Fleet;
 use crate::keys::KeyRing;
 use crate::store::Store;
@@ -29,20 +32,25 @@ pub struct AppState {
     pub store: Store,
     pub fleet: Fleet,
     pub keys: KeyRing,
+    pub dispatcher: Dispatcher,
     pub clock: SharedClock,
     pub started_at_ms: u64,
     /// The client-facing listener's address, as bound.
     pub listen: String,
     pub admin_token: Option<Secret>,
     pub max_body_bytes: usize,
+    /// The last fetched model catalog and when (unix ms).
+    pub models_cache: std::sync::Mutex<Option<(u64, serde_json::Value)>>,
     draining: AtomicBool,
 }
 
 impl AppState {
+    #[allow(clippy::too_many_arguments)]
     pub fn new(
         store: Store,
         fleet: Fleet,
         keys: KeyRing,
+        dispatcher: Dispatcher,
         clock: SharedClock,
         listen: String,
         admin_token: Option<Secret>,
@@ -53,10 +61,12 @@ impl AppState {
             store,
             fleet,
             keys,
+            dispatcher,
             clock,
             listen,
             admin_token,
             max_body_bytes,
+            models_cache: std::sync::Mutex::new(None),
             draining: AtomicBool::new(false),
         }
     }
@@ -79,7 +89,7 @@ impl AppState {
             listen: self.listen.clone(),
             accounts: self.fleet.len(),
             accounts_by_state: self.fleet.count_by_state(),
-            in_flight: 0,
+            in_flight: self.fleet.in_flight(),
             waiting: 0,
         }
     }
@@ -87,9 +97,16 @@ impl AppState {
 
 /// The client-facing router. The admin API is mounted here only when an admin token is set.
 pub fn router(state: Arc<AppState>) -> Router {
+    let v1 = Router::new()
+        .route("/v1/responses", post(responses::create))
+        .route("/v1/responses/compact", post(responses::compact))
+        .route("/v1/models", get(models::list))
+        // The handlers read the body themselves, with the cap and a JSON 413.
+        .layer(DefaultBodyLimit::disable());
     let mut r = Router::new()
         .route("/healthz", get(health::healthz))
-        .route("/readyz", get(health::readyz));
+        .route("/readyz", get(health::readyz))
+        .merge(v1);
     if state.admin_token.is_some() {
         r = r.merge(admin::routes().layer(middleware::from_fn_with_state(
             Arc::clone(&state),

@@ -225,6 +225,10 @@ impl Store {
         &self.inner.path
     }
 
+    pub(crate) fn db(&self) -> &Database {
+        &self.inner.db
+    }
+
     // ---- writing ---------------------------------------------------------------------------
 
     /// Applies `muts` atomically and returns once they are committed (durable).

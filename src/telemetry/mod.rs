@@ -34,3 +34,5 @@ pub fn init_logging(level: &str, format: LogFormat) {
             .try_init()
     };
 }
+
+pub mod records;

@@ -1,0 +1,98 @@
+//! `GET /v1/models`: the upstream catalog (cached), merged with configured aliases. The OpenAI
+//! list shape by default; the Codex shape `{"models": [...]}` when `client_version` is given.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use axum::Json;
+use axum::extract::{Query, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use serde_json::{Value, json};
+
+use super::AppState;
+use super::error::ApiError;
+use super::responses::authenticate;
+
+/// How long a fetched catalog is served before it is fetched again.
+pub const CATALOG_TTL_MS: u64 = 5 * 60 * 1000;
+
+pub async fn list(
+    State(state): State<Arc<AppState>>,
+    headers: HeaderMap,
+    Query(query): Query<HashMap<String, String>>,
+) -> Response {
+    if let Err(e) = authenticate(&state, &headers) {
+        return e.into_response();
+    }
+    let catalog = match catalog(&state).await {
+        Ok(c) => c,
+        Err(e) => return e.into_response(),
+    };
+    let mut models: Vec<Value> = catalog["models"].as_array().cloned().unwrap_or_default();
+    for (alias, target) in &state.dispatcher.config.aliases {
+        if models.iter().any(|m| m["slug"] == alias.as_str()) {
+            continue;
+        }
+        let mut entry = models
+            .iter()
+            .find(|m| m["slug"] == target.as_str())
+            .cloned()
+            .unwrap_or_else(|| json!({}));
+        entry["slug"] = json!(alias);
+        entry["display_name"] = json!(alias);
+        models.push(entry);
+    }
+    if query.contains_key("client_version") {
+        return Json(json!({ "models": models })).into_response();
+    }
+    let data: Vec<Value> = models
+        .iter()
+        .filter_map(|m| m["slug"].as_str())
+        .map(|id| json!({"id": id, "object": "model", "created": 0, "owned_by": "openai"}))
+        .collect();
+    Json(json!({"object": "list", "data": data})).into_response()
+}
+
+async fn catalog(state: &AppState) -> Result<Value, ApiError> {
+    let now = state.clock.now_ms();
+    let cached = state
+        .models_cache
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .clone();
+    if let Some((at, v)) = &cached
+        && now.saturating_sub(*at) < CATALOG_TTL_MS
+    {
+        return Ok(v.clone());
+    }
+    let d = &state.dispatcher;
+    let mut last_error = String::from("no account is available to fetch the model catalog");
+    for id in d.fleet.candidates("").order {
+        let Ok(identity) = d.fleet.ensure_fresh(&id, None, d.upstream.as_ref()).await else {
+            continue;
+        };
+        match d
+            .upstream
+            .models(&identity, &d.upstream.config().client_version)
+            .await
+        {
+            Ok(v) if v["models"].is_array() => {
+                *state.models_cache.lock().unwrap_or_else(|e| e.into_inner()) =
+                    Some((now, v.clone()));
+                return Ok(v);
+            }
+            Ok(_) => last_error = "the model catalog has no `models` list".into(),
+            Err(f) => last_error = f.summary(),
+        }
+    }
+    match cached {
+        Some((_, v)) => Ok(v),
+        None => Err(ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "server_error",
+            Some("models_unavailable"),
+            format!("cannot fetch the model catalog: {last_error}"),
+        )),
+    }
+}

@@ -1,0 +1,293 @@
+//! `POST /v1/responses` (JSON or SSE) and `POST /v1/responses/compact`: authenticate, read and
+//! parse the body once, hand the request to the dispatcher, and turn its frames into the HTTP
+//! answer — with keep-alive comments when the first event is slow.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::body::{Body, Bytes};
+use axum::extract::State;
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use futures_util::stream;
+use serde_json::{Map, Value};
+use tokio::sync::mpsc;
+
+use super::AppState;
+use super::error::ApiError;
+use crate::dispatch::attempt::PASS_THROUGH;
+use crate::dispatch::{ErrorReply, Frame, Mode, RequestCtx};
+use crate::keys::KeyIdentity;
+
+/// Interval of `: keep-alive` comments while an SSE client waits.
+const KEEPALIVE_EVERY: Duration = Duration::from_secs(10);
+
+/// Checks the client key (`Authorization: Bearer sk-sy-…`).
+pub fn authenticate(state: &AppState, headers: &HeaderMap) -> Result<KeyIdentity, ApiError> {
+    let presented = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| {
+            v.strip_prefix("Bearer ")
+                .or_else(|| v.strip_prefix("bearer "))
+        })
+        .map(str::trim);
+    let Some(presented) = presented.filter(|p| !p.is_empty()) else {
+        return Err(ApiError::unauthorized(
+            "You didn't provide an API key. Pass your Switchyard key as `Authorization: Bearer sk-sy-…`.",
+        ));
+    };
+    state.keys.authenticate(presented).ok_or_else(|| {
+        ApiError::unauthorized(
+            "Incorrect API key provided. Create one with `switchyard key create NAME`.",
+        )
+    })
+}
+
+/// Reads the body up to the configured cap (413 beyond it).
+pub async fn read_body(state: &AppState, body: Body) -> Result<Bytes, ApiError> {
+    axum::body::to_bytes(body, state.max_body_bytes)
+        .await
+        .map_err(|e| {
+            let too_large = std::error::Error::source(&e)
+                .is_some_and(|s| s.to_string().contains("length limit"))
+                || e.to_string().contains("length limit");
+            if too_large {
+                ApiError::new(
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    "invalid_request_error",
+                    Some("request_too_large"),
+                    format!("the request body exceeds {} bytes", state.max_body_bytes),
+                )
+            } else {
+                ApiError::bad_request("invalid_body", format!("cannot read the request body: {e}"))
+            }
+        })
+}
+
+/// Parses a JSON object body, answering 400 with the parse position when it is not one.
+pub fn parse_object(bytes: &[u8]) -> Result<Map<String, Value>, ApiError> {
+    match serde_json::from_slice::<Value>(bytes) {
+        Ok(Value::Object(m)) => Ok(m),
+        Ok(_) => Err(ApiError::bad_request(
+            "invalid_json",
+            "the request body must be a JSON object",
+        )),
+        Err(e) => Err(ApiError::bad_request(
+            "invalid_json",
+            format!("invalid JSON body: {e}"),
+        )),
+    }
+}
+
+pub fn session_key(headers: &HeaderMap, body: &Map<String, Value>) -> Option<String> {
+    ["session-id", "session_id", "thread-id", "conversation_id"]
+        .iter()
+        .find_map(|h| {
+            headers
+                .get(*h)
+                .and_then(|v| v.to_str().ok())
+                .filter(|v| !v.is_empty())
+        })
+        .map(str::to_string)
+        .or_else(|| {
+            body.get("prompt_cache_key")
+                .and_then(Value::as_str)
+                .map(str::to_string)
+        })
+}
+
+pub async fn create(
+    State(state): State<Arc<AppState>>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    handle(state, headers, body, false).await
+}
+
+pub async fn compact(
+    State(state): State<Arc<AppState>>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    handle(state, headers, body, true).await
+}
+
+async fn handle(state: Arc<AppState>, headers: HeaderMap, body: Body, compact: bool) -> Response {
+    let received = Instant::now();
+    let key = match authenticate(&state, &headers) {
+        Ok(k) => k,
+        Err(e) => return e.into_response(),
+    };
+    let bytes = match read_body(&state, body).await {
+        Ok(b) => b,
+        Err(e) => return e.into_response(),
+    };
+    let mut obj = match parse_object(&bytes) {
+        Ok(o) => o,
+        Err(e) => return e.into_response(),
+    };
+    let Some(model) = obj
+        .get("model")
+        .and_then(Value::as_str)
+        .filter(|m| !m.is_empty())
+        .map(str::to_string)
+    else {
+        return ApiError::bad_request(
+            "missing_required_parameter",
+            "Missing required parameter: 'model'.",
+        )
+        .into_response();
+    };
+    let upstream_model = state.dispatcher.resolve_model(&model);
+    let mode = if compact {
+        Mode::Compact
+    } else if obj.get("stream").and_then(Value::as_bool).unwrap_or(false) {
+        Mode::Stream
+    } else {
+        Mode::Json
+    };
+    obj.insert("model".into(), Value::String(upstream_model.clone()));
+    if mode != Mode::Compact {
+        // The backend streams; a JSON client gets the final response assembled from it.
+        obj.insert("stream".into(), Value::Bool(true));
+    }
+    let session = session_key(&headers, &obj);
+    let body = match serde_json::to_vec(&obj) {
+        Ok(b) => Bytes::from(b),
+        Err(e) => {
+            return ApiError::internal(format!("cannot encode the request: {e}")).into_response();
+        }
+    };
+    let pass_headers = PASS_THROUGH
+        .iter()
+        .filter_map(|name| {
+            headers
+                .get(*name)
+                .map(|v| (axum::http::HeaderName::from_static(name), v.clone()))
+        })
+        .collect();
+    let ctx = RequestCtx {
+        key_name: key.name,
+        model: upstream_model,
+        mode,
+        body,
+        pass_headers,
+        turn_state: headers
+            .get("x-codex-turn-state")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string),
+        session,
+        path: if compact {
+            "/v1/responses/compact"
+        } else {
+            "/v1/responses"
+        },
+        received,
+    };
+    let (tx, rx) = mpsc::channel(64);
+    state.dispatcher.spawn(ctx, tx);
+    respond(
+        rx,
+        mode == Mode::Stream,
+        state.dispatcher.config.keepalive_after,
+    )
+    .await
+}
+
+/// Turns the dispatcher's frames into the HTTP answer.
+async fn respond(mut rx: mpsc::Receiver<Frame>, sse: bool, keepalive_after: Duration) -> Response {
+    let first = if sse {
+        match tokio::time::timeout(keepalive_after, rx.recv()).await {
+            Ok(f) => f,
+            Err(_) => return keepalive_response(rx),
+        }
+    } else {
+        rx.recv().await
+    };
+    match first {
+        Some(Frame::Head { status, headers }) => {
+            let mut resp = Response::new(Body::from_stream(data_stream(rx)));
+            *resp.status_mut() = StatusCode::from_u16(status).unwrap_or(StatusCode::OK);
+            for (k, v) in headers {
+                resp.headers_mut().append(k, v);
+            }
+            resp
+        }
+        Some(Frame::Error(reply)) => error_response(reply),
+        Some(Frame::Data(b)) => (StatusCode::OK, b).into_response(),
+        None => ApiError::internal("the request ended without an answer").into_response(),
+    }
+}
+
+fn error_response(reply: ErrorReply) -> Response {
+    let mut resp = Response::new(Body::from(reply.body));
+    *resp.status_mut() = StatusCode::from_u16(reply.status).unwrap_or(StatusCode::BAD_GATEWAY);
+    if let Ok(ct) = HeaderValue::from_str(&reply.content_type) {
+        resp.headers_mut().insert(header::CONTENT_TYPE, ct);
+    }
+    for (k, v) in reply.headers {
+        resp.headers_mut().append(k, v);
+    }
+    resp
+}
+
+/// The body after the head: data frames as they come; the channel closing ends it.
+fn data_stream(
+    rx: mpsc::Receiver<Frame>,
+) -> impl futures_util::Stream<Item = Result<Bytes, Infallible>> {
+    stream::unfold(rx, |mut rx| async move {
+        loop {
+            match rx.recv().await? {
+                Frame::Data(b) => return Some((Ok(b), rx)),
+                Frame::Error(reply) => return Some((Ok(reply.as_failed_event()), rx)),
+                Frame::Head { .. } => continue,
+            }
+        }
+    })
+}
+
+/// 200 headers now, `: keep-alive` comments until the dispatcher commits; a failure then
+/// arrives as a `response.failed` event with the same code and message.
+fn keepalive_response(rx: mpsc::Receiver<Frame>) -> Response {
+    struct S {
+        rx: mpsc::Receiver<Frame>,
+        tick: tokio::time::Interval,
+        done: bool,
+    }
+    let mut tick = tokio::time::interval(KEEPALIVE_EVERY);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let s = S {
+        rx,
+        tick,
+        done: false,
+    };
+    let body = stream::unfold(s, |mut s| async move {
+        if s.done {
+            return None;
+        }
+        loop {
+            tokio::select! {
+                f = s.rx.recv() => match f {
+                    Some(Frame::Data(b)) => return Some((Ok::<Bytes, Infallible>(b), s)),
+                    Some(Frame::Head { .. }) => continue,
+                    Some(Frame::Error(reply)) => {
+                        s.done = true;
+                        return Some((Ok(reply.as_failed_event()), s));
+                    }
+                    None => return None,
+                },
+                _ = s.tick.tick() => return Some((Ok(Bytes::from_static(b": keep-alive\n\n")), s)),
+            }
+        }
+    });
+    let mut resp = Response::new(Body::from_stream(body));
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/event-stream"),
+    );
+    resp.headers_mut()
+        .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    resp
+}

@@ -1,0 +1,313 @@
+//! One attempt on one account: build the upstream request with the account's identity, send
+//! it, and turn the result into facts and a decision.
+
+use std::time::Instant;
+
+use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
+use switchyard_tui::wire;
+use tokio::sync::mpsc;
+
+use super::request::{AttemptEnd, Trace, ms_since};
+use super::{Dispatcher, ErrorReply, Frame, Mode, RequestCtx};
+use crate::fleet::Lease;
+use crate::fleet::health::{Class, classify};
+use crate::upstream::failure::Facts;
+use crate::upstream::quota::QuotaSnapshot;
+use crate::upstream::{Identity, MAX_ERROR_BODY, read_limited};
+
+/// Client headers passed through to the backend (session topology, telemetry, routing).
+pub const PASS_THROUGH: [&str; 14] = [
+    "session-id",
+    "session_id",
+    "thread-id",
+    "conversation_id",
+    "x-client-request-id",
+    "originator",
+    "user-agent",
+    "version",
+    "x-codex-window-id",
+    "x-codex-turn-metadata",
+    "x-codex-beta-features",
+    "x-openai-subagent",
+    "x-codex-parent-thread-id",
+    "openai-beta",
+];
+
+/// Upstream response headers relayed to the client.
+pub fn relayed(h: &HeaderMap) -> Vec<(HeaderName, HeaderValue)> {
+    h.iter()
+        .filter(|(k, _)| {
+            let k = k.as_str();
+            k.starts_with("x-codex-") || k == "openai-model" || k == "x-models-etag"
+        })
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect()
+}
+
+impl Dispatcher {
+    /// Headers for an attempt on `account_id`: the client's pass-through headers, and the
+    /// turn-state token only when this account issued it.
+    fn attempt_headers(
+        &self,
+        ctx: &RequestCtx,
+        account_id: &str,
+    ) -> Vec<(HeaderName, HeaderValue)> {
+        let mut h = ctx.pass_headers.clone();
+        if let Some(ts) = &ctx.turn_state {
+            let same_account = self
+                .turn_states
+                .get(ts)
+                .is_some_and(|owner| owner == account_id);
+            if same_account && let Ok(v) = HeaderValue::from_str(ts) {
+                h.push((HeaderName::from_static("x-codex-turn-state"), v));
+            }
+        }
+        h
+    }
+
+    pub(crate) async fn attempt(
+        &self,
+        ctx: &RequestCtx,
+        lease: &Lease,
+        identity: Identity,
+        tx: &mpsc::Sender<Frame>,
+        trace: &mut Trace,
+    ) -> AttemptEnd {
+        let started = Instant::now();
+        tracing::debug!(account = %lease.id, "attempt_start");
+        let headers = self.attempt_headers(ctx, &lease.id);
+        let path = if ctx.mode == Mode::Compact {
+            "/responses/compact"
+        } else {
+            "/responses"
+        };
+        let send = self.upstream.post(
+            path,
+            &identity,
+            &headers,
+            ctx.body.clone(),
+            ctx.mode != Mode::Compact,
+        );
+        let resp = tokio::select! {
+            r = send => r,
+            _ = tx.closed() => return self.client_gone(lease, started, trace, None),
+        };
+        let resp = match resp {
+            Ok(r) => r,
+            Err(facts) => return self.attempt_failed(ctx, lease, &identity, facts, started, trace),
+        };
+        let now_ms = self.fleet.clock().now_ms();
+        if let Some(q) = QuotaSnapshot::from_headers(resp.headers(), now_ms) {
+            self.fleet.update_quota(&lease.id, q);
+        }
+        let status = resp.status().as_u16();
+        let resp_headers = resp.headers().clone();
+        if !(200..300).contains(&status) {
+            let body = tokio::select! {
+                b = read_limited(resp, MAX_ERROR_BODY) => b.unwrap_or_default(),
+                _ = tx.closed() => return self.client_gone(lease, started, trace, Some(status)),
+            };
+            let facts = Facts::from_response(status, &resp_headers, body);
+            return self.attempt_failed(ctx, lease, &identity, facts, started, trace);
+        }
+        if let Some(ts) = resp_headers
+            .get("x-codex-turn-state")
+            .and_then(|v| v.to_str().ok())
+        {
+            self.turn_states.insert(ts.to_string(), lease.id.clone());
+        }
+        if ctx.mode == Mode::Compact {
+            return self
+                .finish_unary(ctx, lease, resp, &resp_headers, started, trace)
+                .await;
+        }
+        self.pump(ctx, lease, resp, relayed(&resp_headers), tx, trace, started)
+            .await
+    }
+
+    async fn finish_unary(
+        &self,
+        ctx: &RequestCtx,
+        lease: &Lease,
+        resp: reqwest::Response,
+        resp_headers: &HeaderMap,
+        started: Instant,
+        trace: &mut Trace,
+    ) -> AttemptEnd {
+        let status = resp.status().as_u16();
+        match read_limited(resp, self.config.max_event_bytes).await {
+            Ok(body) => {
+                self.fleet
+                    .report(&lease.id, Class::Success, None, &ctx.model);
+                self.push_attempt(
+                    trace,
+                    lease,
+                    Class::Success,
+                    Some(status),
+                    None,
+                    started,
+                    None,
+                );
+                trace.account = Some(lease.chatgpt_account_id.clone());
+                let mut headers = relayed(resp_headers);
+                headers.push((
+                    HeaderName::from_static("content-type"),
+                    HeaderValue::from_static("application/json"),
+                ));
+                AttemptEnd::Done {
+                    outcome: "success",
+                    status,
+                    tail: vec![Frame::Head { status, headers }, Frame::Data(body)],
+                }
+            }
+            Err(facts) => self.report_and_next(ctx, lease, facts, started, trace),
+        }
+    }
+
+    /// Classifies a failure before commit and decides what happens next.
+    pub(crate) fn attempt_failed(
+        &self,
+        ctx: &RequestCtx,
+        lease: &Lease,
+        identity: &Identity,
+        facts: Facts,
+        started: Instant,
+        trace: &mut Trace,
+    ) -> AttemptEnd {
+        let class = classify(&facts);
+        match class {
+            Class::AuthExpired => {
+                self.push_attempt(
+                    trace,
+                    lease,
+                    class,
+                    facts.status,
+                    facts.phase,
+                    started,
+                    Some(facts.summary()),
+                );
+                AttemptEnd::RetrySame {
+                    rejected_token: identity.access_token.clone(),
+                }
+            }
+            Class::Caller => {
+                self.push_attempt(
+                    trace,
+                    lease,
+                    class,
+                    facts.status,
+                    facts.phase,
+                    started,
+                    Some(facts.summary()),
+                );
+                trace.account = Some(lease.chatgpt_account_id.clone());
+                AttemptEnd::Reply(caller_reply(&facts), "caller_error")
+            }
+            _ => self.report_and_next(ctx, lease, facts, started, trace),
+        }
+    }
+
+    /// Applies the failure to the account and moves on.
+    pub(crate) fn report_and_next(
+        &self,
+        ctx: &RequestCtx,
+        lease: &Lease,
+        facts: Facts,
+        started: Instant,
+        trace: &mut Trace,
+    ) -> AttemptEnd {
+        let class = classify(&facts);
+        self.fleet
+            .report(&lease.id, class, Some(&facts), &ctx.model);
+        tracing::info!(
+            account = %lease.id,
+            class = class.as_str(),
+            status = facts.status.unwrap_or(0),
+            phase = facts.phase.map_or("", |p| p.as_str()),
+            error = %facts.summary(),
+            "attempt_result"
+        );
+        self.push_attempt(
+            trace,
+            lease,
+            class,
+            facts.status,
+            facts.phase,
+            started,
+            Some(facts.summary()),
+        );
+        AttemptEnd::Next
+    }
+
+    pub(crate) fn client_gone(
+        &self,
+        lease: &Lease,
+        started: Instant,
+        trace: &mut Trace,
+        status: Option<u16>,
+    ) -> AttemptEnd {
+        tracing::info!(account = %lease.id, "client went away");
+        self.push_attempt(
+            trace,
+            lease,
+            Class::ClientCancelled,
+            status,
+            None,
+            started,
+            None,
+        );
+        AttemptEnd::ClientGone
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn push_attempt(
+        &self,
+        trace: &mut Trace,
+        lease: &Lease,
+        class: Class,
+        status: Option<u16>,
+        phase: Option<crate::upstream::failure::Phase>,
+        started: Instant,
+        error: Option<String>,
+    ) {
+        trace.attempts.push(wire::Attempt {
+            account: lease.chatgpt_account_id.clone(),
+            class: class.as_str().into(),
+            status,
+            phase: phase.map(|p| p.as_str().to_string()),
+            ms: ms_since(started),
+            error,
+        });
+    }
+}
+
+/// A caller error returned to the client as the backend gave it.
+fn caller_reply(f: &Facts) -> ErrorReply {
+    let status = f.status.filter(|s| (400..500).contains(s)).unwrap_or(400);
+    let message = f.message.clone().unwrap_or_else(|| f.summary());
+    let code = f
+        .error_code
+        .clone()
+        .or_else(|| f.error_type.clone())
+        .unwrap_or_else(|| "invalid_request_error".into());
+    match &f.body {
+        Some(body) if !body.is_empty() && f.status.is_some_and(|s| s >= 400) => ErrorReply {
+            status,
+            body: body.clone(),
+            content_type: f
+                .content_type
+                .clone()
+                .unwrap_or_else(|| "application/json".into()),
+            headers: Vec::new(),
+            code,
+            message,
+        },
+        _ => ErrorReply::openai(
+            status,
+            "invalid_request_error",
+            &code,
+            message,
+            serde_json::Map::new(),
+        ),
+    }
+}

@@ -1,0 +1,207 @@
+//! One `/v1` request's lifecycle: Request -> Attempt -> Stream (DESIGN §4).
+//!
+//! `request.rs` freezes the candidates and walks them; `attempt.rs` runs one attempt on one
+//! account and turns its result into a decision; `stream.rs` holds pre-commit events, decides
+//! the commit, forwards after it and records the terminal outcome. The HTTP layer receives
+//! [`Frame`]s over a channel: a response head, body chunks, or an error reply it renders as a
+//! status (before any header was sent) or as a `response.failed` event (after keep-alive
+//! headers went out).
+
+pub mod attempt;
+pub mod request;
+pub mod stream;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use reqwest::header::{HeaderName, HeaderValue};
+use serde_json::{Map, Value, json};
+use tokio::sync::mpsc;
+
+use crate::fleet::Fleet;
+use crate::telemetry::records::RequestLog;
+use crate::ttl::{TtlConfig, TtlMap};
+use crate::upstream::Upstream;
+
+/// Tunables of the lifecycle.
+#[derive(Debug, Clone)]
+pub struct DispatchConfig {
+    /// After this long without a commit, an SSE client gets 200 headers and keep-alive comments.
+    pub keepalive_after: Duration,
+    /// Longest silence inside an upstream stream.
+    pub stream_idle_timeout: Duration,
+    /// Fails over an account that produced nothing to show within this long (off when `None`).
+    pub first_output_timeout: Option<Duration>,
+    /// Largest pre-commit buffer; reaching it commits.
+    pub max_precommit_bytes: usize,
+    /// Largest single upstream event.
+    pub max_event_bytes: usize,
+    /// Model aliases: requested name -> upstream name.
+    pub aliases: BTreeMap<String, String>,
+}
+
+impl Default for DispatchConfig {
+    fn default() -> Self {
+        Self {
+            keepalive_after: Duration::from_secs(10),
+            stream_idle_timeout: Duration::from_secs(300),
+            first_output_timeout: None,
+            max_precommit_bytes: 256 * 1024,
+            max_event_bytes: 16 * 1024 * 1024,
+            aliases: BTreeMap::new(),
+        }
+    }
+}
+
+/// What the client asked for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// `POST /v1/responses` with `stream: true`: SSE.
+    Stream,
+    /// `POST /v1/responses` without streaming: streamed upstream, one JSON answer.
+    Json,
+    /// `POST /v1/responses/compact`: a unary upstream call relayed as it is.
+    Compact,
+}
+
+/// A parsed client request.
+#[derive(Debug, Clone)]
+pub struct RequestCtx {
+    pub key_name: String,
+    pub model: String,
+    pub mode: Mode,
+    /// The body to send upstream (serialized once).
+    pub body: Bytes,
+    /// Client headers passed through to the backend.
+    pub pass_headers: Vec<(HeaderName, HeaderValue)>,
+    /// `x-codex-turn-state` from the client, forwarded only to the account that issued it.
+    pub turn_state: Option<String>,
+    /// The session key (header or `prompt_cache_key`), if any.
+    pub session: Option<String>,
+    pub path: &'static str,
+    pub received: Instant,
+}
+
+/// An error for the client, renderable as an HTTP answer or as a `response.failed` event.
+#[derive(Debug, Clone)]
+pub struct ErrorReply {
+    pub status: u16,
+    pub body: Bytes,
+    pub content_type: String,
+    pub headers: Vec<(HeaderName, HeaderValue)>,
+    /// For the event form.
+    pub code: String,
+    pub message: String,
+}
+
+impl ErrorReply {
+    /// An error in the OpenAI shape; `extra` fields are merged into the `error` object.
+    pub fn openai(
+        status: u16,
+        kind: &str,
+        code: &str,
+        message: impl Into<String>,
+        extra: Map<String, Value>,
+    ) -> Self {
+        let message = message.into();
+        let mut error = Map::new();
+        error.insert("message".into(), Value::String(message.clone()));
+        error.insert("type".into(), Value::String(kind.into()));
+        error.insert("code".into(), Value::String(code.into()));
+        error.insert("param".into(), Value::Null);
+        error.extend(extra);
+        ErrorReply {
+            status,
+            body: Bytes::from(json!({ "error": error }).to_string()),
+            content_type: "application/json".into(),
+            headers: Vec::new(),
+            code: code.into(),
+            message,
+        }
+    }
+
+    /// The `response.failed` event carrying this error.
+    pub fn as_failed_event(&self) -> Bytes {
+        failed_event(None, &self.code, &self.message)
+    }
+}
+
+/// A synthetic `response.failed` event.
+pub fn failed_event(response_id: Option<&str>, code: &str, message: &str) -> Bytes {
+    let data = json!({
+        "type": "response.failed",
+        "response": {
+            "id": response_id,
+            "object": "response",
+            "status": "failed",
+            "error": {"code": code, "message": message},
+        },
+    });
+    Bytes::from(format!("event: response.failed\ndata: {data}\n\n"))
+}
+
+/// What the dispatcher sends to the HTTP layer.
+#[derive(Debug)]
+pub enum Frame {
+    /// The response head; body chunks follow.
+    Head {
+        status: u16,
+        headers: Vec<(HeaderName, HeaderValue)>,
+    },
+    Data(Bytes),
+    /// The request failed before anything was committed.
+    Error(ErrorReply),
+}
+
+/// Runs requests. Cloning shares it.
+#[derive(Clone)]
+pub struct Dispatcher {
+    pub fleet: Fleet,
+    pub upstream: Arc<Upstream>,
+    pub log: RequestLog,
+    pub config: Arc<DispatchConfig>,
+    /// Turn-state token -> the account that issued it.
+    turn_states: TtlMap<String, String>,
+}
+
+impl Dispatcher {
+    pub fn new(
+        fleet: Fleet,
+        upstream: Arc<Upstream>,
+        log: RequestLog,
+        config: DispatchConfig,
+    ) -> Self {
+        let turn_states = TtlMap::new(
+            TtlConfig {
+                idle: Some(Duration::from_secs(3600)),
+                absolute: None,
+                max_entries: 100_000,
+            },
+            Arc::clone(fleet.clock()),
+        );
+        Dispatcher {
+            fleet,
+            upstream,
+            log,
+            config: Arc::new(config),
+            turn_states,
+        }
+    }
+
+    /// Resolves a model alias.
+    pub fn resolve_model(&self, model: &str) -> String {
+        self.config
+            .aliases
+            .get(model)
+            .cloned()
+            .unwrap_or_else(|| model.to_string())
+    }
+
+    /// Runs one request to the end, sending frames to `tx`.
+    pub fn spawn(&self, ctx: RequestCtx, tx: mpsc::Sender<Frame>) {
+        let d = self.clone();
+        tokio::spawn(async move { d.run(ctx, tx).await });
+    }
+}
