@@ -37,6 +37,32 @@ pub enum Command {
     /// Check or print the configuration.
     #[command(subcommand)]
     Config(ConfigCommand),
+    /// Run the simulated Codex backend on loopback (to try switchyard without real accounts).
+    Sim(SimArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct SimArgs {
+    /// Address to listen on.
+    #[arg(
+        long,
+        env = "SWITCHYARD_SIM_LISTEN",
+        default_value = "127.0.0.1:9090",
+        value_name = "ADDR"
+    )]
+    pub listen: SocketAddr,
+    /// Number of simulated accounts.
+    #[arg(long, env = "SWITCHYARD_SIM_ACCOUNTS", default_value_t = 3)]
+    pub accounts: u32,
+    /// Write one Codex auth.json per account into this directory.
+    #[arg(long, env = "SWITCHYARD_SIM_WRITE_AUTH", value_name = "DIR")]
+    pub write_auth: Option<PathBuf>,
+    /// Lifetime of the access tokens it issues, e.g. "1h" or "90s".
+    #[arg(long, env = "SWITCHYARD_SIM_ACCESS_TTL", default_value = "1h", value_parser = humantime::parse_duration)]
+    pub access_ttl: std::time::Duration,
+    /// A named fault schedule: healthy, demo, flaky, exhausted, slow.
+    #[arg(long, env = "SWITCHYARD_SIM_PROFILE", value_name = "NAME")]
+    pub profile: Option<String>,
 }
 
 #[derive(Debug, Args)]

@@ -52,6 +52,10 @@ pub enum CommandError {
          {socket} (a daemon with another `[admin] socket`? pass the same --config)"
     )]
     LockedWithoutDaemon { path: PathBuf, socket: PathBuf },
+    #[error("unknown simulator profile `{0}` (known: healthy, demo, flaky, exhausted, slow)")]
+    UnknownProfile(String),
+    #[error("simulator: {0}")]
+    Sim(std::io::Error),
     #[error("cannot start the runtime: {0}")]
     Runtime(std::io::Error),
 }
@@ -92,6 +96,10 @@ pub fn run(cli: Cli) -> Result<(), CommandError> {
             telemetry::init_logging("warn", config.log.format);
             runtime()?.block_on(key(&config, cmd))
         }
+        Command::Sim(args) => {
+            telemetry::init_logging(&config.log.level, config.log.format);
+            runtime()?.block_on(sim(args))
+        }
     }
 }
 
@@ -125,6 +133,31 @@ async fn serve(config: Config) -> Result<(), CommandError> {
     )
     .await?;
     Ok(())
+}
+
+async fn sim(args: crate::cli::SimArgs) -> Result<(), CommandError> {
+    use crate::sim::{Profile, SimOptions};
+    let profile = match &args.profile {
+        Some(name) => Some(
+            Profile::from_name(name).ok_or_else(|| CommandError::UnknownProfile(name.clone()))?,
+        ),
+        None => None,
+    };
+    let opts = SimOptions {
+        accounts: args.accounts.max(1),
+        access_ttl: args.access_ttl,
+        profile,
+        ..SimOptions::default()
+    };
+    let stop = tokio_util::sync::CancellationToken::new();
+    let on_signal = stop.clone();
+    tokio::spawn(async move {
+        bootstrap::signals().await;
+        on_signal.cancel();
+    });
+    crate::sim::run_standalone(args.listen, opts, args.write_auth, stop)
+        .await
+        .map_err(CommandError::Sim)
 }
 
 /// Where management commands send their work.

@@ -1,4 +1,359 @@
 //! The simulated Codex backend. It lives in the product because `switchyard demo` and the
 //! tests use it; it never starts unless asked.
+//!
+//! It serves the real paths (`/backend-api/codex/responses`, `/responses/compact`, `/models`,
+//! `/backend-api/wham/usage`, `/oauth/token`) over HTTP/1.1 on loopback, with the wire shapes
+//! of `shared/codex-protocol.md`: per-account tokens that expire by the sim clock and rotate on
+//! refresh, `x-codex-*` rate-limit headers, the §D event sequence, a per-account prompt cache,
+//! and scriptable faults (§F) — queued per account ([`Sim::push_fault`], `POST /sim/...`) or
+//! scheduled by a named [`Profile`]. Every request to the backend paths is recorded.
+//!
+//! Deliberate departures from "always the same answer", because the real backend behaves so:
+//! a refresh does not revoke the previous access token (it stays valid until its `exp`), 401s
+//! for unknown credentials and the Cloudflare challenge carry no `x-codex-*` headers (no
+//! account is known / the request never reached the backend), and `stream:false` failures
+//! are HTTP errors, not a `response.failed` event.
+//!
+//! Layout: this file (the API), `runner` (handle, `switchyard sim`), `state` (accounts,
+//! tokens, windows, request log), `server` (hyper loop, routing, bodies), `backend` (auth,
+//! faults and answers of `/backend-api/*`), `responses` (event generation), `catalog`
+//! (models, usage, rate-limit headers), `oauth`, `faults`, `profile`, `control` (`/sim/*`).
 
 pub mod auth;
+mod backend;
+mod catalog;
+mod control;
+mod faults;
+mod oauth;
+mod profile;
+mod responses;
+mod runner;
+mod server;
+mod state;
+
+use std::collections::BTreeMap;
+use std::net::Ipv4Addr;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+use crate::clock::{self, SharedClock};
+
+pub use faults::{Fault, FaultKind};
+pub use oauth::CLIENT_ID;
+pub use profile::Profile;
+pub use runner::{SimHandle, run_standalone};
+
+use state::{Account, State};
+
+/// One request the simulator received on `/backend-api/*` or `/oauth/token`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RecordedRequest {
+    /// Arrival, by the sim clock (unix ms).
+    pub at_ms: u64,
+    pub method: String,
+    pub path: String,
+    pub query: Option<String>,
+    /// The `ChatGPT-Account-ID` header.
+    pub account_id: Option<String>,
+    /// Lower-case names; repeated headers joined with ", ".
+    pub headers: BTreeMap<String, String>,
+    /// The body as JSON, `Null` when it is not JSON (e.g. a form-encoded refresh).
+    pub body: Value,
+    /// The status answered; 0 when the connection was reset before any headers.
+    pub status: u16,
+}
+
+#[derive(Clone, Debug)]
+pub struct SimOptions {
+    /// Number of accounts, `sim-acct-1` ….
+    pub accounts: u32,
+    /// Lifetime of issued access tokens (by `clock`).
+    pub access_ttl: Duration,
+    /// A named fault schedule; `None` = healthy.
+    pub profile: Option<Profile>,
+    pub clock: SharedClock,
+}
+
+impl Default for SimOptions {
+    fn default() -> Self {
+        Self {
+            accounts: 3,
+            access_ttl: Duration::from_secs(3600),
+            profile: None,
+            clock: clock::system(),
+        }
+    }
+}
+
+/// The simulator. Cloning shares it.
+#[derive(Clone)]
+pub struct Sim {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    clock: SharedClock,
+    ttl_secs: u64,
+    profile: Option<Profile>,
+    /// Makes this instance's tokens and ids its own.
+    nonce: String,
+    state: Mutex<State>,
+}
+
+impl std::fmt::Debug for Sim {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Sim")
+            .field("accounts", &self.account_ids())
+            .field("profile", &self.inner.profile)
+            .finish()
+    }
+}
+
+fn random_nonce(clock: &SharedClock) -> String {
+    let n = getrandom::u32().unwrap_or_else(|_| {
+        // No OS randomness: the time still tells instances apart.
+        (clock.now_ms() & 0xffff_ffff) as u32
+    });
+    format!("{n:08x}")
+}
+
+impl Sim {
+    pub fn new(opts: SimOptions) -> Sim {
+        let now = opts.clock.now_secs();
+        let ttl_secs = opts.access_ttl.as_secs().max(1);
+        let nonce = random_nonce(&opts.clock);
+        let profile = opts.profile.unwrap_or(Profile::Healthy);
+        let accounts = (1..=opts.accounts)
+            .map(|n| Account::new(n, now, ttl_secs, &nonce, profile.script(n)))
+            .collect();
+        Sim {
+            inner: Arc::new(Inner {
+                clock: opts.clock,
+                ttl_secs,
+                profile: opts.profile,
+                nonce,
+                state: Mutex::new(State {
+                    accounts,
+                    ..State::default()
+                }),
+            }),
+        }
+    }
+
+    /// Serves until `shutdown` is cancelled (HTTP/1.1 via hyper directly, so faults can reset
+    /// connections). Open connections are closed when it is.
+    pub async fn serve(self, listener: TcpListener, shutdown: CancellationToken) {
+        server::serve(self, listener, shutdown).await;
+    }
+
+    /// Binds 127.0.0.1:0, spawns `serve`, returns a handle. The socket accepts as soon as
+    /// this returns.
+    pub async fn start(opts: SimOptions) -> std::io::Result<SimHandle> {
+        let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).await?;
+        let addr = listener.local_addr()?;
+        let sim = Sim::new(opts);
+        let stop = CancellationToken::new();
+        tokio::spawn(sim.clone().serve(listener, stop.clone()));
+        Ok(SimHandle::new(addr, sim, stop))
+    }
+
+    pub fn profile(&self) -> Option<Profile> {
+        self.inner.profile
+    }
+
+    /// `chatgpt_account_id`s in order: `sim-acct-1`, `sim-acct-2`, ….
+    pub fn account_ids(&self) -> Vec<String> {
+        self.lock()
+            .accounts
+            .iter()
+            .map(|a| a.id().to_string())
+            .collect()
+    }
+
+    /// The account's auth.json, with its current tokens.
+    pub fn auth_json(&self, account_id: &str) -> Option<Value> {
+        let now = self.now_secs();
+        self.lock().account(account_id).map(|a| a.auth_json(now))
+    }
+
+    /// Writes `<account_id>.json` (mode 0600) per account into `dir` (created if missing).
+    pub fn write_auth_files(&self, dir: &Path) -> std::io::Result<Vec<PathBuf>> {
+        use std::io::Write;
+        use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+        std::fs::create_dir_all(dir)?;
+        let mut paths = Vec::new();
+        for id in self.account_ids() {
+            let Some(v) = self.auth_json(&id) else {
+                continue;
+            };
+            let path = dir.join(format!("{id}.json"));
+            let mut f = std::fs::OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .mode(0o600)
+                .open(&path)?;
+            f.set_permissions(std::fs::Permissions::from_mode(0o600))?;
+            let mut text = serde_json::to_string_pretty(&v).map_err(std::io::Error::other)?;
+            text.push('\n');
+            f.write_all(text.as_bytes())?;
+            paths.push(path);
+        }
+        Ok(paths)
+    }
+
+    /// Queues a fault on the account; false if there is no such account.
+    pub fn push_fault(&self, account_id: &str, fault: Fault) -> bool {
+        self.with_account(account_id, |a| a.faults.push_back(fault))
+    }
+
+    /// Drops the account's queued faults (a deactivated account stays deactivated).
+    pub fn clear_faults(&self, account_id: &str) -> bool {
+        self.with_account(account_id, |a| a.faults.clear())
+    }
+
+    pub fn clear_all_faults(&self) {
+        for a in &mut self.lock().accounts {
+            a.faults.clear();
+        }
+    }
+
+    /// The account's queued faults, next first.
+    pub fn faults(&self, account_id: &str) -> Vec<Fault> {
+        self.lock()
+            .account(account_id)
+            .map(|a| a.faults.iter().cloned().collect())
+            .unwrap_or_default()
+    }
+
+    /// The account's requests to `/backend-api/codex/responses*`, oldest first.
+    pub fn requests(&self, account_id: &str) -> Vec<RecordedRequest> {
+        self.lock()
+            .requests
+            .iter()
+            .filter(|r| r.account_id.as_deref() == Some(account_id))
+            .filter(|r| r.path.starts_with("/backend-api/codex/responses"))
+            .cloned()
+            .collect()
+    }
+
+    /// Every recorded request (`/backend-api/*` and `/oauth/token`), oldest first.
+    pub fn all_requests(&self) -> Vec<RecordedRequest> {
+        self.lock().requests.iter().cloned().collect()
+    }
+
+    /// The current access token becomes expired: its next use answers 401 `token_expired`.
+    pub fn expire_access_token(&self, account_id: &str) -> bool {
+        self.with_account(account_id, Account::expire_current_access)
+    }
+
+    /// Invalidates every token of the account (as a password change would: 401
+    /// `token_invalidated`, refresh `refresh_token_invalidated`) and issues fresh ones, as a
+    /// new login; `auth_json` then returns that login.
+    pub fn revoke_tokens(&self, account_id: &str) -> bool {
+        let (now, ttl) = (self.now_secs(), self.inner.ttl_secs);
+        let nonce = self.inner.nonce.clone();
+        self.with_account(account_id, |a| a.revoke(now, ttl, &nonce))
+    }
+
+    pub fn set_usage(
+        &self,
+        account_id: &str,
+        primary_used_percent: f64,
+        secondary_used_percent: f64,
+    ) -> bool {
+        let now = self.now_secs();
+        self.with_account(account_id, |a| {
+            a.roll_windows(now);
+            a.primary.used_percent = primary_used_percent;
+            a.secondary.used_percent = secondary_used_percent;
+        })
+    }
+
+    /// (primary, secondary) used percent, as the rate-limit headers would say now.
+    pub fn usage(&self, account_id: &str) -> Option<(f64, f64)> {
+        let now = self.now_secs();
+        let mut st = self.lock();
+        let a = st.account_mut(account_id)?;
+        a.roll_windows(now);
+        Some((a.primary.used_percent, a.secondary.used_percent))
+    }
+
+    /// Successful refreshes of the account so far.
+    pub fn refresh_count(&self, account_id: &str) -> u32 {
+        self.lock()
+            .account(account_id)
+            .map_or(0, |a| a.refresh_count)
+    }
+
+    pub fn set_supported_models(&self, account_id: &str, models: Vec<String>) -> bool {
+        self.with_account(account_id, |a| a.supported_models = models)
+    }
+
+    /// Deactivates (401 `account_deactivated`) or reactivates the account.
+    pub fn set_deactivated(&self, account_id: &str, deactivated: bool) -> bool {
+        self.with_account(account_id, |a| a.deactivated = deactivated)
+    }
+
+    fn with_account(&self, account_id: &str, f: impl FnOnce(&mut Account)) -> bool {
+        match self.lock().account_mut(account_id) {
+            Some(a) => {
+                f(a);
+                true
+            }
+            None => false,
+        }
+    }
+
+    pub(crate) fn lock(&self) -> MutexGuard<'_, State> {
+        self.inner.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub(crate) fn now_ms(&self) -> u64 {
+        self.inner.clock.now_ms()
+    }
+
+    pub(crate) fn now_secs(&self) -> u64 {
+        self.inner.clock.now_secs()
+    }
+
+    pub(crate) fn nonce(&self) -> &str {
+        &self.inner.nonce
+    }
+
+    pub(crate) fn ttl_secs(&self) -> u64 {
+        self.inner.ttl_secs
+    }
+
+    pub(crate) fn record(&self, r: RecordedRequest) {
+        self.lock().record(r);
+    }
+
+    pub(crate) fn account_snapshot(&self, account_id: &str) -> Option<Value> {
+        let now = self.now_secs();
+        let mut st = self.lock();
+        let a = st.account_mut(account_id)?;
+        a.roll_windows(now);
+        Some(a.snapshot(now))
+    }
+
+    pub(crate) fn accounts_snapshot(&self) -> Value {
+        let now = self.now_secs();
+        let mut st = self.lock();
+        let accounts: Vec<Value> = st
+            .accounts
+            .iter_mut()
+            .map(|a| {
+                a.roll_windows(now);
+                a.snapshot(now)
+            })
+            .collect();
+        json!({"profile": self.inner.profile.map(Profile::name), "accounts": accounts})
+    }
+}

@@ -1,0 +1,280 @@
+//! Scriptable failures (protocol §F) and the exact answers the real backend gives for them.
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+
+/// What goes wrong, for one request.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum FaultKind {
+    /// 429 `usage_limit_reached` (+ `x-codex-active-limit`); the primary window shows 100 %
+    /// used until it resets in `resets_in_seconds`.
+    Quota { resets_in_seconds: u64 },
+    /// 429 `rate_limit_exceeded` with `Retry-After`.
+    Burst429 { retry_after_secs: u64 },
+    /// 503 `server_is_overloaded`, or a generic `server_error` for any other status.
+    ServerError { status: u16 },
+    /// 403 HTML challenge page from the Cloudflare edge (`cf-mitigated: challenge`).
+    Cloudflare403,
+    /// 401 `token_expired`, whatever the token.
+    TokenExpired,
+    /// 401 `account_deactivated`; the account stays deactivated.
+    AccountDeactivated,
+    /// 400 "The '<model>' model is not supported when using Codex with a ChatGPT account."
+    ModelUnsupported,
+    /// 400 `context_length_exceeded`.
+    ContextLength,
+    /// 200 SSE: `response.created`, `response.in_progress`, then `response.failed` with `code`.
+    FailedEvent { code: String },
+    /// The connection is closed without any response.
+    ResetBeforeHeaders,
+    /// A normal stream cut (connection reset, no terminal event) after `after_deltas` deltas.
+    ResetMidStream { after_deltas: u32 },
+    /// A normal stream that goes silent after `after_deltas` deltas, until the client leaves.
+    HangMidStream { after_deltas: u32 },
+    /// Headers, `response.created` and `response.in_progress` at once, then a pause of `ms`
+    /// before the first delta.
+    SlowFirstToken { ms: u64 },
+    /// A pause of `ms` before the response headers.
+    SlowHeaders { ms: u64 },
+    /// The token endpoint answers `status` to this account's refresh.
+    RefreshFails { status: u16 },
+}
+
+/// A fault queued on an account. Faults are consumed in FIFO order by the requests they apply
+/// to (`RefreshFails` by `/oauth/token`, every other kind by `/responses*`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Fault {
+    #[serde(flatten)]
+    pub kind: FaultKind,
+    /// How many requests it applies to; `None` = until cleared.
+    #[serde(default)]
+    pub times: Option<u32>,
+}
+
+impl Fault {
+    /// Applies to the next matching request only.
+    pub fn once(kind: FaultKind) -> Self {
+        Self::times(kind, 1)
+    }
+
+    /// Applies to the next `n` matching requests.
+    pub fn times(kind: FaultKind, n: u32) -> Self {
+        Self {
+            kind,
+            times: Some(n),
+        }
+    }
+
+    /// Applies until cleared.
+    pub fn always(kind: FaultKind) -> Self {
+        Self { kind, times: None }
+    }
+}
+
+/// Which requests a fault kind applies to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Endpoint {
+    Responses,
+    Refresh,
+}
+
+impl FaultKind {
+    pub(crate) fn endpoint(&self) -> Endpoint {
+        match self {
+            FaultKind::RefreshFails { .. } => Endpoint::Refresh,
+            _ => Endpoint::Responses,
+        }
+    }
+}
+
+/// How a fault shapes an otherwise normal answer.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct StreamShape {
+    pub headers_delay: Option<Duration>,
+    pub first_delta_delay: Option<Duration>,
+    pub cut: Option<Cut>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Cut {
+    Reset { after_deltas: u32 },
+    Hang { after_deltas: u32 },
+}
+
+/// An error answer: status, extra headers, content type and body.
+#[derive(Debug, Clone)]
+pub(crate) struct ErrorAnswer {
+    pub status: u16,
+    pub headers: Vec<(&'static str, String)>,
+    pub content_type: &'static str,
+    pub body: String,
+    /// False for answers from the Cloudflare edge, which never reached the backend.
+    pub from_backend: bool,
+}
+
+impl ErrorAnswer {
+    pub fn json(status: u16, body: Value) -> Self {
+        Self {
+            status,
+            headers: Vec::new(),
+            content_type: "application/json",
+            body: body.to_string(),
+            from_backend: true,
+        }
+    }
+
+    fn with_header(mut self, name: &'static str, value: String) -> Self {
+        self.headers.push((name, value));
+        self
+    }
+}
+
+/// `{"error":{"message","type","code","param"}}`, the OpenAI error shape.
+pub(crate) fn openai_error(status: u16, kind: &str, code: &str, message: &str) -> ErrorAnswer {
+    ErrorAnswer::json(
+        status,
+        json!({"error": {"message": message, "type": kind, "code": code, "param": null}}),
+    )
+}
+
+pub(crate) fn model_unsupported(model: &str) -> ErrorAnswer {
+    ErrorAnswer::json(
+        400,
+        json!({"detail": format!(
+            "The '{model}' model is not supported when using Codex with a ChatGPT account."
+        )}),
+    )
+}
+
+pub(crate) fn context_length() -> ErrorAnswer {
+    ErrorAnswer::json(
+        400,
+        json!({"error": {
+            "message": "Your input exceeds the context window of this model. Please adjust your input and try again.",
+            "type": "invalid_request_error",
+            "code": "context_length_exceeded",
+            "param": "input",
+        }}),
+    )
+}
+
+pub(crate) fn usage_limit(plan: &str, resets_at: u64, resets_in: u64) -> ErrorAnswer {
+    ErrorAnswer::json(
+        429,
+        json!({"error": {
+            "type": "usage_limit_reached",
+            "message": "The usage limit has been reached",
+            "plan_type": plan,
+            "resets_at": resets_at,
+            "resets_in_seconds": resets_in,
+        }}),
+    )
+    .with_header("x-codex-active-limit", "codex".to_string())
+}
+
+pub(crate) fn burst(retry_after: u64) -> ErrorAnswer {
+    openai_error(
+        429,
+        "rate_limit_exceeded",
+        "rate_limit_exceeded",
+        &format!("Rate limit reached for requests. Please try again in {retry_after}s."),
+    )
+    .with_header("retry-after", retry_after.to_string())
+}
+
+pub(crate) fn server_error(status: u16) -> ErrorAnswer {
+    if status == 503 {
+        openai_error(
+            503,
+            "service_unavailable_error",
+            "server_is_overloaded",
+            "Our servers are currently overloaded. Please try again later.",
+        )
+    } else {
+        let status = if (400..=599).contains(&status) {
+            status
+        } else {
+            500
+        };
+        openai_error(
+            status,
+            "server_error",
+            "server_error",
+            "An error occurred while processing your request. You can retry your request.",
+        )
+    }
+}
+
+pub(crate) fn cloudflare(ray: &str) -> ErrorAnswer {
+    let body = format!(
+        "<!DOCTYPE html><html lang=\"en-US\"><head><title>Just a moment...</title>\
+         <meta http-equiv=\"Content-Type\" content=\"text/html; charset=UTF-8\">\
+         <meta name=\"robots\" content=\"noindex,nofollow\"></head><body>\
+         <div class=\"main-wrapper\" role=\"main\"><div class=\"main-content\">\
+         <noscript><div class=\"h2\">Enable JavaScript and cookies to continue</div></noscript>\
+         </div></div><script>(function(){{window._cf_chl_opt={{cRay: '{ray}',cType: 'managed'}};\
+         var a=document.createElement('script');a.src='/cdn-cgi/challenge-platform/h/g/orchestrate/chl_page/v1?ray={ray}';\
+         document.getElementsByTagName('head')[0].appendChild(a);}}());</script></body></html>"
+    );
+    ErrorAnswer {
+        status: 403,
+        headers: vec![
+            ("cf-mitigated", "challenge".to_string()),
+            (
+                "cache-control",
+                "private, max-age=0, no-store, no-cache".to_string(),
+            ),
+        ],
+        content_type: "text/html; charset=UTF-8",
+        body,
+        from_backend: false,
+    }
+}
+
+pub(crate) fn token_expired() -> ErrorAnswer {
+    openai_error(
+        401,
+        "invalid_request_error",
+        "token_expired",
+        "Provided authentication token is expired. Please try signing in again.",
+    )
+}
+
+pub(crate) fn token_invalidated(why: &str) -> ErrorAnswer {
+    openai_error(
+        401,
+        "invalid_request_error",
+        "token_invalidated",
+        &format!(
+            "Your authentication token has been invalidated ({why}). Please try signing in again."
+        ),
+    )
+}
+
+pub(crate) fn account_deactivated() -> ErrorAnswer {
+    openai_error(
+        401,
+        "invalid_request_error",
+        "account_deactivated",
+        "Your OpenAI account has been deactivated, please check your email for more information.",
+    )
+}
+
+/// The message a `response.failed` event carries for `code`.
+pub(crate) fn failed_message(code: &str) -> String {
+    match code {
+        "context_length_exceeded" => {
+            "Your input exceeds the context window of this model. Please adjust your input and try again.".into()
+        }
+        "rate_limit_exceeded" => "Rate limit reached for requests. Please try again in 11.054s.".into(),
+        "insufficient_quota" => "You exceeded your current quota, please check your plan and billing details.".into(),
+        "usage_not_included" => "Your plan does not include Codex usage.".into(),
+        "server_is_overloaded" | "slow_down" => {
+            "Our servers are currently overloaded. Please try again later.".into()
+        }
+        other => format!("An error occurred while processing your request ({other})."),
+    }
+}

@@ -1,0 +1,136 @@
+//! `POST /oauth/token`: the refresh grant of protocol §G, with rotating refresh tokens.
+
+use hyper::Method;
+use serde_json::{Map, Value, json};
+
+use super::Sim;
+use super::faults::{Endpoint, FaultKind};
+use super::server::{Outcome, SimRequest, json};
+use super::state::RefreshLookup;
+
+/// Codex CLI's OAuth client id.
+pub const CLIENT_ID: &str = "app_EMoamEEZ73f0CkXaXp7hrann";
+
+fn error(status: u16, code: &str, message: &str) -> Outcome {
+    json(
+        status,
+        &json!({"error": {"code": code, "message": message}}),
+    )
+    .into()
+}
+
+pub(crate) fn handle(sim: &Sim, req: &SimRequest) -> Outcome {
+    if req.method != Method::POST {
+        return json(405, &json!({"detail": "Method Not Allowed"})).into();
+    }
+    let params = match params(req) {
+        Some(p) => p,
+        None => {
+            return error(
+                400,
+                "invalid_request",
+                "The body must be JSON or form-encoded.",
+            );
+        }
+    };
+    let get = |k: &str| params.get(k).and_then(Value::as_str).unwrap_or("");
+    if get("client_id") != CLIENT_ID {
+        return error(400, "invalid_client", "Unknown or missing client_id.");
+    }
+    if get("grant_type") != "refresh_token" {
+        return error(
+            400,
+            "unsupported_grant_type",
+            "Only grant_type=refresh_token is supported here.",
+        );
+    }
+    let token = get("refresh_token");
+    if token.is_empty() {
+        return error(400, "invalid_request", "refresh_token is required.");
+    }
+    let now = sim.now_secs();
+    let ttl = sim.ttl_secs();
+    let nonce = sim.nonce().to_string();
+    let mut st = sim.lock();
+    match st.lookup_refresh(token) {
+        RefreshLookup::Invalidated => error(
+            401,
+            "refresh_token_invalidated",
+            "Your refresh token has been invalidated. Please try signing in again.",
+        ),
+        RefreshLookup::Reused(_) => error(
+            401,
+            "refresh_token_reused",
+            "Your refresh token has already been used to generate a new access token. \
+             Please try signing in again.",
+        ),
+        RefreshLookup::Current(idx) => {
+            let Some(account) = st.accounts.get_mut(idx) else {
+                return error(500, "server_error", "account vanished");
+            };
+            if let Some(FaultKind::RefreshFails { status }) = account.take_fault(Endpoint::Refresh)
+            {
+                let code = match status {
+                    400 => "invalid_grant",
+                    401 => "refresh_token_expired",
+                    429 => "rate_limit_exceeded",
+                    _ => "temporarily_unavailable",
+                };
+                return error(status, code, "The token endpoint failed (simulated).");
+            }
+            if account.deactivated {
+                return error(
+                    401,
+                    "refresh_token_invalidated",
+                    "The account behind this refresh token has been deactivated.",
+                );
+            }
+            account.rotate(now, ttl, &nonce);
+            json(200, &account.tokens_json(ttl)).into()
+        }
+    }
+}
+
+/// The parameters of a JSON or form-encoded body.
+fn params(req: &SimRequest) -> Option<Map<String, Value>> {
+    if let Value::Object(m) = &req.json {
+        return Some(m.clone());
+    }
+    let text = std::str::from_utf8(&req.body).ok()?;
+    let mut m = Map::new();
+    for pair in text.split('&').filter(|p| !p.is_empty()) {
+        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+        m.insert(form_decode(k)?, Value::String(form_decode(v)?));
+    }
+    Some(m)
+}
+
+/// `application/x-www-form-urlencoded` decoding (`+` is a space, `%XX` a byte).
+fn form_decode(s: &str) -> Option<String> {
+    let mut out = Vec::with_capacity(s.len());
+    let mut bytes = s.bytes();
+    while let Some(b) = bytes.next() {
+        match b {
+            b'+' => out.push(b' '),
+            b'%' => {
+                let hi = (bytes.next()? as char).to_digit(16)?;
+                let lo = (bytes.next()? as char).to_digit(16)?;
+                out.push(u8::try_from(hi * 16 + lo).ok()?);
+            }
+            b => out.push(b),
+        }
+    }
+    String::from_utf8(out).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::form_decode;
+
+    #[test]
+    fn form_decoding_handles_plus_and_percent_escapes() {
+        assert_eq!(form_decode("a+b%2Fc%3d").as_deref(), Some("a b/c="));
+        assert_eq!(form_decode("%zz"), None);
+        assert_eq!(form_decode("%4"), None);
+    }
+}

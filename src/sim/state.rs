@@ -1,0 +1,331 @@
+//! The simulator's mutable state: accounts (tokens, usage windows, fault queues, prompt
+//! cache) and the request log. Only `Sim` touches it, under one lock that is never held
+//! across an `.await`.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+
+use serde_json::{Value, json};
+
+use super::RecordedRequest;
+use super::auth::{self, AuthSpec};
+use super::faults::{Endpoint, Fault, FaultKind};
+use super::profile::Script;
+
+/// The 5-hour window, in seconds.
+pub(crate) const PRIMARY_WINDOW_SECS: u64 = 5 * 3600;
+/// The weekly window, in seconds.
+pub(crate) const SECONDARY_WINDOW_SECS: u64 = 7 * 24 * 3600;
+/// Oldest entries of the request log are dropped past this many.
+pub(crate) const MAX_RECORDED: usize = 10_000;
+/// Access tokens remembered per account (older generations are forgotten = invalid).
+const MAX_ACCESS_TOKENS: usize = 8;
+/// Prompt-cache keys remembered per account before the cache is flushed.
+const MAX_CACHE_KEYS: usize = 10_000;
+
+pub(crate) const DEFAULT_MODELS: [&str; 4] =
+    ["gpt-5.5", "gpt-5.4", "gpt-5.4-mini", "gpt-5.3-codex"];
+
+/// Why a request's credentials were refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum AuthFailure {
+    Invalidated,
+    Expired,
+    Deactivated,
+}
+
+/// What a refresh-token lookup found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum RefreshLookup {
+    Current(usize),
+    Reused(usize),
+    Invalidated,
+}
+
+/// One rolling usage window.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Window {
+    pub used_percent: f64,
+    pub reset_at: u64,
+    pub len_secs: u64,
+}
+
+impl Window {
+    fn new(now: u64, len_secs: u64) -> Self {
+        Self {
+            used_percent: 0.0,
+            reset_at: now + len_secs,
+            len_secs,
+        }
+    }
+
+    /// Starts a new window (usage back to 0) once the clock has passed the reset.
+    pub fn roll(&mut self, now: u64) {
+        if now >= self.reset_at {
+            let behind = (now - self.reset_at) / self.len_secs + 1;
+            self.reset_at += behind * self.len_secs;
+            self.used_percent = 0.0;
+        }
+    }
+
+    pub fn reset_after(&self, now: u64) -> u64 {
+        self.reset_at.saturating_sub(now)
+    }
+}
+
+#[derive(Debug, Clone)]
+struct IssuedAccess {
+    token: String,
+    exp: u64,
+    forced_expired: bool,
+}
+
+#[derive(Debug)]
+pub(crate) struct Account {
+    pub spec: AuthSpec,
+    generation: u32,
+    access: Vec<IssuedAccess>,
+    refresh_token: String,
+    used_refresh: HashSet<String>,
+    revoked_refresh: HashSet<String>,
+    pub deactivated: bool,
+    pub faults: VecDeque<Fault>,
+    pub primary: Window,
+    pub secondary: Window,
+    pub refresh_count: u32,
+    pub supported_models: Vec<String>,
+    /// prompt-cache key -> input tokens of the last request served with it.
+    cache: HashMap<String, u64>,
+    /// `/responses*` requests that passed authentication.
+    pub served: u64,
+    pub script: Script,
+    /// Profile quota: exhausted until (unix s), and requests since the last reset.
+    pub script_quota_until: Option<u64>,
+    pub script_since_reset: u64,
+}
+
+impl Account {
+    pub fn new(n: u32, now: u64, ttl_secs: u64, nonce: &str, script: Script) -> Self {
+        let id = format!("sim-acct-{n}");
+        let spec = AuthSpec {
+            email: format!("sim{n}@example.com"),
+            chatgpt_account_id: id,
+            chatgpt_user_id: format!("sim-user-{n}"),
+            plan: if n % 2 == 1 { "plus" } else { "pro" }.to_string(),
+            access_exp: 0,
+            token_tag: String::new(),
+        };
+        let mut a = Self {
+            spec,
+            generation: 0,
+            access: Vec::new(),
+            refresh_token: String::new(),
+            used_refresh: HashSet::new(),
+            revoked_refresh: HashSet::new(),
+            deactivated: false,
+            faults: VecDeque::new(),
+            primary: Window::new(now, PRIMARY_WINDOW_SECS),
+            secondary: Window::new(now, SECONDARY_WINDOW_SECS),
+            refresh_count: 0,
+            supported_models: DEFAULT_MODELS.iter().map(|m| m.to_string()).collect(),
+            cache: HashMap::new(),
+            served: 0,
+            script_quota_until: None,
+            script_since_reset: 0,
+            script,
+        };
+        if let Some((p, s)) = a.script.initial_usage {
+            a.primary.used_percent = p;
+            a.secondary.used_percent = s;
+        }
+        a.mint(now, ttl_secs, nonce);
+        a
+    }
+
+    pub fn id(&self) -> &str {
+        &self.spec.chatgpt_account_id
+    }
+
+    /// Issues a new generation of all three tokens.
+    fn mint(&mut self, now: u64, ttl_secs: u64, nonce: &str) {
+        self.generation += 1;
+        self.spec.access_exp = now + ttl_secs;
+        self.spec.token_tag = format!("{nonce}g{}", self.generation);
+        self.refresh_token = auth::refresh_token(&self.spec);
+        self.access.push(IssuedAccess {
+            token: auth::access_token(&self.spec),
+            exp: self.spec.access_exp,
+            forced_expired: false,
+        });
+        if self.access.len() > MAX_ACCESS_TOKENS {
+            self.access.remove(0);
+        }
+    }
+
+    /// Rotates every token (a successful refresh).
+    pub fn rotate(&mut self, now: u64, ttl_secs: u64, nonce: &str) {
+        self.used_refresh.insert(self.refresh_token.clone());
+        self.refresh_count += 1;
+        self.mint(now, ttl_secs, nonce);
+    }
+
+    /// Invalidates every token issued so far and issues a fresh login.
+    pub fn revoke(&mut self, now: u64, ttl_secs: u64, nonce: &str) {
+        self.revoked_refresh.insert(self.refresh_token.clone());
+        self.revoked_refresh.extend(self.used_refresh.drain());
+        self.access.clear();
+        self.mint(now, ttl_secs, nonce);
+    }
+
+    pub fn expire_current_access(&mut self) {
+        if let Some(a) = self.access.last_mut() {
+            a.forced_expired = true;
+        }
+    }
+
+    /// Checks an access token like the backend: any token issued to this account and not yet
+    /// expired is accepted (a refresh does not revoke the previous access token).
+    pub fn check_access(&self, token: &str, now: u64) -> Result<(), AuthFailure> {
+        let Some(issued) = self.access.iter().find(|a| a.token == token) else {
+            return Err(AuthFailure::Invalidated);
+        };
+        if self.deactivated {
+            return Err(AuthFailure::Deactivated);
+        }
+        if issued.forced_expired || now >= issued.exp {
+            return Err(AuthFailure::Expired);
+        }
+        Ok(())
+    }
+
+    pub fn owns_access(&self, token: &str) -> bool {
+        self.access.iter().any(|a| a.token == token)
+    }
+
+    pub fn auth_json(&self, now: u64) -> Value {
+        let mut v = auth::auth_json(&self.spec);
+        v["last_refresh"] = json!(crate::clock::rfc3339(now));
+        v
+    }
+
+    pub fn tokens_json(&self, ttl_secs: u64) -> Value {
+        json!({
+            "id_token": auth::id_token(&self.spec),
+            "access_token": auth::access_token(&self.spec),
+            "refresh_token": self.refresh_token,
+            "token_type": "Bearer",
+            "expires_in": ttl_secs,
+            "scope": "openid profile email offline_access",
+        })
+    }
+
+    pub fn roll_windows(&mut self, now: u64) {
+        self.primary.roll(now);
+        self.secondary.roll(now);
+    }
+
+    /// Takes the first queued fault that applies to `endpoint`, counting down its `times`.
+    pub fn take_fault(&mut self, endpoint: Endpoint) -> Option<FaultKind> {
+        let idx = self
+            .faults
+            .iter()
+            .position(|f| f.kind.endpoint() == endpoint)?;
+        let fault = self.faults.get_mut(idx)?;
+        let kind = fault.kind.clone();
+        match fault.times {
+            None => {}
+            Some(n) if n > 1 => fault.times = Some(n - 1),
+            Some(_) => {
+                self.faults.remove(idx);
+            }
+        }
+        Some(kind)
+    }
+
+    /// Looks up (and then remembers) a prompt-cache key; returns the cached input tokens.
+    pub fn cache_lookup(&mut self, key: Option<&str>, input_tokens: u64) -> u64 {
+        let Some(key) = key.filter(|k| !k.is_empty()) else {
+            return 0;
+        };
+        if self.cache.len() >= MAX_CACHE_KEYS && !self.cache.contains_key(key) {
+            self.cache.clear();
+        }
+        let previous = self.cache.insert(key.to_string(), input_tokens);
+        previous.map_or(0, |p| p.min(input_tokens))
+    }
+
+    /// What `GET /sim/accounts` shows.
+    pub fn snapshot(&self, now: u64) -> Value {
+        json!({
+            "id": self.id(),
+            "email": self.spec.email,
+            "user_id": self.spec.chatgpt_user_id,
+            "plan": self.spec.plan,
+            "deactivated": self.deactivated,
+            "refresh_count": self.refresh_count,
+            "token_generation": self.generation,
+            "access_expires_at": self.spec.access_exp,
+            "usage": {
+                "primary_used_percent": self.primary.used_percent,
+                "primary_reset_at": self.primary.reset_at,
+                "primary_reset_after_seconds": self.primary.reset_after(now),
+                "secondary_used_percent": self.secondary.used_percent,
+                "secondary_reset_at": self.secondary.reset_at,
+                "secondary_reset_after_seconds": self.secondary.reset_after(now),
+            },
+            "supported_models": self.supported_models,
+            "faults": self.faults,
+            "served": self.served,
+        })
+    }
+}
+
+#[derive(Debug, Default)]
+pub(crate) struct State {
+    pub accounts: Vec<Account>,
+    pub requests: VecDeque<RecordedRequest>,
+    /// Source of response and item ids.
+    pub next_id: u64,
+}
+
+impl State {
+    pub fn account(&self, id: &str) -> Option<&Account> {
+        self.accounts.iter().find(|a| a.id() == id)
+    }
+
+    pub fn account_mut(&mut self, id: &str) -> Option<&mut Account> {
+        self.accounts.iter_mut().find(|a| a.id() == id)
+    }
+
+    pub fn index_of(&self, id: &str) -> Option<usize> {
+        self.accounts.iter().position(|a| a.id() == id)
+    }
+
+    /// The account that issued this access token, if any.
+    pub fn owner_of_access(&self, token: &str) -> Option<usize> {
+        self.accounts.iter().position(|a| a.owns_access(token))
+    }
+
+    pub fn lookup_refresh(&self, token: &str) -> RefreshLookup {
+        for (i, a) in self.accounts.iter().enumerate() {
+            if a.refresh_token == token {
+                return RefreshLookup::Current(i);
+            }
+            if a.used_refresh.contains(token) {
+                return RefreshLookup::Reused(i);
+            }
+        }
+        RefreshLookup::Invalidated
+    }
+
+    pub fn record(&mut self, r: RecordedRequest) {
+        if self.requests.len() >= MAX_RECORDED {
+            self.requests.pop_front();
+        }
+        self.requests.push_back(r);
+    }
+
+    pub fn next_id(&mut self) -> u64 {
+        self.next_id += 1;
+        self.next_id
+    }
+}
