@@ -96,16 +96,19 @@ impl Fleet {
         if !due(self)? {
             return self.identity(id).ok_or(TokenError::Missing);
         }
-        self.refresh_now(id, refresher).await
+        self.refresh_now(id, refresher)
+            .await
+            .map(|(identity, _)| identity)
     }
 
-    /// Refreshes the account's tokens unconditionally (caller holds the single-flight lock or
-    /// is the operator).
+    /// Refreshes the account's tokens unconditionally (the caller holds the single-flight
+    /// lock). On a transient failure with a still-valid access token, returns that token and
+    /// the reason the refresh failed.
     async fn refresh_now(
         &self,
         id: &str,
         refresher: &dyn Refresher,
-    ) -> Result<Identity, TokenError> {
+    ) -> Result<(Identity, Option<String>), TokenError> {
         let current = {
             let inner = self.read();
             let e = inner.accounts.get(id).ok_or(TokenError::Missing)?;
@@ -142,7 +145,9 @@ impl Fleet {
                 {
                     self.store.enqueue(vec![m]);
                 }
-                self.identity(id).ok_or(TokenError::Missing)
+                self.identity(id)
+                    .map(|i| (i, None))
+                    .ok_or(TokenError::Missing)
             }
             Err(RefreshFailure::Permanent(why)) => {
                 tracing::warn!(account = %id, reason = %why, "refresh token rejected; account needs a new login");
@@ -158,7 +163,9 @@ impl Fleet {
                 tracing::warn!(account = %id, reason = %why, "refresh failed for now");
                 let now = self.clock.now_secs();
                 if Self::token_valid(&current, now) {
-                    self.identity(id).ok_or(TokenError::Missing)
+                    self.identity(id)
+                        .map(|i| (i, Some(why)))
+                        .ok_or(TokenError::Missing)
                 } else {
                     Err(TokenError::Unavailable(why))
                 }
@@ -192,7 +199,10 @@ impl Fleet {
         let lock = self.refresh.lock_for(&id);
         let _single_flight = lock.lock().await;
         match self.refresh_now(&id, refresher).await {
-            Ok(_) => self.get(&id).ok_or(FleetError::NotFound(id)),
+            Ok((_, Some(why))) => Err(FleetError::Refresh(format!(
+                "{why} (the current access token stays in use while it is valid)"
+            ))),
+            Ok((_, None)) => self.get(&id).ok_or(FleetError::NotFound(id)),
             Err(TokenError::Dead(why)) | Err(TokenError::Unavailable(why)) => {
                 Err(FleetError::Refresh(why))
             }

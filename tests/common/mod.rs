@@ -12,6 +12,8 @@ use std::time::Duration;
 use serde_json::Value;
 use switchyard::sim::auth::{AuthSpec, auth_json};
 
+pub mod gw;
+
 pub const BIN: &str = env!("CARGO_BIN_EXE_switchyard");
 
 /// How long a test waits for a signal from the daemon before failing (not a sleep: the wait

@@ -1,0 +1,349 @@
+//! An in-process gateway in front of an in-process simulator: real sockets on 127.0.0.1:0,
+//! real store in a temp dir, readiness by the listeners being bound before the server starts.
+#![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use axum::http::Method;
+use serde_json::{Value, json};
+use switchyard::admin_client::AdminClient;
+use switchyard::bootstrap::{self, BootError, ShutdownKind};
+use switchyard::clock::{self, SharedClock};
+use switchyard::config::Config;
+use switchyard::fleet::Fleet;
+use switchyard::keys::KeyRing;
+use switchyard::sim::{Fault, FaultKind, Sim, SimHandle, SimOptions};
+use switchyard::store::Store;
+use switchyard::systemd::Notifier;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+pub struct Gw {
+    pub sim: SimHandle,
+    pub addr: SocketAddr,
+    pub key: String,
+    pub socket: PathBuf,
+    pub dir: PathBuf,
+    _tmp: Option<tempfile::TempDir>,
+    stop: Option<oneshot::Sender<ShutdownKind>>,
+    task: Option<JoinHandle<Result<(), BootError>>>,
+    pub http: reqwest::Client,
+    /// chatgpt_account_id -> gateway account id.
+    pub ids: BTreeMap<String, String>,
+    configure: fn(&mut Config),
+}
+
+fn no_change(_: &mut Config) {}
+
+/// The SSE answer of one request.
+#[derive(Debug)]
+pub struct Sse {
+    pub status: u16,
+    pub headers: reqwest::header::HeaderMap,
+    /// `(type, data)` of each event; comments are counted in `comments`.
+    pub events: Vec<(String, Value)>,
+    pub comments: usize,
+    pub body: String,
+    /// The stream ended with a transport error (not a clean close).
+    pub broken: bool,
+}
+
+impl Sse {
+    pub fn kinds(&self) -> Vec<&str> {
+        self.events.iter().map(|(k, _)| k.as_str()).collect()
+    }
+
+    pub fn count(&self, kind: &str) -> usize {
+        self.events.iter().filter(|(k, _)| k == kind).count()
+    }
+
+    pub fn last(&self) -> &(String, Value) {
+        self.events.last().expect("no events")
+    }
+
+    pub fn text(&self) -> String {
+        self.events
+            .iter()
+            .filter(|(k, _)| k == "response.output_text.delta")
+            .filter_map(|(_, v)| v["delta"].as_str())
+            .collect()
+    }
+
+    pub fn json_body(&self) -> Value {
+        serde_json::from_str(&self.body).unwrap_or(Value::Null)
+    }
+}
+
+pub fn parse_sse(body: &str) -> (Vec<(String, Value)>, usize) {
+    let mut events = Vec::new();
+    let mut comments = 0;
+    for block in body.replace("\r\n", "\n").split("\n\n") {
+        if block.trim().is_empty() {
+            continue;
+        }
+        let mut kind = None;
+        let mut data = String::new();
+        for line in block.lines() {
+            if let Some(k) = line.strip_prefix("event:") {
+                kind = Some(k.trim().to_string());
+            } else if let Some(d) = line.strip_prefix("data:") {
+                data.push_str(d.trim_start());
+            } else if line.starts_with(':') {
+                comments += 1;
+            }
+        }
+        if data.is_empty() {
+            continue;
+        }
+        let v: Value = serde_json::from_str(&data).unwrap_or(Value::Null);
+        let kind = kind.unwrap_or_else(|| v["type"].as_str().unwrap_or("").to_string());
+        events.push((kind, v));
+    }
+    (events, comments)
+}
+
+pub fn body(model: &str, text: &str, stream: bool) -> Value {
+    json!({
+        "model": model,
+        "instructions": "You are a test.",
+        "input": [{"type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]}],
+        "tools": [],
+        "tool_choice": "auto",
+        "parallel_tool_calls": false,
+        "reasoning": {"effort": "low", "summary": "auto"},
+        "store": false,
+        "stream": stream,
+        "include": ["reasoning.encrypted_content"],
+        "prompt_cache_key": "test-session",
+        "an_unknown_field": {"kept": true}
+    })
+}
+
+impl Gw {
+    pub async fn start(accounts: u32) -> Gw {
+        Self::start_with(accounts, no_change).await
+    }
+
+    pub async fn start_with(accounts: u32, configure: fn(&mut Config)) -> Gw {
+        switchyard::upstream::install_crypto_provider();
+        let sim = Sim::start(SimOptions {
+            accounts,
+            ..SimOptions::default()
+        })
+        .await
+        .unwrap();
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("state");
+        let store = Store::open(&dir).unwrap();
+        let clock: SharedClock = clock::system();
+        let fleet = Fleet::load(store.clone(), Arc::clone(&clock)).unwrap();
+        let mut ids = BTreeMap::new();
+        for acct in sim.sim.account_ids() {
+            let auth = sim.sim.auth_json(&acct).unwrap();
+            let imported = fleet
+                .import(fleet.parse_auth(auth.to_string().as_bytes()).unwrap())
+                .await
+                .unwrap();
+            ids.insert(acct, imported.account.id);
+        }
+        let key = KeyRing::load(store.clone(), Arc::clone(&clock))
+            .unwrap()
+            .create("test")
+            .await
+            .unwrap()
+            .key;
+        let mut gw = Gw {
+            sim,
+            addr: "127.0.0.1:1".parse().unwrap(),
+            key,
+            socket: dir.join("admin.sock"),
+            dir,
+            _tmp: Some(tmp),
+            stop: None,
+            task: None,
+            http: reqwest::Client::new(),
+            ids,
+            configure,
+        };
+        gw.launch(store).await;
+        gw
+    }
+
+    fn config(&self) -> Config {
+        let mut c = Config::default();
+        c.upstream.base_url = self.sim.base_url();
+        c.upstream.usage_url = self.sim.usage_url();
+        c.upstream.oauth_token_url = self.sim.oauth_token_url();
+        c.server.shutdown_grace = std::time::Duration::from_secs(5);
+        (self.configure)(&mut c);
+        c
+    }
+
+    async fn launch(&mut self, store: Store) {
+        let listeners = bootstrap::bind("127.0.0.1:0".parse().unwrap(), &self.socket)
+            .await
+            .unwrap();
+        self.addr = listeners.http_addr().unwrap();
+        let (tx, rx) = oneshot::channel();
+        let config = self.config();
+        self.task = Some(tokio::spawn(bootstrap::run(
+            store,
+            config,
+            clock::system(),
+            listeners,
+            Notifier::default(),
+            async move { rx.await.unwrap_or(ShutdownKind::Fast) },
+        )));
+        self.stop = Some(tx);
+    }
+
+    /// Stops the gateway (graceful) and waits for it.
+    pub async fn shutdown(&mut self) {
+        if let Some(tx) = self.stop.take() {
+            let _ = tx.send(ShutdownKind::Graceful);
+        }
+        if let Some(t) = self.task.take() {
+            t.await.unwrap().unwrap();
+        }
+    }
+
+    /// Stops and starts the gateway on the same state directory and simulator.
+    pub async fn restart(&mut self) {
+        self.shutdown().await;
+        let store = Store::open(&self.dir).unwrap();
+        self.launch(store).await;
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.addr)
+    }
+
+    pub fn auth(&self) -> String {
+        format!("Bearer {}", self.key)
+    }
+
+    pub async fn post_raw(
+        &self,
+        path: &str,
+        body: &Value,
+        headers: &[(&str, &str)],
+    ) -> reqwest::Response {
+        let mut req = self
+            .http
+            .post(self.url(path))
+            .header("authorization", self.auth())
+            .json(body);
+        for (k, v) in headers {
+            req = req.header(*k, *v);
+        }
+        req.send().await.unwrap()
+    }
+
+    /// A streamed request, read to its end.
+    pub async fn stream(&self, body: &Value, headers: &[(&str, &str)]) -> Sse {
+        let resp = self.post_raw("/v1/responses", body, headers).await;
+        read_sse(resp).await
+    }
+
+    pub async fn json(&self, body: &Value) -> (u16, Value) {
+        let resp = self.post_raw("/v1/responses", body, &[]).await;
+        let status = resp.status().as_u16();
+        (status, resp.json().await.unwrap_or(Value::Null))
+    }
+
+    pub async fn admin(&self) -> AdminClient {
+        AdminClient::connect(&self.socket).await.unwrap()
+    }
+
+    pub async fn accounts(&self) -> Vec<Value> {
+        self.admin()
+            .await
+            .call(Method::GET, "/api/admin/accounts", None)
+            .await
+            .unwrap()
+    }
+
+    /// The admin view of the account with this chatgpt_account_id.
+    pub async fn account(&self, chatgpt_id: &str) -> Value {
+        self.accounts()
+            .await
+            .into_iter()
+            .find(|a| a["chatgpt_account_id"] == chatgpt_id)
+            .unwrap_or_else(|| panic!("no account {chatgpt_id}"))
+    }
+
+    pub async fn requests(&self, limit: usize) -> Vec<Value> {
+        self.admin()
+            .await
+            .call(
+                Method::GET,
+                &format!("/api/admin/requests?limit={limit}"),
+                None,
+            )
+            .await
+            .unwrap()
+    }
+
+    /// The chatgpt_account_ids in the order a fresh gateway's round robin starts with.
+    pub fn rr_order(&self) -> Vec<String> {
+        let mut v: Vec<(&String, &String)> = self.ids.iter().map(|(c, id)| (id, c)).collect();
+        v.sort();
+        v.into_iter().map(|(_, c)| c.clone()).collect()
+    }
+
+    pub fn fault(&self, account: &str, kind: FaultKind, times: Option<u32>) {
+        assert!(
+            self.sim.sim.push_fault(account, Fault { kind, times }),
+            "no sim account {account}"
+        );
+    }
+
+    /// `/responses` requests the simulator got for an account.
+    pub fn served(&self, account: &str) -> usize {
+        self.sim.sim.requests(account).len()
+    }
+}
+
+impl Drop for Gw {
+    fn drop(&mut self) {
+        if let Some(tx) = self.stop.take() {
+            let _ = tx.send(ShutdownKind::Fast);
+        }
+        self.sim.stop();
+    }
+}
+
+pub async fn read_sse(resp: reqwest::Response) -> Sse {
+    use futures_util::StreamExt;
+    let status = resp.status().as_u16();
+    let headers = resp.headers().clone();
+    let mut body = Vec::new();
+    let mut broken = false;
+    let mut s = resp.bytes_stream();
+    while let Some(chunk) = s.next().await {
+        match chunk {
+            Ok(c) => body.extend_from_slice(&c),
+            Err(_) => {
+                broken = true;
+                break;
+            }
+        }
+    }
+    let body = String::from_utf8_lossy(&body).into_owned();
+    let (events, comments) = parse_sse(&body);
+    Sse {
+        status,
+        headers,
+        events,
+        comments,
+        body,
+        broken,
+    }
+}
+
+pub fn path_exists(p: &Path) -> bool {
+    p.exists()
+}

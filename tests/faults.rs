@@ -1,0 +1,403 @@
+//! Every simulated fault through the gateway: what the client receives, where the request
+//! went, and the account state afterwards.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::time::Duration;
+
+use common::gw::{Gw, body};
+use serde_json::{Value, json};
+use switchyard::sim::FaultKind;
+
+/// Injects `kind` once on the first account in rotation, sends one streamed turn, and checks
+/// it completed on the second account. Returns the first account's admin view.
+async fn fails_over(gw: &Gw, kind: FaultKind) -> Value {
+    let order = gw.rr_order();
+    gw.fault(&order[0], kind.clone(), Some(1));
+    let sse = gw.stream(&body("gpt-5.5", "hello", true), &[]).await;
+    assert_eq!(sse.status, 200, "{kind:?}: {}", sse.body);
+    assert_eq!(
+        sse.count("response.created"),
+        1,
+        "{kind:?}: {:?}",
+        sse.kinds()
+    );
+    assert_eq!(
+        sse.last().0,
+        "response.completed",
+        "{kind:?}: {:?}",
+        sse.kinds()
+    );
+    assert!(
+        sse.text().contains(&order[1]),
+        "{kind:?}: served by {}",
+        sse.text()
+    );
+    gw.account(&order[0]).await
+}
+
+#[tokio::test]
+async fn burst_429_fails_over_and_cools_briefly_honouring_retry_after() {
+    let gw = Gw::start(2).await;
+    let a = fails_over(
+        &gw,
+        FaultKind::Burst429 {
+            retry_after_secs: 20,
+        },
+    )
+    .await;
+    assert_eq!(
+        (a["state"].as_str(), a["reason"].as_str()),
+        (Some("cooling"), Some("rate_limited"))
+    );
+    let left = a["cooldown_remaining_s"].as_u64().unwrap();
+    assert!((15..=20).contains(&left), "Retry-After honoured: {left}");
+}
+
+#[tokio::test]
+async fn server_errors_fail_over_and_start_the_transient_ladder() {
+    for status in [500, 503] {
+        let gw = Gw::start(2).await;
+        let a = fails_over(&gw, FaultKind::ServerError { status }).await;
+        assert_eq!(
+            (a["state"].as_str(), a["reason"].as_str()),
+            (Some("cooling"), Some("transient"))
+        );
+        assert!(a["cooldown_remaining_s"].as_u64().unwrap() <= 30);
+        assert_eq!(a["level"], 1);
+    }
+}
+
+#[tokio::test]
+async fn cloudflare_challenge_fails_over_and_soft_avoids() {
+    let gw = Gw::start(2).await;
+    let a = fails_over(&gw, FaultKind::Cloudflare403).await;
+    assert_eq!(
+        (a["state"].as_str(), a["reason"].as_str()),
+        (Some("cooling"), Some("edge_challenge"))
+    );
+    assert!(a["cooldown_remaining_s"].as_u64().unwrap() <= 10);
+}
+
+#[tokio::test]
+async fn deactivated_account_needs_reauth_and_is_never_tried_again() {
+    let gw = Gw::start(2).await;
+    let order = gw.rr_order();
+    gw.fault(&order[0], FaultKind::AccountDeactivated, None);
+    let sse = gw.stream(&body("gpt-5.5", "hello", true), &[]).await;
+    assert_eq!(sse.last().0, "response.completed");
+    let a = gw.account(&order[0]).await;
+    assert_eq!(a["state"], "needs_reauth");
+    for _ in 0..3 {
+        gw.stream(&body("gpt-5.5", "again", true), &[]).await;
+    }
+    assert_eq!(gw.served(&order[0]), 1);
+}
+
+#[tokio::test]
+async fn reset_before_headers_fails_over() {
+    let gw = Gw::start(2).await;
+    let a = fails_over(&gw, FaultKind::ResetBeforeHeaders).await;
+    assert_eq!(a["reason"], "transient");
+    let rec = &gw.requests(1).await[0];
+    assert_eq!(rec["attempts"][0]["class"], "transient");
+    assert!(rec["attempts"][0]["status"].is_null());
+}
+
+#[tokio::test]
+async fn slow_headers_beyond_the_header_timeout_fail_over() {
+    let gw = Gw::start_with(2, |c| {
+        c.upstream.header_timeout = Duration::from_millis(300)
+    })
+    .await;
+    let a = fails_over(&gw, FaultKind::SlowHeaders { ms: 3000 }).await;
+    assert_eq!(a["reason"], "transient");
+    assert_eq!(
+        gw.requests(1).await[0]["attempts"][0]["phase"],
+        "pre_headers"
+    );
+}
+
+#[tokio::test]
+async fn a_stream_that_goes_silent_after_commit_gets_a_failed_event_at_the_idle_timeout() {
+    let gw = Gw::start_with(2, |c| {
+        c.upstream.stream_idle_timeout = Duration::from_millis(500)
+    })
+    .await;
+    let order = gw.rr_order();
+    gw.fault(
+        &order[0],
+        FaultKind::HangMidStream { after_deltas: 2 },
+        Some(1),
+    );
+    let sse = gw.stream(&body("gpt-5.5", "hello", true), &[]).await;
+    let (kind, last) = sse.last();
+    assert_eq!(kind, "response.failed");
+    assert_eq!(last["response"]["error"]["code"], "upstream_stream_error");
+    assert_eq!(gw.account(&order[0]).await["reason"], "transient");
+    assert_eq!(gw.served(&order[1]), 0);
+}
+
+#[tokio::test]
+async fn a_silent_stream_before_commit_fails_over_invisibly() {
+    let gw = Gw::start_with(2, |c| {
+        c.upstream.stream_idle_timeout = Duration::from_millis(500)
+    })
+    .await;
+    let a = fails_over(&gw, FaultKind::HangMidStream { after_deltas: 0 }).await;
+    assert_eq!(a["reason"], "transient");
+}
+
+#[tokio::test]
+async fn a_slow_first_token_gets_keepalive_comments_and_then_the_stream() {
+    let gw = Gw::start_with(1, |c| c.server.keepalive_after = Duration::from_millis(100)).await;
+    let a = gw.rr_order()[0].clone();
+    gw.fault(&a, FaultKind::SlowFirstToken { ms: 1500 }, Some(1));
+    let sse = gw.stream(&body("gpt-5.5", "hello", true), &[]).await;
+    assert_eq!(sse.status, 200);
+    assert!(
+        sse.comments >= 1,
+        "keep-alive comments while waiting: {}",
+        sse.body
+    );
+    assert_eq!(sse.count("response.created"), 1);
+    assert_eq!(sse.last().0, "response.completed");
+}
+
+#[tokio::test]
+async fn after_keepalive_headers_a_final_failure_arrives_as_a_failed_event_with_the_same_code() {
+    let gw = Gw::start_with(1, |c| {
+        c.server.keepalive_after = Duration::from_millis(100);
+        c.upstream.header_timeout = Duration::from_millis(800);
+    })
+    .await;
+    let a = gw.rr_order()[0].clone();
+    gw.fault(&a, FaultKind::SlowHeaders { ms: 3000 }, Some(1));
+    let sse = gw.stream(&body("gpt-5.5", "hello", true), &[]).await;
+    assert_eq!(sse.status, 200);
+    assert!(sse.comments >= 1);
+    let (kind, last) = sse.last();
+    assert_eq!(kind, "response.failed");
+    assert_eq!(last["response"]["error"]["code"], "no_available_account");
+}
+
+#[tokio::test]
+async fn model_unsupported_on_one_account_fails_over_and_on_all_is_404() {
+    let gw = Gw::start(2).await;
+    let order = gw.rr_order();
+    gw.sim
+        .sim
+        .set_supported_models(&order[0], vec!["gpt-5.4".into()]);
+    let sse = gw.stream(&body("gpt-5.5", "hello", true), &[]).await;
+    assert_eq!(sse.last().0, "response.completed");
+    let a = gw.account(&order[0]).await;
+    assert_eq!(
+        a["state"], "ready",
+        "a model mark is not an account verdict"
+    );
+    // The marked account is skipped for that model only.
+    gw.stream(&body("gpt-5.5", "again", true), &[]).await;
+    assert_eq!(gw.served(&order[0]), 1);
+    let r = gw.stream(&body("gpt-5.4", "other model", true), &[]).await;
+    assert_eq!(r.last().0, "response.completed");
+
+    gw.sim
+        .sim
+        .set_supported_models(&order[1], vec!["gpt-5.4".into()]);
+    let resp = gw
+        .post_raw("/v1/responses", &body("gpt-5.5", "x", true), &[])
+        .await;
+    assert_eq!(resp.status(), 404);
+    let v: Value = resp.json().await.unwrap();
+    assert_eq!(v["error"]["code"], "model_not_found");
+}
+
+#[tokio::test]
+async fn failed_event_with_quota_code_inside_200_cools_the_account() {
+    let gw = Gw::start(2).await;
+    let a = fails_over(
+        &gw,
+        FaultKind::FailedEvent {
+            code: "insufficient_quota".into(),
+        },
+    )
+    .await;
+    assert_eq!(a["reason"], "quota");
+}
+
+#[tokio::test]
+async fn a_dead_refresh_token_puts_the_account_in_needs_reauth_and_fails_over() {
+    let gw = Gw::start(2).await;
+    let order = gw.rr_order();
+    // A password change: every token of the first account is dead.
+    gw.sim.sim.revoke_tokens(&order[0]);
+    let sse = gw.stream(&body("gpt-5.5", "hello", true), &[]).await;
+    assert_eq!(sse.last().0, "response.completed", "{:?}", sse.kinds());
+    assert_eq!(gw.account(&order[0]).await["state"], "needs_reauth");
+}
+
+#[tokio::test]
+async fn a_transient_refresh_failure_keeps_a_still_valid_token() {
+    let gw = Gw::start(1).await;
+    let a = gw.rr_order()[0].clone();
+    gw.fault(&a, FaultKind::RefreshFails { status: 503 }, Some(1));
+    let resp = gw
+        .admin()
+        .await
+        .call::<Value>(
+            axum::http::Method::POST,
+            &format!("/api/admin/accounts/{a}/refresh"),
+            None,
+        )
+        .await;
+    assert!(resp.is_err(), "the operator sees the refresh failure");
+    let sse = gw.stream(&body("gpt-5.5", "hello", true), &[]).await;
+    assert_eq!(sse.last().0, "response.completed");
+    assert_eq!(gw.account(&a).await["state"], "ready");
+}
+
+#[tokio::test]
+async fn operator_can_clear_a_cooldown_and_force_a_refresh() {
+    let gw = Gw::start(2).await;
+    let order = gw.rr_order();
+    gw.fault(
+        &order[0],
+        FaultKind::Quota {
+            resets_in_seconds: 3600,
+        },
+        Some(1),
+    );
+    gw.stream(&body("gpt-5.5", "x", true), &[]).await;
+    assert_eq!(gw.account(&order[0]).await["state"], "cooling");
+    let admin = gw.admin().await;
+    let cleared: Value = admin
+        .call(
+            axum::http::Method::POST,
+            &format!("/api/admin/accounts/{}/clear-cooldown", order[0]),
+            None,
+        )
+        .await
+        .unwrap();
+    assert_eq!(cleared["state"], "ready");
+    let before = gw.sim.sim.refresh_count(&order[0]);
+    let refreshed: Value = admin
+        .call(
+            axum::http::Method::POST,
+            &format!("/api/admin/accounts/{}/refresh", order[0]),
+            None,
+        )
+        .await
+        .unwrap();
+    assert_eq!(refreshed["state"], "ready");
+    assert_eq!(gw.sim.sim.refresh_count(&order[0]), before + 1);
+}
+
+#[tokio::test]
+async fn compact_passes_through() {
+    let gw = Gw::start(1).await;
+    let resp = gw
+        .post_raw(
+            "/v1/responses/compact",
+            &json!({"model": "gpt-5.5", "input": [{"type": "message", "role": "user", "content": "x"}], "instructions": "i"}),
+            &[],
+        )
+        .await;
+    assert_eq!(resp.status(), 200);
+    let v: Value = resp.json().await.unwrap();
+    assert!(
+        v["output"]
+            .as_array()
+            .is_some_and(|o| o.iter().any(|i| i["type"] == "compaction")),
+        "{v}"
+    );
+    let reqs = gw.sim.sim.requests(&gw.rr_order()[0]);
+    assert!(reqs[0].path.ends_with("/responses/compact"));
+}
+
+#[tokio::test]
+async fn models_answer_the_openai_and_the_codex_shapes_with_aliases() {
+    let gw = Gw::start_with(1, |c| {
+        c.models.aliases.insert("my-model".into(), "gpt-5.5".into());
+    })
+    .await;
+    let get = |q: &'static str| {
+        let gw = &gw;
+        async move {
+            gw.http
+                .get(gw.url(&format!("/v1/models{q}")))
+                .header("authorization", gw.auth())
+                .send()
+                .await
+                .unwrap()
+                .json::<Value>()
+                .await
+                .unwrap()
+        }
+    };
+    let openai = get("").await;
+    assert_eq!(openai["object"], "list");
+    let ids: Vec<&str> = openai["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["id"].as_str().unwrap())
+        .collect();
+    assert!(
+        ids.contains(&"gpt-5.5") && ids.contains(&"my-model"),
+        "{ids:?}"
+    );
+    let codex = get("?client_version=0.169.0").await;
+    let slugs: Vec<&str> = codex["models"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["slug"].as_str().unwrap())
+        .collect();
+    assert!(slugs.contains(&"my-model"), "{slugs:?}");
+    // An alias is resolved before the request goes upstream.
+    let sse = gw.stream(&body("my-model", "x", true), &[]).await;
+    assert_eq!(sse.last().0, "response.completed");
+    assert_eq!(
+        gw.sim.sim.requests(&gw.rr_order()[0])[0].body["model"],
+        "gpt-5.5"
+    );
+}
+
+#[tokio::test]
+async fn turn_state_is_dropped_when_the_account_changes() {
+    let gw = Gw::start(2).await;
+    let order = gw.rr_order();
+    let first = gw
+        .post_raw(
+            "/v1/responses",
+            &body("gpt-5.5", "x", true),
+            &[("session-id", "s1")],
+        )
+        .await;
+    let token = first.headers()["x-codex-turn-state"]
+        .to_str()
+        .unwrap()
+        .to_string();
+    common::gw::read_sse(first).await;
+    // The next request starts on the other account (round robin): the token is not sent there.
+    gw.stream(
+        &body("gpt-5.5", "y", true),
+        &[("session-id", "s1"), ("x-codex-turn-state", &token)],
+    )
+    .await;
+    let on_second = gw.sim.sim.requests(&order[1]);
+    assert_eq!(on_second.len(), 1);
+    assert!(!on_second[0].headers.contains_key("x-codex-turn-state"));
+    // Back on the issuing account it is passed through.
+    gw.stream(
+        &body("gpt-5.5", "z", true),
+        &[("session-id", "s1"), ("x-codex-turn-state", &token)],
+    )
+    .await;
+    let on_first = gw.sim.sim.requests(&order[0]);
+    assert_eq!(
+        on_first.last().unwrap().headers.get("x-codex-turn-state"),
+        Some(&token)
+    );
+}
