@@ -1,0 +1,186 @@
+//! The clients our users run, against the gateway in front of the simulator: the official
+//! OpenAI Python SDK and Codex CLI. `.ci/run` installs them (`.ci/.venv`, `.ci/.node`); set
+//! `SWITCHYARD_TEST_PYTHON` / `SWITCHYARD_TEST_CODEX` to use others.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::path::PathBuf;
+use std::process::Command;
+
+use common::gw::Gw;
+use serde_json::Value;
+use switchyard::sim::FaultKind;
+
+fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn tool(env: &str, installed: &str, fallback: Option<&str>) -> PathBuf {
+    if let Ok(p) = std::env::var(env) {
+        return PathBuf::from(p);
+    }
+    let local = repo().join(installed);
+    if local.exists() {
+        return local;
+    }
+    match fallback {
+        Some(f) => PathBuf::from(f),
+        None => panic!(
+            "{} is not installed: run `bash .ci/run` once (it installs it), or set {env}",
+            local.display()
+        ),
+    }
+}
+
+fn python() -> PathBuf {
+    tool(
+        "SWITCHYARD_TEST_PYTHON",
+        ".ci/.venv/bin/python",
+        Some("python3"),
+    )
+}
+
+fn codex() -> PathBuf {
+    tool(
+        "SWITCHYARD_TEST_CODEX",
+        ".ci/.node/node_modules/.bin/codex",
+        None,
+    )
+}
+
+async fn run(mut cmd: Command) -> std::process::Output {
+    tokio::task::spawn_blocking(move || cmd.output().unwrap())
+        .await
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn openai_python_sdk_streams_and_not_while_the_first_account_fails_over() {
+    let gw = Gw::start(2).await;
+    let first = gw.rr_order()[0].clone();
+    gw.fault(
+        &first,
+        FaultKind::Quota {
+            resets_in_seconds: 3600,
+        },
+        None,
+    );
+    let mut cmd = Command::new(python());
+    cmd.arg(repo().join("tests/clients/openai_sdk.py"))
+        .arg(gw.url("/v1"))
+        .arg(&gw.key)
+        .arg("gpt-5.5");
+    let out = run(cmd).await;
+    assert!(
+        out.status.success(),
+        "python failed:\n{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["json_status"], "completed", "{v}");
+    assert!(v["json_text"].as_str().unwrap().contains("sim-acct"), "{v}");
+    assert!(v["json_usage_input"].as_u64().unwrap() > 0);
+    let kinds: Vec<&str> = v["stream_kinds"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|k| k.as_str().unwrap())
+        .collect();
+    assert_eq!(kinds.first(), Some(&"response.created"));
+    assert_eq!(kinds.last(), Some(&"response.completed"));
+    assert_eq!(
+        kinds.iter().filter(|k| **k == "response.created").count(),
+        1
+    );
+    assert!(!v["stream_text"].as_str().unwrap().is_empty());
+    assert_eq!(v["bad_key"], "AuthenticationError");
+    assert_eq!(
+        gw.served(&first),
+        1,
+        "the quota answer cooled the first account once"
+    );
+    assert_eq!(gw.account(&first).await["state"], "cooling");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn codex_cli_completes_a_tool_call_turn_while_the_first_account_fails_over() {
+    let gw = Gw::start(2).await;
+    let first = gw.rr_order()[0].clone();
+    let second = gw.rr_order()[1].clone();
+    gw.fault(
+        &first,
+        FaultKind::Quota {
+            resets_in_seconds: 3600,
+        },
+        None,
+    );
+    let tmp = tempfile::tempdir().unwrap();
+    let home = tmp.path().join("codex-home");
+    let work = tmp.path().join("work");
+    std::fs::create_dir_all(&home).unwrap();
+    std::fs::create_dir_all(&work).unwrap();
+    let provider = format!(
+        "model_providers.gw={{name=\"gw\",base_url=\"{}\",env_key=\"SWITCHYARD_KEY\",wire_api=\"responses\",supports_websockets=false}}",
+        gw.url("/v1")
+    );
+    let mut cmd = Command::new(codex());
+    cmd.current_dir(&work)
+        .env("CODEX_HOME", &home)
+        .env("SWITCHYARD_KEY", &gw.key)
+        .env_remove("OPENAI_API_KEY")
+        .args([
+            "exec",
+            "--skip-git-repo-check",
+            "--dangerously-bypass-approvals-and-sandbox",
+            "-m",
+            "gpt-5.5",
+        ])
+        .args(["-c", "model_provider=\"gw\"", "-c", &provider])
+        .arg("please run: echo switchyard-tool-ok");
+    let out = run(cmd).await;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "codex failed:\n{stdout}\n{stderr}");
+    assert!(
+        stdout.contains("switchyard-tool-ok"),
+        "final answer lacks the tool output:\n{stdout}\n{stderr}"
+    );
+
+    // Two turns reached the backend: the tool call, then its output.
+    let served = gw.sim.sim.requests(&second);
+    assert!(
+        served.len() >= 2,
+        "{} requests on the healthy account",
+        served.len()
+    );
+    let last_input = served.last().unwrap().body["input"]
+        .as_array()
+        .unwrap()
+        .clone();
+    assert!(
+        last_input
+            .iter()
+            .any(|i| i["type"] == "function_call_output"
+                && i["output"]
+                    .as_str()
+                    .is_some_and(|o| o.contains("switchyard-tool-ok"))),
+        "the follow-up carries the command's output"
+    );
+    assert!(
+        served.iter().all(|r| r.headers.contains_key("session-id")),
+        "session headers passed through"
+    );
+    assert_eq!(
+        gw.served(&first),
+        1,
+        "one quota answer, then the account was left alone"
+    );
+    let records = gw.requests(10).await;
+    assert!(
+        records.iter().all(|r| r["outcome"] == "success"),
+        "{records:?}"
+    );
+    assert!(records.iter().any(|r| r["attempts"][0]["class"] == "quota"));
+}
