@@ -401,3 +401,93 @@ async fn turn_state_is_dropped_when_the_account_changes() {
         Some(&token)
     );
 }
+
+#[tokio::test]
+async fn a_cooled_account_half_opens_one_probe_decides_and_a_failure_climbs_the_ladder() {
+    use std::sync::Arc;
+    use switchyard::clock::{Clock, ManualClock};
+    let clock = ManualClock::new(switchyard::clock::SystemClock.now_ms());
+    let gw = Gw::start_opts(common::gw::GwOptions {
+        accounts: 2,
+        clock: Arc::new(clock.clone()),
+        ..Default::default()
+    })
+    .await;
+    let order = gw.rr_order();
+    let a = &order[0];
+    gw.fault(a, FaultKind::ServerError { status: 500 }, Some(2));
+    gw.stream(&body("gpt-5.5", "x", true), &[]).await;
+    assert_eq!(gw.account(a).await["state"], "cooling");
+    // 30 s later the first step of the transient ladder is over: half-open.
+    clock.advance(Duration::from_secs(31));
+    assert_eq!(gw.account(a).await["state"], "half_open");
+    // The probe fails (the second queued 500): it re-opens at the next step, 2 minutes.
+    let mut probed = false;
+    for _ in 0..2 {
+        gw.stream(&body("gpt-5.5", "x", true), &[]).await;
+        probed |= gw.served(a) == 2;
+    }
+    assert!(probed, "the half-open account got one probe");
+    let acct = gw.account(a).await;
+    assert_eq!(
+        (acct["state"].as_str(), acct["level"].as_u64()),
+        (Some("cooling"), Some(2))
+    );
+    assert!(acct["cooldown_remaining_s"].as_u64().unwrap() > 60);
+    // After that the probe succeeds: ready, still escalated until a second success.
+    clock.advance(Duration::from_secs(121));
+    for _ in 0..2 {
+        gw.stream(&body("gpt-5.5", "x", true), &[]).await;
+    }
+    let acct = gw.account(a).await;
+    assert_eq!(acct["state"], "ready");
+}
+
+#[tokio::test]
+async fn with_nothing_usable_the_answer_is_503_with_a_pool_summary() {
+    let gw = Gw::start(2).await;
+    let order = gw.rr_order();
+    gw.sim.sim.revoke_tokens(&order[0]);
+    gw.fault(&order[1], FaultKind::ServerError { status: 502 }, Some(1));
+    let resp = gw
+        .post_raw("/v1/responses", &body("gpt-5.5", "x", true), &[])
+        .await;
+    assert_eq!(resp.status(), 503);
+    assert!(resp.headers().contains_key("retry-after"));
+    let v: Value = resp.json().await.unwrap();
+    assert_eq!(v["error"]["code"], "no_available_account");
+    let msg = v["error"]["message"].as_str().unwrap();
+    assert!(
+        msg.starts_with("2 accounts:")
+            && msg.contains("need re-login")
+            && msg.contains("cooling (transient"),
+        "{msg}"
+    );
+    let rec = &gw.requests(1).await[0];
+    assert_eq!(rec["outcome"], "no_account");
+    assert_eq!(rec["status"], 503);
+}
+
+#[tokio::test]
+async fn tokens_close_to_expiry_are_refreshed_before_use() {
+    use std::sync::Arc;
+    use switchyard::clock::{Clock, ManualClock};
+    let clock = ManualClock::new(switchyard::clock::SystemClock.now_ms());
+    let gw = Gw::start_opts(common::gw::GwOptions {
+        accounts: 1,
+        clock: Arc::new(clock.clone()),
+        sim_access_ttl: Duration::from_secs(120),
+        ..Default::default()
+    })
+    .await;
+    let a = gw.rr_order()[0].clone();
+    // A fresh short-lived token is used as it is...
+    gw.stream(&body("gpt-5.5", "x", true), &[]).await;
+    assert_eq!(gw.sim.sim.refresh_count(&a), 0);
+    // ...until less than half its life is left.
+    clock.advance(Duration::from_secs(70));
+    let sse = gw.stream(&body("gpt-5.5", "x", true), &[]).await;
+    assert_eq!(sse.last().0, "response.completed");
+    assert_eq!(gw.sim.sim.refresh_count(&a), 1, "refreshed proactively");
+    assert_eq!(gw.served(&a), 2, "no 401 was needed");
+}

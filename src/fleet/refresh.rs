@@ -62,9 +62,14 @@ pub enum TokenError {
 }
 
 impl Fleet {
+    /// Due when less than the skew is left — or, for tokens issued with a lifetime shorter
+    /// than twice the skew, less than half their lifetime (else every use would refresh).
     fn needs_refresh(s: &AccountSecrets, now_s: u64) -> bool {
-        s.access_expires_at
-            .is_some_and(|exp| exp <= now_s + REFRESH_SKEW.as_secs())
+        s.access_expires_at.is_some_and(|exp| {
+            let lifetime = exp.saturating_sub(s.refreshed_at);
+            let skew = REFRESH_SKEW.as_secs().min(lifetime / 2);
+            exp <= now_s + skew
+        })
     }
 
     fn token_valid(s: &AccountSecrets, now_s: u64) -> bool {

@@ -21,8 +21,29 @@ use switchyard::systemd::Notifier;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
+/// How to start a gateway for a test.
+pub struct GwOptions {
+    pub accounts: u32,
+    pub configure: fn(&mut Config),
+    /// The gateway's clock (the simulator keeps the real one).
+    pub clock: SharedClock,
+    pub sim_access_ttl: std::time::Duration,
+}
+
+impl Default for GwOptions {
+    fn default() -> Self {
+        Self {
+            accounts: 2,
+            configure: no_change,
+            clock: clock::system(),
+            sim_access_ttl: std::time::Duration::from_secs(3600),
+        }
+    }
+}
+
 pub struct Gw {
     pub sim: SimHandle,
+    pub clock: SharedClock,
     pub addr: SocketAddr,
     pub key: String,
     pub socket: PathBuf,
@@ -128,9 +149,25 @@ impl Gw {
     }
 
     pub async fn start_with(accounts: u32, configure: fn(&mut Config)) -> Gw {
+        Self::start_opts(GwOptions {
+            accounts,
+            configure,
+            ..GwOptions::default()
+        })
+        .await
+    }
+
+    pub async fn start_opts(opts: GwOptions) -> Gw {
         switchyard::upstream::install_crypto_provider();
+        let GwOptions {
+            accounts,
+            configure,
+            clock,
+            sim_access_ttl,
+        } = opts;
         let sim = Sim::start(SimOptions {
             accounts,
+            access_ttl: sim_access_ttl,
             ..SimOptions::default()
         })
         .await
@@ -138,7 +175,6 @@ impl Gw {
         let tmp = tempfile::tempdir().unwrap();
         let dir = tmp.path().join("state");
         let store = Store::open(&dir).unwrap();
-        let clock: SharedClock = clock::system();
         let fleet = Fleet::load(store.clone(), Arc::clone(&clock)).unwrap();
         let mut ids = BTreeMap::new();
         for acct in sim.sim.account_ids() {
@@ -157,6 +193,7 @@ impl Gw {
             .key;
         let mut gw = Gw {
             sim,
+            clock,
             addr: "127.0.0.1:1".parse().unwrap(),
             key,
             socket: dir.join("admin.sock"),
@@ -192,7 +229,7 @@ impl Gw {
         self.task = Some(tokio::spawn(bootstrap::run(
             store,
             config,
-            clock::system(),
+            Arc::clone(&self.clock),
             listeners,
             Notifier::default(),
             async move { rx.await.unwrap_or(ShutdownKind::Fast) },
