@@ -9,7 +9,7 @@
 
 use std::time::Instant;
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use futures_util::StreamExt;
 use reqwest::header::{HeaderName, HeaderValue};
 use serde_json::Value;
@@ -133,12 +133,14 @@ impl Dispatcher {
                 }
             };
             splitter.push(&chunk);
+            // Whole events of this chunk are forwarded together: one write, not one per event.
+            let mut pending = BytesMut::new();
             loop {
                 let ev = match splitter.next_event() {
                     Ok(Some(ev)) => ev,
                     Ok(None) => break,
                     Err(e) => {
-                        return self.stream_broke(
+                        let end = self.stream_broke(
                             ctx,
                             lease,
                             committed,
@@ -147,6 +149,7 @@ impl Dispatcher {
                             started,
                             trace,
                         );
+                        return with_pending(pending, end);
                     }
                 };
                 let kind = ev.kind.as_str();
@@ -157,12 +160,13 @@ impl Dispatcher {
                 }
                 if is_terminal(kind) {
                     let json = ev.json().unwrap_or(Value::Null);
-                    return self
+                    let end = self
                         .terminal(
                             ctx, lease, kind, ev.raw, json, &mut held, committed, &relay, trace,
                             started,
                         )
                         .await;
+                    return with_pending(pending, end);
                 }
                 if !streaming {
                     continue; // a JSON client gets only the final response
@@ -188,9 +192,10 @@ impl Dispatcher {
                         return self.client_gone(lease, started, trace, Some(200));
                     }
                 }
-                if tx.send(Frame::Data(ev.raw)).await.is_err() {
-                    return self.client_gone(lease, started, trace, Some(200));
-                }
+                pending.extend_from_slice(&ev.raw);
+            }
+            if !pending.is_empty() && tx.send(Frame::Data(pending.freeze())).await.is_err() {
+                return self.client_gone(lease, started, trace, Some(200));
             }
         }
     }
@@ -396,5 +401,24 @@ impl Dispatcher {
                 &message,
             ))],
         }
+    }
+}
+
+/// Puts events already read (and not yet sent) in front of the final frames.
+fn with_pending(pending: BytesMut, end: AttemptEnd) -> AttemptEnd {
+    match end {
+        AttemptEnd::Done {
+            outcome,
+            status,
+            mut tail,
+        } if !pending.is_empty() => {
+            tail.insert(0, Frame::Data(pending.freeze()));
+            AttemptEnd::Done {
+                outcome,
+                status,
+                tail,
+            }
+        }
+        other => other,
     }
 }
