@@ -950,7 +950,13 @@ async fn models_and_usage_need_auth_and_follow_the_account() {
         .collect();
     assert_eq!(
         slugs,
-        ["gpt-5.5", "gpt-5.4", "gpt-5.4-mini", "gpt-5.3-codex"]
+        [
+            "gpt-6.1-sol",
+            "gpt-5.5",
+            "gpt-5.4",
+            "gpt-5.4-mini",
+            "gpt-5.3-codex"
+        ]
     );
     let m = &v["models"][0];
     assert_eq!(m["visibility"], "list");

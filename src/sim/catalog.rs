@@ -17,6 +17,14 @@ struct ModelDef {
 
 const MODELS: &[ModelDef] = &[
     ModelDef {
+        slug: "gpt-6.1-sol",
+        display_name: "GPT-6.1-Sol",
+        description: "Codex CLI's default model.",
+        context_window: 272_000,
+        priority: 0,
+        xhigh: true,
+    },
+    ModelDef {
         slug: "gpt-5.5",
         display_name: "GPT-5.5",
         description: "Latest frontier agentic coding model.",

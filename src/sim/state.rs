@@ -22,8 +22,14 @@ const MAX_ACCESS_TOKENS: usize = 8;
 /// Prompt-cache keys remembered per account before the cache is flushed.
 const MAX_CACHE_KEYS: usize = 10_000;
 
-pub(crate) const DEFAULT_MODELS: [&str; 4] =
-    ["gpt-5.5", "gpt-5.4", "gpt-5.4-mini", "gpt-5.3-codex"];
+/// The models every simulated account serves; `gpt-6.1-sol` is Codex CLI 0.169's default.
+pub(crate) const DEFAULT_MODELS: [&str; 5] = [
+    "gpt-6.1-sol",
+    "gpt-5.5",
+    "gpt-5.4",
+    "gpt-5.4-mini",
+    "gpt-5.3-codex",
+];
 
 /// Why a request's credentials were refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
