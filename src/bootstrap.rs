@@ -125,7 +125,11 @@ pub fn build_state(
     clock: SharedClock,
     listen: String,
 ) -> Result<Arc<AppState>, BootError> {
-    let fleet = Fleet::load(store.clone(), Arc::clone(&clock))?;
+    let fleet = Fleet::load_with(store.clone(), Arc::clone(&clock), config.scheduling.clone())?;
+    match fleet.affinity.load(&store) {
+        Ok((sessions, responses)) => tracing::info!(sessions, responses, "affinity restored"),
+        Err(e) => tracing::warn!(error = %e, "cannot restore affinity"),
+    }
     let keys = KeyRing::load(store.clone(), Arc::clone(&clock))?;
     let upstream = Arc::new(Upstream::new(&config.upstream).map_err(BootError::Upstream)?);
     let log = RequestLog::load(store.clone(), Arc::clone(&clock));
@@ -221,6 +225,10 @@ pub async fn run(
     for task in background {
         task.abort();
     }
+    match state.fleet.affinity.save(&store).await {
+        Ok((sessions, responses)) => tracing::info!(sessions, responses, "affinity saved"),
+        Err(e) => tracing::warn!(error = %e, "cannot save affinity"),
+    }
     store.close().await?;
     let _ = std::fs::remove_file(&listeners.admin_path);
     tracing::info!("stopped");
@@ -255,6 +263,7 @@ fn spawn_background(
     let pruner = {
         let log = state.dispatcher.log.clone();
         let days = config.storage.request_retention_days;
+        let stop = stop.clone();
         tokio::spawn(async move {
             let mut tick = tokio::time::interval(Duration::from_secs(3600));
             loop {
@@ -265,8 +274,42 @@ fn spawn_background(
             }
         })
     };
-    vec![refresher, pruner]
+    let snapshots = {
+        let fleet = state.fleet.clone();
+        let store = state.store.clone();
+        let stop = stop.clone();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(AFFINITY_SNAPSHOT_EVERY);
+            tick.tick().await;
+            loop {
+                tokio::select! {
+                    _ = stop.cancelled() => break,
+                    _ = tick.tick() => {
+                        if let Err(e) = fleet.affinity.save(&store).await {
+                            tracing::warn!(error = %e, "cannot save affinity");
+                        }
+                    }
+                }
+            }
+        })
+    };
+    let poller = state.dispatcher.spawn_usage_poller(stop.clone());
+    let mut tasks = vec![refresher, pruner, snapshots, poller];
+    tasks.extend(
+        state
+            .fleet
+            .spawn_sweepers(Duration::from_secs(60), stop.clone()),
+    );
+    tasks.push(
+        state
+            .dispatcher
+            .spawn_sweepers(Duration::from_secs(60), stop),
+    );
+    tasks
 }
+
+/// How often session affinity is written to the store (and at shutdown).
+pub const AFFINITY_SNAPSHOT_EVERY: Duration = Duration::from_secs(60);
 
 fn spawn_server<F>(name: &'static str, server: F) -> JoinHandle<()>
 where

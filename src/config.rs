@@ -29,6 +29,7 @@ pub struct Config {
     pub upstream: UpstreamConfig,
     pub admin: AdminConfig,
     pub models: ModelsConfig,
+    pub scheduling: crate::fleet::settings::Settings,
     pub log: LogConfig,
 }
 
@@ -436,6 +437,27 @@ client_version = "0.169.0"
 # Set a token (16+ characters) to also serve /api/admin on the main listener, with
 # "Authorization: Bearer <token>". Unset: the admin API is only on the socket.
 # token = "change-me-to-a-long-random-string"
+
+[scheduling]
+# These keys can also be changed live with PUT /api/admin/settings (a live change is kept in
+# the state directory and wins over this file until it is set back to null).
+# quota_aware (most headroom first), round_robin, least_loaded, or fill_first (account priority).
+strategy = "quota_aware"
+# Concurrent requests per account; the adaptive limit halves on a burst 429 and grows back.
+max_concurrency = 3
+# A session whose account is busy waits this long for it (at most sticky_max_waiting sessions
+# per account) before moving to another account.
+sticky_wait = "30s"
+sticky_max_waiting = 3
+# A request that finds every account full waits this long (at most queue_max_waiting requests).
+queue_wait = "30s"
+queue_max_waiting = 100
+# Accounts whose 5-hour or weekly window is used beyond this are skipped while others have room.
+quota_ceiling_percent = 99.0
+# How often each account's usage is polled.
+usage_poll_interval = "10m"
+# A session not seen for this long forgets its account.
+affinity_idle_ttl = "1day"
 
 [log]
 # tracing filter; RUST_LOG overrides it.

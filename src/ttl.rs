@@ -56,6 +56,7 @@ struct Entry<V> {
 }
 
 struct Inner<K, V> {
+    config: TtlConfig,
     entries: HashMap<K, Entry<V>>,
     lru: BTreeMap<u64, K>,
     next_seq: u64,
@@ -66,7 +67,6 @@ struct Inner<K, V> {
 /// A bounded map with idle/absolute expiry. Cloning shares the same map.
 pub struct TtlMap<K, V> {
     inner: Arc<Mutex<Inner<K, V>>>,
-    config: TtlConfig,
     clock: SharedClock,
 }
 
@@ -74,7 +74,6 @@ impl<K, V> Clone for TtlMap<K, V> {
     fn clone(&self) -> Self {
         Self {
             inner: Arc::clone(&self.inner),
-            config: self.config,
             clock: Arc::clone(&self.clock),
         }
     }
@@ -92,19 +91,25 @@ where
     pub fn new(config: TtlConfig, clock: SharedClock) -> Self {
         Self {
             inner: Arc::new(Mutex::new(Inner {
+                config,
                 entries: HashMap::new(),
                 lru: BTreeMap::new(),
                 next_seq: 0,
                 expired: 0,
                 evicted: 0,
             })),
-            config,
             clock,
         }
     }
 
     pub fn config(&self) -> TtlConfig {
-        self.config
+        self.lock().config
+    }
+
+    /// Changes the limits live (entries are judged by the new ones from now on; a smaller
+    /// bound takes effect at the next insert).
+    pub fn set_config(&self, config: TtlConfig) {
+        self.lock().config = config;
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner<K, V>> {
@@ -113,13 +118,11 @@ where
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn is_expired(&self, created_ms: u64, touched_ms: u64, now: u64) -> bool {
-        let idle = self
-            .config
+    fn is_expired(config: &TtlConfig, created_ms: u64, touched_ms: u64, now: u64) -> bool {
+        let idle = config
             .idle
             .is_some_and(|t| now.saturating_sub(touched_ms) >= ms(t));
-        let absolute = self
-            .config
+        let absolute = config
             .absolute
             .is_some_and(|t| now.saturating_sub(created_ms) >= ms(t));
         idle || absolute
@@ -134,7 +137,7 @@ where
             let e = inner.entries.get(key)?;
             (e.created_ms, e.touched_ms, e.seq)
         };
-        if self.is_expired(created, touched, now) {
+        if Self::is_expired(&inner.config, created, touched, now) {
             inner.remove_entry(key);
             inner.expired += 1;
             return None;
@@ -153,7 +156,7 @@ where
         let now = self.clock.now_ms();
         let inner = self.lock();
         let e = inner.entries.get(key)?;
-        if self.is_expired(e.created_ms, e.touched_ms, now) {
+        if Self::is_expired(&inner.config, e.created_ms, e.touched_ms, now) {
             return None;
         }
         Some(e.value.clone())
@@ -166,16 +169,17 @@ where
     }
 
     fn insert_at(&self, key: K, value: V, created_ms: u64, touched_ms: u64) -> Option<V> {
-        if self.config.max_entries == 0 {
-            return None;
-        }
         let now = self.clock.now_ms();
         let mut inner = self.lock();
+        let config = inner.config;
+        if config.max_entries == 0 {
+            return None;
+        }
         let previous = inner
             .remove_entry(&key)
-            .filter(|e| !self.is_expired(e.created_ms, e.touched_ms, now))
+            .filter(|e| !Self::is_expired(&config, e.created_ms, e.touched_ms, now))
             .map(|e| e.value);
-        while inner.entries.len() >= self.config.max_entries {
+        while inner.entries.len() >= config.max_entries {
             let Some((_, oldest)) = inner.lru.pop_first() else {
                 break;
             };
@@ -199,9 +203,10 @@ where
     pub fn remove(&self, key: &K) -> Option<V> {
         let now = self.clock.now_ms();
         let mut inner = self.lock();
+        let config = inner.config;
         inner
             .remove_entry(key)
-            .filter(|e| !self.is_expired(e.created_ms, e.touched_ms, now))
+            .filter(|e| !Self::is_expired(&config, e.created_ms, e.touched_ms, now))
             .map(|e| e.value)
     }
 
@@ -209,10 +214,13 @@ where
     pub fn retain(&self, mut f: impl FnMut(&K, &V) -> bool) {
         let now = self.clock.now_ms();
         let mut inner = self.lock();
+        let config = inner.config;
         let doomed: Vec<K> = inner
             .entries
             .iter()
-            .filter(|(k, e)| self.is_expired(e.created_ms, e.touched_ms, now) || !f(k, &e.value))
+            .filter(|(k, e)| {
+                Self::is_expired(&config, e.created_ms, e.touched_ms, now) || !f(k, &e.value)
+            })
             .map(|(k, _)| k.clone())
             .collect();
         for k in doomed {
@@ -242,10 +250,11 @@ where
     pub fn sweep(&self) -> usize {
         let now = self.clock.now_ms();
         let mut inner = self.lock();
+        let config = inner.config;
         let doomed: Vec<K> = inner
             .entries
             .iter()
-            .filter(|(_, e)| self.is_expired(e.created_ms, e.touched_ms, now))
+            .filter(|(_, e)| Self::is_expired(&config, e.created_ms, e.touched_ms, now))
             .map(|(k, _)| k.clone())
             .collect();
         for k in &doomed {
@@ -265,7 +274,7 @@ where
             .values()
             .filter_map(|k| {
                 let e = inner.entries.get(k)?;
-                if self.is_expired(e.created_ms, e.touched_ms, now) {
+                if Self::is_expired(&inner.config, e.created_ms, e.touched_ms, now) {
                     return None;
                 }
                 Some(SnapshotEntry {
@@ -282,9 +291,10 @@ where
     /// process was down are skipped. Returns how many were restored.
     pub fn restore(&self, entries: Vec<SnapshotEntry<K, V>>) -> usize {
         let now = self.clock.now_ms();
+        let config = self.config();
         let mut restored = 0;
         for e in entries {
-            if self.is_expired(e.created_ms, e.touched_ms, now) {
+            if Self::is_expired(&config, e.created_ms, e.touched_ms, now) {
                 continue;
             }
             self.insert_at(e.key, e.value, e.created_ms, e.touched_ms.min(now));

@@ -6,7 +6,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::gw::{Gw, body};
+use common::gw::{Gw, body, body_plain};
 use serde_json::{Value, json};
 use switchyard::sim::FaultKind;
 
@@ -380,26 +380,33 @@ async fn turn_state_is_dropped_when_the_account_changes() {
         .unwrap()
         .to_string();
     common::gw::read_sse(first).await;
-    // The next request starts on the other account (round robin): the token is not sent there.
+    // The session stays on its account, which issued the token: it is passed through.
     gw.stream(
         &body("gpt-5.5", "y", true),
+        &[("session-id", "s1"), ("x-codex-turn-state", &token)],
+    )
+    .await;
+    let on_first = gw.sim.sim.requests(&order[0]);
+    assert_eq!(on_first.len(), 2);
+    assert_eq!(on_first[1].headers.get("x-codex-turn-state"), Some(&token));
+    // The account goes away: the next turn runs elsewhere, without the foreign token.
+    gw.admin()
+        .await
+        .call::<Value>(
+            axum::http::Method::POST,
+            &format!("/api/admin/accounts/{}/disable", order[0]),
+            None,
+        )
+        .await
+        .unwrap();
+    gw.stream(
+        &body("gpt-5.5", "z", true),
         &[("session-id", "s1"), ("x-codex-turn-state", &token)],
     )
     .await;
     let on_second = gw.sim.sim.requests(&order[1]);
     assert_eq!(on_second.len(), 1);
     assert!(!on_second[0].headers.contains_key("x-codex-turn-state"));
-    // Back on the issuing account it is passed through.
-    gw.stream(
-        &body("gpt-5.5", "z", true),
-        &[("session-id", "s1"), ("x-codex-turn-state", &token)],
-    )
-    .await;
-    let on_first = gw.sim.sim.requests(&order[0]);
-    assert_eq!(
-        on_first.last().unwrap().headers.get("x-codex-turn-state"),
-        Some(&token)
-    );
 }
 
 #[tokio::test]
@@ -416,7 +423,7 @@ async fn a_cooled_account_half_opens_one_probe_decides_and_a_failure_climbs_the_
     let order = gw.rr_order();
     let a = &order[0];
     gw.fault(a, FaultKind::ServerError { status: 500 }, Some(2));
-    gw.stream(&body("gpt-5.5", "x", true), &[]).await;
+    gw.stream(&body_plain("gpt-5.5", "x", true), &[]).await;
     assert_eq!(gw.account(a).await["state"], "cooling");
     // 30 s later the first step of the transient ladder is over: half-open.
     clock.advance(Duration::from_secs(31));
@@ -424,7 +431,7 @@ async fn a_cooled_account_half_opens_one_probe_decides_and_a_failure_climbs_the_
     // The probe fails (the second queued 500): it re-opens at the next step, 2 minutes.
     let mut probed = false;
     for _ in 0..2 {
-        gw.stream(&body("gpt-5.5", "x", true), &[]).await;
+        gw.stream(&body_plain("gpt-5.5", "x", true), &[]).await;
         probed |= gw.served(a) == 2;
     }
     assert!(probed, "the half-open account got one probe");
@@ -437,7 +444,7 @@ async fn a_cooled_account_half_opens_one_probe_decides_and_a_failure_climbs_the_
     // After that the probe succeeds: ready, still escalated until a second success.
     clock.advance(Duration::from_secs(121));
     for _ in 0..2 {
-        gw.stream(&body("gpt-5.5", "x", true), &[]).await;
+        gw.stream(&body_plain("gpt-5.5", "x", true), &[]).await;
     }
     let acct = gw.account(a).await;
     assert_eq!(acct["state"], "ready");

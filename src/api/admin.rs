@@ -23,7 +23,11 @@ pub fn routes() -> Router<Arc<AppState>> {
             "/api/admin/accounts",
             get(list_accounts).post(import_account),
         )
-        .route("/api/admin/accounts/{id}", delete(remove_account))
+        .route(
+            "/api/admin/accounts/{id}",
+            delete(remove_account).put(update_account),
+        )
+        .route("/api/admin/settings", get(get_settings).put(put_settings))
         .route("/api/admin/accounts/{id}/enable", post(enable_account))
         .route("/api/admin/accounts/{id}/disable", post(disable_account))
         .route(
@@ -119,6 +123,73 @@ async fn requests(
         .unwrap_or(50)
         .clamp(1, crate::telemetry::records::RING);
     Json(state.dispatcher.log.recent(limit))
+}
+
+async fn update_account(
+    State(state): State<Arc<AppState>>,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> Result<Json<wire::Account>, ApiError> {
+    let v: serde_json::Value = json_body(&body)?;
+    let obj = v
+        .as_object()
+        .ok_or_else(|| ApiError::bad_request("invalid_json", "the body must be a JSON object"))?;
+    if let Some(k) = obj
+        .keys()
+        .find(|k| !matches!(k.as_str(), "priority" | "max_concurrency"))
+    {
+        return Err(ApiError::bad_request(
+            "unknown_field",
+            format!("unknown field `{k}` (expected priority, max_concurrency)"),
+        ));
+    }
+    let priority = match obj.get("priority") {
+        None => None,
+        Some(p) => Some(
+            p.as_i64()
+                .and_then(|p| i32::try_from(p).ok())
+                .ok_or_else(|| {
+                    ApiError::bad_request("invalid_value", "`priority` must be an integer")
+                })?,
+        ),
+    };
+    let max_concurrency = match obj.get("max_concurrency") {
+        None => None,
+        Some(serde_json::Value::Null) => Some(None),
+        Some(m) => Some(Some(
+            m.as_u64()
+                .and_then(|m| u32::try_from(m).ok())
+                .filter(|m| *m >= 1)
+                .ok_or_else(|| {
+                    ApiError::bad_request(
+                        "invalid_value",
+                        "`max_concurrency` must be an integer of at least 1, or null",
+                    )
+                })?,
+        )),
+    };
+    Ok(Json(
+        state
+            .fleet
+            .set_account_limits(&id, priority, max_concurrency)
+            .await?,
+    ))
+}
+
+async fn get_settings(
+    State(state): State<Arc<AppState>>,
+) -> Json<crate::fleet::settings::Settings> {
+    Json(state.fleet.settings())
+}
+
+async fn put_settings(
+    State(state): State<Arc<AppState>>,
+    body: Bytes,
+) -> Result<Json<crate::fleet::settings::Settings>, ApiError> {
+    let v: serde_json::Value = json_body(&body)?;
+    let (patch, resets) = crate::fleet::settings::patch_from_json(&v)
+        .map_err(|e| ApiError::bad_request("invalid_settings", e))?;
+    Ok(Json(state.fleet.update_settings(patch, &resets).await?))
 }
 
 async fn list_keys(State(state): State<Arc<AppState>>) -> Json<Vec<wire::Key>> {

@@ -90,7 +90,11 @@ impl AppState {
             accounts: self.fleet.len(),
             accounts_by_state: self.fleet.count_by_state(),
             in_flight: self.fleet.in_flight(),
-            waiting: 0,
+            waiting: {
+                let (pool, sticky) = self.fleet.waiting();
+                (pool + sticky) as u64
+            },
+            strategy: self.fleet.settings().strategy.as_str().to_string(),
         }
     }
 }
@@ -106,6 +110,7 @@ pub fn router(state: Arc<AppState>) -> Router {
     let mut r = Router::new()
         .route("/healthz", get(health::healthz))
         .route("/readyz", get(health::readyz))
+        .route("/metrics", get(metrics))
         .merge(v1);
     if state.admin_token.is_some() {
         r = r.merge(admin::routes().layer(middleware::from_fn_with_state(
@@ -125,6 +130,16 @@ pub fn admin_router(state: Arc<AppState>) -> Router {
         .fallback(not_found)
         .layer(DefaultBodyLimit::max(state.max_body_bytes))
         .with_state(state)
+}
+
+async fn metrics(State(state): State<Arc<AppState>>) -> impl IntoResponse {
+    (
+        [(
+            axum::http::header::CONTENT_TYPE,
+            "text/plain; version=0.0.4",
+        )],
+        state.dispatcher.metrics.render(&state.fleet, &state.store),
+    )
 }
 
 async fn not_found() -> ApiError {

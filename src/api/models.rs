@@ -68,7 +68,7 @@ async fn catalog(state: &AppState) -> Result<Value, ApiError> {
     }
     let d = &state.dispatcher;
     let mut last_error = String::from("no account is available to fetch the model catalog");
-    for id in d.fleet.candidates("").order {
+    for id in d.fleet.plan("", None).order {
         let Ok(identity) = d.fleet.ensure_fresh(&id, None, d.upstream.as_ref()).await else {
             continue;
         };

@@ -179,6 +179,11 @@ async fn handle(state: Arc<AppState>, headers: HeaderMap, body: Body, compact: b
             .and_then(|v| v.to_str().ok())
             .map(str::to_string),
         session,
+        previous_response_id: obj
+            .get("previous_response_id")
+            .and_then(Value::as_str)
+            .filter(|s| !s.is_empty())
+            .map(str::to_string),
         path: if compact {
             "/v1/responses/compact"
         } else {

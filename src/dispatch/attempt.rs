@@ -96,6 +96,7 @@ impl Dispatcher {
             Ok(r) => r,
             Err(facts) => return self.attempt_failed(ctx, lease, &identity, facts, started, trace),
         };
+        self.metrics.upstream_headers(started.elapsed());
         let now_ms = self.fleet.clock().now_ms();
         if let Some(q) = QuotaSnapshot::from_headers(resp.headers(), now_ms) {
             self.fleet.update_quota(&lease.id, q);
@@ -270,6 +271,7 @@ impl Dispatcher {
         started: Instant,
         error: Option<String>,
     ) {
+        self.metrics.attempt(class.as_str());
         trace.attempts.push(wire::Attempt {
             account: lease.chatgpt_account_id.clone(),
             class: class.as_str().into(),

@@ -8,6 +8,7 @@
 //! headers went out).
 
 pub mod attempt;
+pub mod probe;
 pub mod request;
 pub mod stream;
 
@@ -21,6 +22,7 @@ use serde_json::{Map, Value, json};
 use tokio::sync::mpsc;
 
 use crate::fleet::Fleet;
+use crate::telemetry::metrics::Metrics;
 use crate::telemetry::records::RequestLog;
 use crate::ttl::{TtlConfig, TtlMap};
 use crate::upstream::Upstream;
@@ -80,6 +82,8 @@ pub struct RequestCtx {
     pub turn_state: Option<String>,
     /// The session key (header or `prompt_cache_key`), if any.
     pub session: Option<String>,
+    /// A continuation: only the account that produced this response may serve it.
+    pub previous_response_id: Option<String>,
     pub path: &'static str,
     pub received: Instant,
 }
@@ -162,6 +166,7 @@ pub struct Dispatcher {
     pub upstream: Arc<Upstream>,
     pub log: RequestLog,
     pub config: Arc<DispatchConfig>,
+    pub metrics: Arc<Metrics>,
     /// Turn-state token -> the account that issued it.
     turn_states: TtlMap<String, String>,
 }
@@ -186,8 +191,17 @@ impl Dispatcher {
             upstream,
             log,
             config: Arc::new(config),
+            metrics: Arc::new(Metrics::default()),
             turn_states,
         }
+    }
+
+    pub fn spawn_sweepers(
+        &self,
+        every: Duration,
+        stop: tokio_util::sync::CancellationToken,
+    ) -> tokio::task::JoinHandle<()> {
+        self.turn_states.spawn_sweeper(every, stop)
     }
 
     /// Resolves a model alias.

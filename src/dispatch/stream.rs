@@ -184,7 +184,10 @@ impl Dispatcher {
                 if !committed {
                     committed = true;
                     trace.ttft_ms = Some(ms_since(ctx.received));
+                    self.metrics.upstream_first_output(started.elapsed());
                     trace.account = Some(lease.chatgpt_account_id.clone());
+                    trace.served_by = Some(lease.id.clone());
+                    trace.response_id.clone_from(&response_id);
                     if !self
                         .commit(ctx, &relay, std::mem::take(&mut held), tx)
                         .await
@@ -273,6 +276,10 @@ impl Dispatcher {
         }
 
         trace.account = Some(lease.chatgpt_account_id.clone());
+        trace.served_by = Some(lease.id.clone());
+        if trace.response_id.is_none() {
+            trace.response_id = json["response"]["id"].as_str().map(str::to_string);
+        }
         let status = 200;
         let outcome = match (kind, class) {
             ("response.completed", _) => "success",

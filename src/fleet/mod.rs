@@ -6,12 +6,15 @@
 //! effect in memory first, so no request can lease an account that is known to be bad while
 //! the write is in flight.
 
+pub mod affinity;
 pub mod auth_file;
 pub mod health;
 pub mod refresh;
+pub mod scheduler;
+pub mod settings;
 
-use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::atomic::AtomicUsize;
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::Duration;
 
@@ -28,6 +31,11 @@ use crate::upstream::quota::QuotaSnapshot;
 
 use self::auth_file::{AuthFileError, ParsedAuth};
 use self::health::{Class, Effective, Health, State, Transition};
+pub use self::scheduler::{Lease, Plan, SkipReason};
+use self::settings::{Settings, SettingsPatch};
+
+/// The redb settings key holding operators' live changes to `[scheduling]`.
+pub const SETTINGS_KEY: &str = "scheduling";
 
 #[derive(Debug, thiserror::Error)]
 pub enum FleetError {
@@ -46,31 +54,6 @@ pub enum FleetError {
 /// How long an (account, model) pair stays marked unsupported.
 pub const UNSUPPORTED_TTL: Duration = Duration::from_secs(3600);
 
-/// Why an account was not a candidate for a request.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum SkipReason {
-    Disabled,
-    NeedsReauth,
-    Cooling,
-    /// Half-open with its one probe already running.
-    Probing,
-    ModelUnsupported,
-    NoTokens,
-}
-
-impl SkipReason {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            SkipReason::Disabled => "disabled",
-            SkipReason::NeedsReauth => "needs_reauth",
-            SkipReason::Cooling => "cooling",
-            SkipReason::Probing => "half_open_probe",
-            SkipReason::ModelUnsupported => "model_unsupported",
-            SkipReason::NoTokens => "no_tokens",
-        }
-    }
-}
-
 pub(crate) struct Entry {
     record: AccountRecord,
     health: Health,
@@ -78,10 +61,17 @@ pub(crate) struct Entry {
     quota: Option<QuotaSnapshot>,
     in_flight: u32,
     probing: bool,
+    /// The adaptive concurrency limit (AIMD); `floor` of it is the number of slots.
+    limit: f64,
+    /// Sessions waiting for this account's slot (sticky waits), FIFO.
+    waiters: VecDeque<scheduler::Waiter>,
 }
 
-struct Inner {
+pub(crate) struct Inner {
     accounts: BTreeMap<String, Entry>,
+    /// Requests waiting for a slot on any of their candidates, FIFO.
+    pool: VecDeque<scheduler::Waiter>,
+    next_waiter: u64,
 }
 
 /// The pool of accounts. Cloning shares it.
@@ -93,6 +83,17 @@ pub struct Fleet {
     unsupported: TtlMap<(String, String), ()>,
     rr: Arc<AtomicUsize>,
     refresh: refresh::RefreshState,
+    settings: Arc<RwLock<SettingsState>>,
+    pub affinity: affinity::Affinity,
+}
+
+/// The settings in force, and how they came to be.
+struct SettingsState {
+    /// From the config file.
+    base: Settings,
+    /// Changed live by operators (persisted).
+    patch: SettingsPatch,
+    effective: Settings,
 }
 
 impl std::fmt::Debug for Fleet {
@@ -123,37 +124,20 @@ pub fn installation_id(id: &str) -> String {
     )
 }
 
-/// The candidates for one request, in the order they will be tried, and why others were left
-/// out.
-#[derive(Debug, Clone, Default)]
-pub struct Candidates {
-    pub order: Vec<String>,
-    pub skipped: Vec<(String, SkipReason)>,
-}
-
-/// A running attempt's hold on an account. Dropping it releases the account, on every path.
-#[derive(Debug)]
-pub struct Lease {
-    fleet: Fleet,
-    pub id: String,
-    pub chatgpt_account_id: String,
-    probe: bool,
-}
-
-impl Drop for Lease {
-    fn drop(&mut self) {
-        let mut inner = self.fleet.write();
-        if let Some(e) = inner.accounts.get_mut(&self.id) {
-            e.in_flight = e.in_flight.saturating_sub(1);
-            if self.probe {
-                e.probing = false;
-            }
-        }
-    }
-}
-
 impl Fleet {
     pub fn load(store: Store, clock: SharedClock) -> Result<Fleet, StoreError> {
+        Self::load_with(store, clock, Settings::default())
+    }
+
+    /// Loads the pool; `base` is the config's `[scheduling]`, over which operators' stored
+    /// changes apply.
+    pub fn load_with(
+        store: Store,
+        clock: SharedClock,
+        base: Settings,
+    ) -> Result<Fleet, StoreError> {
+        let patch: SettingsPatch = store.get_setting(SETTINGS_KEY)?.unwrap_or_default();
+        let effective = patch.apply(&base);
         let mut health: HashMap<String, Health> =
             store.load_health::<Health>()?.into_iter().collect();
         let mut accounts = BTreeMap::new();
@@ -166,6 +150,12 @@ impl Fleet {
                 }
             };
             let id = record.id.clone();
+            let limit = f64::from(
+                record
+                    .max_concurrency
+                    .unwrap_or(effective.max_concurrency)
+                    .max(1),
+            );
             accounts.insert(
                 id.clone(),
                 Entry {
@@ -175,6 +165,8 @@ impl Fleet {
                     quota: None,
                     in_flight: 0,
                     probing: false,
+                    limit,
+                    waiters: VecDeque::new(),
                 },
             );
         }
@@ -186,22 +178,47 @@ impl Fleet {
             },
             Arc::clone(&clock),
         );
+        let affinity = affinity::Affinity::new(Arc::clone(&clock), effective.affinity_idle_ttl);
         Ok(Fleet {
-            inner: Arc::new(RwLock::new(Inner { accounts })),
+            inner: Arc::new(RwLock::new(Inner {
+                accounts,
+                pool: VecDeque::new(),
+                next_waiter: 0,
+            })),
             store,
             clock,
             unsupported,
             rr: Arc::new(AtomicUsize::new(0)),
             refresh: refresh::RefreshState::default(),
+            settings: Arc::new(RwLock::new(SettingsState {
+                base,
+                patch,
+                effective,
+            })),
+            affinity,
         })
     }
 
-    fn read(&self) -> RwLockReadGuard<'_, Inner> {
+    pub(crate) fn read(&self) -> RwLockReadGuard<'_, Inner> {
         self.inner.read().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn write(&self) -> RwLockWriteGuard<'_, Inner> {
+    pub(crate) fn write(&self) -> RwLockWriteGuard<'_, Inner> {
         self.inner.write().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// One sweeper per TTL map of the pool.
+    pub fn spawn_sweepers(
+        &self,
+        every: Duration,
+        stop: tokio_util::sync::CancellationToken,
+    ) -> Vec<tokio::task::JoinHandle<()>> {
+        vec![
+            self.unsupported.spawn_sweeper(every, stop.clone()),
+            self.affinity.sessions.spawn_sweeper(every, stop.clone()),
+            self.affinity.responses.spawn_sweeper(every, stop.clone()),
+            self.affinity.spawn_exclusion_sweeper(every, stop),
+        ]
     }
 
     pub fn clock(&self) -> &SharedClock {
@@ -259,6 +276,11 @@ impl Fleet {
             level: e.health.level(),
             last_error: e.health.last_error.clone(),
             in_flight: e.in_flight,
+            limit: e.limit.floor() as u32,
+            limit_exact: (e.limit * 100.0).round() / 100.0,
+            max_concurrency: a.max_concurrency,
+            priority: a.priority,
+            waiting: e.waiters.len(),
             quota: e.quota.as_ref().map(|q| wire::Quota {
                 primary_used_percent: q.primary_used_percent,
                 primary_reset_at: rfc(q.primary_reset_at),
@@ -367,6 +389,12 @@ impl Fleet {
             .await?;
         let now_ms = self.clock.now_ms();
         let mut inner = self.write();
+        let limit = f64::from(
+            record
+                .max_concurrency
+                .unwrap_or(self.settings().max_concurrency)
+                .max(1),
+        );
         let entry = inner.accounts.entry(id).or_insert_with(|| Entry {
             record: record.clone(),
             health: Health::default(),
@@ -374,6 +402,8 @@ impl Fleet {
             quota: None,
             in_flight: 0,
             probing: false,
+            limit,
+            waiters: VecDeque::new(),
         });
         entry.record = record;
         entry.secrets = Some(parsed.secrets);
@@ -417,6 +447,7 @@ impl Fleet {
             .accounts
             .remove(&id)
             .ok_or_else(|| FleetError::NotFound(selector.to_string()))?;
+        self.affinity.forget_account(&id);
         self.store.delete_account(&id).await?;
         Ok(Self::view(&entry, now_ms))
     }
@@ -461,72 +492,6 @@ impl Fleet {
             .sum()
     }
 
-    // ---- scheduling ------------------------------------------------------------------------
-
-    fn skip_reason(&self, e: &Entry, model: &str, now_ms: u64) -> Option<SkipReason> {
-        if !e.record.enabled {
-            return Some(SkipReason::Disabled);
-        }
-        if e.secrets.is_none() {
-            return Some(SkipReason::NoTokens);
-        }
-        match e.health.effective(now_ms) {
-            Effective::NeedsReauth => return Some(SkipReason::NeedsReauth),
-            Effective::Cooling { .. } => return Some(SkipReason::Cooling),
-            Effective::HalfOpen if e.probing => return Some(SkipReason::Probing),
-            Effective::HalfOpen | Effective::Ready => {}
-        }
-        if self
-            .unsupported
-            .peek(&(e.record.id.clone(), model.to_string()))
-            .is_some()
-        {
-            return Some(SkipReason::ModelUnsupported);
-        }
-        None
-    }
-
-    /// The accounts that may serve `model` now, in round-robin order, and the others with
-    /// their reasons. The order is frozen for the request.
-    pub fn candidates(&self, model: &str) -> Candidates {
-        let now = self.clock.now_ms();
-        let inner = self.read();
-        let mut c = Candidates::default();
-        for e in inner.accounts.values() {
-            match self.skip_reason(e, model, now) {
-                None => c.order.push(e.record.id.clone()),
-                Some(r) => c.skipped.push((e.record.id.clone(), r)),
-            }
-        }
-        if !c.order.is_empty() {
-            let start = self.rr.fetch_add(1, Ordering::Relaxed) % c.order.len();
-            c.order.rotate_left(start);
-        }
-        c
-    }
-
-    /// Takes the account for one attempt if it is still eligible (the state may have changed
-    /// since the candidates were frozen). A half-open account admits one probe at a time.
-    pub fn lease(&self, id: &str, model: &str) -> Result<Lease, SkipReason> {
-        let now = self.clock.now_ms();
-        let mut inner = self.write();
-        let e = inner.accounts.get_mut(id).ok_or(SkipReason::Disabled)?;
-        if let Some(r) = self.skip_reason(e, model, now) {
-            return Err(r);
-        }
-        let probe = e.health.effective(now) == Effective::HalfOpen;
-        if probe {
-            e.probing = true;
-        }
-        e.in_flight += 1;
-        Ok(Lease {
-            fleet: self.clone(),
-            id: id.to_string(),
-            chatgpt_account_id: e.record.chatgpt_account_id.clone(),
-            probe,
-        })
-    }
-
     /// The identity of an account's attempt (its current access token).
     pub fn identity(&self, id: &str) -> Option<Identity> {
         let inner = self.read();
@@ -561,12 +526,23 @@ impl Fleet {
             tracing::info!(account = %id, model, "model marked unsupported for this account");
         }
         let now = self.clock.now_ms();
-        let (transition, health) = {
+        let mut grew = false;
+        let applied = {
             let mut inner = self.write();
             let e = inner.accounts.get_mut(id)?;
-            let t = e.health.apply(class, facts, now)?;
-            (t, e.health.clone())
+            match class {
+                Class::RateLimited => Self::shrink_limit(e),
+                Class::Success => grew = self.grow_limit(e),
+                _ => {}
+            }
+            e.health
+                .apply(class, facts, now)
+                .map(|t| (t, e.health.clone()))
         };
+        if grew {
+            self.hand_off(id);
+        }
+        let (transition, health) = applied?;
         tracing::info!(
             account = %id,
             from = transition.from,
@@ -764,7 +740,7 @@ mod tests {
         let a = import(&f, 1).await.id;
         let b = import(&f, 2).await.id;
         let c = import(&f, 3).await.id;
-        let first: Vec<String> = (0..3).map(|_| f.candidates("m").order[0].clone()).collect();
+        let first: Vec<String> = (0..3).map(|_| f.plan("m", None).order[0].clone()).collect();
         let mut sorted = first.clone();
         sorted.sort();
         let mut all = vec![a.clone(), b.clone(), c.clone()];
@@ -773,14 +749,14 @@ mod tests {
 
         f.report(&a, Class::Quota, None, "m");
         f.set_enabled(&b, false).await.unwrap();
-        let cands = f.candidates("m");
+        let cands = f.plan("m", None);
         assert_eq!(cands.order, vec![c.clone()]);
         assert!(cands.skipped.contains(&(a.clone(), SkipReason::Cooling)));
         assert!(cands.skipped.contains(&(b.clone(), SkipReason::Disabled)));
 
         f.report(&c, Class::ModelUnsupported, None, "m");
-        assert!(f.candidates("m").order.is_empty());
-        assert_eq!(f.candidates("other").order, vec![c.clone()]);
+        assert!(f.plan("m", None).order.is_empty());
+        assert_eq!(f.plan("other", None).order, vec![c.clone()]);
 
         let (all_quota, _, text) = f.exhaustion_summary();
         assert!(!all_quota);

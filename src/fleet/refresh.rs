@@ -270,9 +270,11 @@ mod tests {
 
     const NOW_S: u64 = 1_767_225_600;
 
+    /// An account whose tokens were obtained an hour ago and expire at `exp`.
     async fn setup(exp: u64) -> (Fleet, String, Store) {
         let store = Store::open_in_memory().unwrap();
-        let f = Fleet::load(store.clone(), Arc::new(ManualClock::new(NOW_S * 1000))).unwrap();
+        let clock = ManualClock::new((NOW_S - 3600) * 1000);
+        let f = Fleet::load(store.clone(), Arc::new(clock.clone())).unwrap();
         let id = f
             .import(
                 f.parse_auth(auth_json(&spec(exp, "old")).to_string().as_bytes())
@@ -282,6 +284,7 @@ mod tests {
             .unwrap()
             .account
             .id;
+        clock.set_ms(NOW_S * 1000);
         (f, id, store)
     }
 
@@ -323,9 +326,13 @@ mod tests {
                 f.ensure_fresh(&id, None, r.as_ref()).await
             }));
         }
-        while r.calls.load(Ordering::SeqCst) == 0 {
-            tokio::task::yield_now().await;
-        }
+        tokio::time::timeout(std::time::Duration::from_secs(10), async {
+            while r.calls.load(Ordering::SeqCst) == 0 {
+                tokio::task::yield_now().await;
+            }
+        })
+        .await
+        .expect("a refresh starts");
         r.gate.add_permits(10);
         for t in tasks {
             let ident = t.await.unwrap().unwrap();

@@ -35,4 +35,5 @@ pub fn init_logging(level: &str, format: LogFormat) {
     };
 }
 
+pub mod metrics;
 pub mod records;

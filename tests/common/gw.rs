@@ -143,6 +143,13 @@ pub fn body(model: &str, text: &str, stream: bool) -> Value {
     })
 }
 
+/// A request without a session key (no affinity): the strategy alone picks the account.
+pub fn body_plain(model: &str, text: &str, stream: bool) -> Value {
+    let mut b = body(model, text, stream);
+    b.as_object_mut().unwrap().remove("prompt_cache_key");
+    b
+}
+
 impl Gw {
     pub async fn start(accounts: u32) -> Gw {
         Self::start_with(accounts, no_change).await

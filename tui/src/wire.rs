@@ -22,6 +22,9 @@ pub struct Status {
     pub accounts_by_state: std::collections::BTreeMap<String, usize>,
     pub in_flight: u64,
     pub waiting: u64,
+    /// The scheduling strategy in force.
+    #[serde(default)]
+    pub strategy: String,
 }
 
 /// One account as the admin API shows it. Never carries a token.
@@ -53,6 +56,21 @@ pub struct Account {
     /// Requests running on the account now.
     #[serde(default)]
     pub in_flight: u32,
+    /// The adaptive concurrency limit now, in slots.
+    #[serde(default)]
+    pub limit: u32,
+    /// The adaptive limit before rounding down (it grows by 1/limit per success).
+    #[serde(default)]
+    pub limit_exact: f64,
+    /// The account's own cap, when it overrides the pool's `max_concurrency`.
+    #[serde(default)]
+    pub max_concurrency: Option<u32>,
+    /// Lower goes first under `fill_first`.
+    #[serde(default)]
+    pub priority: i32,
+    /// Sessions waiting for this account's slot.
+    #[serde(default)]
+    pub waiting: usize,
     /// The last usage windows the backend reported.
     #[serde(default)]
     pub quota: Option<Quota>,
@@ -170,6 +188,41 @@ pub struct RequestRecord {
     pub usage: Option<Usage>,
     #[serde(default)]
     pub path: String,
+    /// A short hash of the session key, if the request had one.
     #[serde(default)]
     pub session: Option<String>,
+    /// The accounts the request could use, in the order they were to be tried
+    /// (`chatgpt_account_id`s).
+    #[serde(default)]
+    pub candidate_pool: Vec<String>,
+    /// Accounts left out, and why (`cooling`, `needs_reauth`, `disabled`, `model_unsupported`,
+    /// `quota_ceiling`, `session_excluded`, `full`, …).
+    #[serde(default)]
+    pub skipped: Vec<Skip>,
+    /// `reused | new_bind | rebound(reason) | none`.
+    #[serde(default)]
+    pub affinity: String,
+    /// The wait for a slot, if there was one.
+    #[serde(default)]
+    pub queue: Option<QueueWait>,
+    /// Prompt-cache hits of the serving attempt.
+    #[serde(default)]
+    pub cached_tokens: Option<u64>,
+}
+
+/// An account left out of a request's candidates.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Skip {
+    pub account: String,
+    pub reason: String,
+}
+
+/// A request's wait for a slot.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct QueueWait {
+    /// `account` (a sticky session waiting for its account) or `pool`.
+    pub queue: String,
+    /// `acquired | timeout | queue_full | client_left`.
+    pub outcome: String,
+    pub wait_ms: u64,
 }

@@ -1,0 +1,160 @@
+//! Session and response affinity.
+//!
+//! Soft affinity (prompt cache): a session key is bound to the account that last served it,
+//! so its next turns reuse the backend's prompt cache; the binding moves when that account
+//! cannot serve. Hard affinity (continuations): a `previous_response_id` can only be served by
+//! the account that produced it. Both are TTL maps, snapshotted to the store so an upgrade does
+//! not scatter every session.
+
+use std::time::Duration;
+
+use crate::clock::SharedClock;
+use crate::store::{Store, StoreError};
+use crate::ttl::{TtlConfig, TtlMap};
+
+pub const SESSIONS_SNAPSHOT: &str = "affinity.sessions";
+pub const RESPONSES_SNAPSHOT: &str = "affinity.responses";
+/// How long a response id stays bound to its account.
+pub const RESPONSE_TTL: Duration = Duration::from_secs(4 * 3600);
+/// How long a session avoids an account that broke one of its streams.
+pub const EXCLUSION_TTL: Duration = Duration::from_secs(600);
+
+/// What the affinity did for one request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Decision {
+    /// The session's bound account served it.
+    Reused,
+    /// The session had no account; it is now bound to the one that served it.
+    NewBind,
+    /// The session moved to another account, and why.
+    Rebound(String),
+    /// No session key.
+    None,
+}
+
+impl Decision {
+    pub fn label(&self) -> String {
+        match self {
+            Decision::Reused => "reused".into(),
+            Decision::NewBind => "new_bind".into(),
+            Decision::Rebound(why) => format!("rebound({why})"),
+            Decision::None => "none".into(),
+        }
+    }
+
+    /// The metric label (without the reason).
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Decision::Reused => "reused",
+            Decision::NewBind => "new_bind",
+            Decision::Rebound(_) => "rebound",
+            Decision::None => "none",
+        }
+    }
+}
+
+/// The affinity maps. Cloning shares them.
+#[derive(Clone)]
+pub struct Affinity {
+    pub sessions: TtlMap<String, String>,
+    pub responses: TtlMap<String, String>,
+    exclusions: TtlMap<(String, String), ()>,
+}
+
+impl Affinity {
+    pub fn new(clock: SharedClock, idle_ttl: Duration) -> Self {
+        Affinity {
+            sessions: TtlMap::new(
+                TtlConfig {
+                    idle: Some(idle_ttl),
+                    absolute: None,
+                    max_entries: 100_000,
+                },
+                std::sync::Arc::clone(&clock),
+            ),
+            responses: TtlMap::new(
+                TtlConfig {
+                    idle: None,
+                    absolute: Some(RESPONSE_TTL),
+                    max_entries: 200_000,
+                },
+                std::sync::Arc::clone(&clock),
+            ),
+            exclusions: TtlMap::new(
+                TtlConfig {
+                    idle: None,
+                    absolute: Some(EXCLUSION_TTL),
+                    max_entries: 100_000,
+                },
+                clock,
+            ),
+        }
+    }
+
+    /// The account a session is bound to (counts as a use).
+    pub fn bound(&self, session: &str) -> Option<String> {
+        self.sessions.get(&session.to_string())
+    }
+
+    pub fn bind(&self, session: &str, account: &str) {
+        self.sessions
+            .insert(session.to_string(), account.to_string());
+    }
+
+    /// The account that produced a response.
+    pub fn owner(&self, response_id: &str) -> Option<String> {
+        self.responses.peek(&response_id.to_string())
+    }
+
+    pub fn own(&self, response_id: &str, account: &str) {
+        self.responses
+            .insert(response_id.to_string(), account.to_string());
+    }
+
+    /// Keeps a session away from an account for a while (it broke one of its streams).
+    pub fn exclude(&self, session: &str, account: &str) {
+        self.exclusions
+            .insert((session.to_string(), account.to_string()), ());
+    }
+
+    pub fn is_excluded(&self, session: &str, account: &str) -> bool {
+        self.exclusions
+            .peek(&(session.to_string(), account.to_string()))
+            .is_some()
+    }
+
+    pub fn spawn_exclusion_sweeper(
+        &self,
+        every: Duration,
+        stop: tokio_util::sync::CancellationToken,
+    ) -> tokio::task::JoinHandle<()> {
+        self.exclusions.spawn_sweeper(every, stop)
+    }
+
+    /// Sessions bound per account id.
+    pub fn sessions_per_account(&self) -> std::collections::BTreeMap<String, usize> {
+        let mut m = std::collections::BTreeMap::new();
+        for e in self.sessions.snapshot() {
+            *m.entry(e.value).or_insert(0) += 1;
+        }
+        m
+    }
+
+    /// Forgets everything bound to an account (it was removed).
+    pub fn forget_account(&self, account: &str) {
+        self.sessions.retain(|_, a| a != account);
+        self.responses.retain(|_, a| a != account);
+    }
+
+    pub async fn save(&self, store: &Store) -> Result<(usize, usize), StoreError> {
+        let s = self.sessions.save_to(store, SESSIONS_SNAPSHOT).await?;
+        let r = self.responses.save_to(store, RESPONSES_SNAPSHOT).await?;
+        Ok((s, r))
+    }
+
+    pub fn load(&self, store: &Store) -> Result<(usize, usize), StoreError> {
+        let s = self.sessions.load_from(store, SESSIONS_SNAPSHOT)?;
+        let r = self.responses.load_from(store, RESPONSES_SNAPSHOT)?;
+        Ok((s, r))
+    }
+}

@@ -1,0 +1,551 @@
+//! Scheduling (DESIGN §6): which accounts may serve a request and in what order (frozen per
+//! request), concurrency slots with an adaptive limit (AIMD), and the wait queues — per
+//! account for sticky sessions, pool-wide otherwise — woken by slot releases.
+//!
+//! A released slot is handed straight to the first waiter that can use it (FIFO), so a
+//! newcomer cannot overtake a request that has been waiting. Every path that ends an attempt
+//! drops its [`Lease`], and the drop releases the slot.
+
+use std::collections::HashSet;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::sync::oneshot;
+
+use super::health::Effective;
+use super::settings::{Settings, Strategy};
+use super::{Entry, Fleet, Inner};
+
+/// Why an account was not a candidate, or not taken.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum SkipReason {
+    Disabled,
+    NeedsReauth,
+    Cooling,
+    /// Half-open with its one probe already running.
+    Probing,
+    ModelUnsupported,
+    NoTokens,
+    /// Above the quota ceiling while another account has headroom.
+    QuotaCeiling,
+    /// It broke one of this session's streams recently.
+    SessionExcluded,
+    /// Every slot is taken.
+    Full,
+}
+
+impl SkipReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SkipReason::Disabled => "disabled",
+            SkipReason::NeedsReauth => "needs_reauth",
+            SkipReason::Cooling => "cooling",
+            SkipReason::Probing => "half_open_probe",
+            SkipReason::ModelUnsupported => "model_unsupported",
+            SkipReason::NoTokens => "no_tokens",
+            SkipReason::QuotaCeiling => "quota_ceiling",
+            SkipReason::SessionExcluded => "session_excluded",
+            SkipReason::Full => "full",
+        }
+    }
+}
+
+/// A request's frozen candidate list.
+#[derive(Debug, Clone, Default)]
+pub struct Plan {
+    pub model: String,
+    pub session: Option<String>,
+    /// Account ids in the order they will be tried.
+    pub order: Vec<String>,
+    /// Accounts left out, and why.
+    pub skipped: Vec<(String, SkipReason)>,
+    /// The session's bound account, when it is eligible (it is first in `order`).
+    pub sticky: Option<String>,
+    /// The account the session was bound to, eligible or not.
+    pub bound: Option<String>,
+    /// Set when only one account may serve (a continuation of one of its responses).
+    pub owner_only: bool,
+}
+
+/// How a wait for a slot ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum QueueOutcome {
+    Acquired,
+    Timeout,
+    QueueFull,
+    ClientLeft,
+}
+
+impl QueueOutcome {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            QueueOutcome::Acquired => "acquired",
+            QueueOutcome::Timeout => "timeout",
+            QueueOutcome::QueueFull => "queue_full",
+            QueueOutcome::ClientLeft => "client_left",
+        }
+    }
+}
+
+/// Which queue a request waited in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum QueueKind {
+    /// A sticky session waiting for its own account.
+    Account,
+    /// Waiting for any of its candidates.
+    Pool,
+}
+
+impl QueueKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            QueueKind::Account => "account",
+            QueueKind::Pool => "pool",
+        }
+    }
+}
+
+/// A finished wait.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Wait {
+    pub kind: QueueKind,
+    pub outcome: QueueOutcome,
+    pub waited: Duration,
+}
+
+/// A running attempt's hold on one slot of an account. Dropping it releases the slot, on every
+/// path (success, error, panic, client gone), and hands it to the next waiter.
+#[derive(Debug)]
+pub struct Lease {
+    fleet: Fleet,
+    pub id: String,
+    pub chatgpt_account_id: String,
+    probe: bool,
+    /// False once the slot has been accounted for by hand (a hand-off nobody took).
+    armed: bool,
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        if self.armed {
+            self.fleet.release(&self.id, self.probe);
+        }
+    }
+}
+
+/// A request waiting for a slot.
+pub(crate) struct Waiter {
+    id: u64,
+    model: String,
+    /// For pool waiters: the accounts it may take.
+    accepts: Option<Arc<HashSet<String>>>,
+    tx: oneshot::Sender<Lease>,
+}
+
+/// Removes a waiter from its queue when the wait ends for any reason, and gives back a slot
+/// that was handed to it but never taken.
+struct WaitGuard<'a> {
+    fleet: &'a Fleet,
+    waiter: u64,
+    account: Option<String>,
+}
+
+impl Drop for WaitGuard<'_> {
+    fn drop(&mut self) {
+        let mut inner = self.fleet.write();
+        match &self.account {
+            Some(a) => {
+                if let Some(e) = inner.accounts.get_mut(a) {
+                    e.waiters.retain(|w| w.id != self.waiter);
+                }
+            }
+            None => inner.pool.retain(|w| w.id != self.waiter),
+        }
+    }
+}
+
+fn load(e: &Entry) -> f64 {
+    f64::from(e.in_flight) / e.limit.floor().max(1.0)
+}
+
+fn headroom_key(e: &Entry) -> (u64, u64, u64) {
+    let q = e.quota.as_ref();
+    let pct = |v: Option<f64>| (v.unwrap_or(0.0).clamp(0.0, 100.0) * 100.0) as u64;
+    (
+        pct(q.and_then(|q| q.primary_used_percent)),
+        pct(q.and_then(|q| q.secondary_used_percent)),
+        q.and_then(|q| q.primary_reset_at).unwrap_or(u64::MAX),
+    )
+}
+
+fn over_ceiling(e: &Entry, ceiling: f64) -> bool {
+    e.quota.as_ref().is_some_and(|q| {
+        q.primary_used_percent.is_some_and(|p| p >= ceiling)
+            || q.secondary_used_percent.is_some_and(|p| p >= ceiling)
+    })
+}
+
+impl Fleet {
+    pub fn settings(&self) -> Settings {
+        self.settings
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .effective
+            .clone()
+    }
+
+    /// Why `e` cannot serve `model` now (slots aside).
+    pub(crate) fn skip_reason(&self, e: &Entry, model: &str, now_ms: u64) -> Option<SkipReason> {
+        if !e.record.enabled {
+            return Some(SkipReason::Disabled);
+        }
+        if e.secrets.is_none() {
+            return Some(SkipReason::NoTokens);
+        }
+        match e.health.effective(now_ms) {
+            Effective::NeedsReauth => return Some(SkipReason::NeedsReauth),
+            Effective::Cooling { .. } => return Some(SkipReason::Cooling),
+            Effective::HalfOpen if e.probing => return Some(SkipReason::Probing),
+            Effective::HalfOpen | Effective::Ready => {}
+        }
+        if !model.is_empty()
+            && self
+                .unsupported
+                .peek(&(e.record.id.clone(), model.to_string()))
+                .is_some()
+        {
+            return Some(SkipReason::ModelUnsupported);
+        }
+        None
+    }
+
+    /// Freezes a request's candidates: eligibility, the quota ceiling, session exclusions,
+    /// the strategy's order, and the session's bound account first when it is eligible.
+    pub fn plan(&self, model: &str, session: Option<&str>) -> Plan {
+        let now = self.clock.now_ms();
+        let settings = self.settings();
+        let bound = session.and_then(|s| self.affinity.bound(s));
+        let inner = self.read();
+        let mut plan = Plan {
+            model: model.to_string(),
+            session: session.map(str::to_string),
+            bound: bound.clone(),
+            ..Plan::default()
+        };
+        let mut eligible: Vec<&Entry> = Vec::new();
+        for e in inner.accounts.values() {
+            let reason = self.skip_reason(e, model, now).or_else(|| {
+                session
+                    .filter(|s| self.affinity.is_excluded(s, &e.record.id))
+                    .map(|_| SkipReason::SessionExcluded)
+            });
+            match reason {
+                None => eligible.push(e),
+                Some(r) => plan.skipped.push((e.record.id.clone(), r)),
+            }
+        }
+        // Accounts above the quota ceiling wait while others have headroom.
+        let ceiling = settings.quota_ceiling_percent;
+        if eligible.iter().any(|e| !over_ceiling(e, ceiling)) {
+            eligible.retain(|e| {
+                let over = over_ceiling(e, ceiling);
+                if over {
+                    plan.skipped
+                        .push((e.record.id.clone(), SkipReason::QuotaCeiling));
+                }
+                !over
+            });
+        }
+        if !eligible.is_empty() {
+            // Rotation first, so accounts the strategy ranks equal take turns.
+            let start = self.rr.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % eligible.len();
+            eligible.rotate_left(start);
+        }
+        match settings.strategy {
+            Strategy::RoundRobin => {}
+            Strategy::QuotaAware => eligible.sort_by_key(|e| headroom_key(e)),
+            Strategy::LeastLoaded => eligible.sort_by(|a, b| load(a).total_cmp(&load(b))),
+            Strategy::FillFirst => eligible
+                .sort_by_key(|e| (e.record.priority, e.record.created_at, e.record.id.clone())),
+        }
+        plan.order = eligible.iter().map(|e| e.record.id.clone()).collect();
+        if let Some(b) = &bound
+            && let Some(pos) = plan.order.iter().position(|id| id == b)
+        {
+            let id = plan.order.remove(pos);
+            plan.order.insert(0, id);
+            plan.sticky = Some(b.clone());
+        }
+        plan
+    }
+
+    /// A plan for a continuation: only the account that produced `response_id` may serve it.
+    /// `Err` carries why it cannot (unknown response, or the owner is unusable now).
+    pub fn plan_owner(
+        &self,
+        model: &str,
+        session: Option<&str>,
+        response_id: &str,
+    ) -> Result<Plan, String> {
+        let owner = self
+            .affinity
+            .owner(response_id)
+            .ok_or_else(|| format!("Previous response with id '{response_id}' not found."))?;
+        let now = self.clock.now_ms();
+        let inner = self.read();
+        let e = inner
+            .accounts
+            .get(&owner)
+            .ok_or_else(|| format!("Previous response with id '{response_id}' not found."))?;
+        if let Some(r) = self.skip_reason(e, model, now) {
+            return Err(format!(
+                "Previous response with id '{response_id}' not found (its account is {}).",
+                r.as_str()
+            ));
+        }
+        Ok(Plan {
+            model: model.to_string(),
+            session: session.map(str::to_string),
+            order: vec![owner.clone()],
+            sticky: Some(owner.clone()),
+            bound: Some(owner),
+            owner_only: true,
+            ..Plan::default()
+        })
+    }
+
+    /// Takes a slot on `id` now, if it is still eligible and has one free.
+    pub fn try_lease(&self, id: &str, model: &str) -> Result<Lease, SkipReason> {
+        let now = self.clock.now_ms();
+        let mut inner = self.write();
+        let e = inner.accounts.get_mut(id).ok_or(SkipReason::Disabled)?;
+        if let Some(r) = self.skip_reason(e, model, now) {
+            return Err(r);
+        }
+        // Waiters go first: a free slot with a queue in front of it is not ours.
+        if e.in_flight >= e.limit.floor() as u32 || !e.waiters.is_empty() {
+            return Err(SkipReason::Full);
+        }
+        Ok(self.grant(e, now))
+    }
+
+    /// Marks a slot taken on `e` and returns its lease (the caller holds the lock).
+    fn grant(&self, e: &mut Entry, now: u64) -> Lease {
+        let probe = e.health.effective(now) == Effective::HalfOpen;
+        if probe {
+            e.probing = true;
+        }
+        e.in_flight += 1;
+        Lease {
+            fleet: self.clone(),
+            id: e.record.id.clone(),
+            chatgpt_account_id: e.record.chatgpt_account_id.clone(),
+            probe,
+            armed: true,
+        }
+    }
+
+    /// Kept for callers that do not queue (tests, probes): same as [`try_lease`](Self::try_lease).
+    pub fn lease(&self, id: &str, model: &str) -> Result<Lease, SkipReason> {
+        self.try_lease(id, model)
+    }
+
+    /// Waits for a slot on `account` (a sticky session), at most `wait`. `cancel` resolving
+    /// means the client left.
+    pub async fn wait_for_account(
+        &self,
+        account: &str,
+        model: &str,
+        wait: Duration,
+        max_waiting: usize,
+        cancel: impl Future<Output = ()>,
+    ) -> (Option<Lease>, Wait) {
+        self.wait(Some(account), None, model, wait, max_waiting, cancel)
+            .await
+    }
+
+    /// Waits for a slot on any of `accounts`, at most `wait`.
+    pub async fn wait_for_pool(
+        &self,
+        accounts: &[String],
+        model: &str,
+        wait: Duration,
+        max_waiting: usize,
+        cancel: impl Future<Output = ()>,
+    ) -> (Option<Lease>, Wait) {
+        let accepts = Arc::new(accounts.iter().cloned().collect::<HashSet<_>>());
+        self.wait(None, Some(accepts), model, wait, max_waiting, cancel)
+            .await
+    }
+
+    async fn wait(
+        &self,
+        account: Option<&str>,
+        accepts: Option<Arc<HashSet<String>>>,
+        model: &str,
+        wait: Duration,
+        max_waiting: usize,
+        cancel: impl Future<Output = ()>,
+    ) -> (Option<Lease>, Wait) {
+        let started = Instant::now();
+        let kind = if account.is_some() {
+            QueueKind::Account
+        } else {
+            QueueKind::Pool
+        };
+        let done = |outcome| Wait {
+            kind,
+            outcome,
+            waited: started.elapsed(),
+        };
+        let (tx, rx) = oneshot::channel();
+        let waiter_id = {
+            let mut inner = self.write();
+            inner.next_waiter += 1;
+            let id = inner.next_waiter;
+            let waiter = Waiter {
+                id,
+                model: model.to_string(),
+                accepts: accepts.clone(),
+                tx,
+            };
+            let queue = match account {
+                Some(a) => match inner.accounts.get_mut(a) {
+                    Some(e) => &mut e.waiters,
+                    None => return (None, done(QueueOutcome::QueueFull)),
+                },
+                None => &mut inner.pool,
+            };
+            if queue.len() >= max_waiting {
+                return (None, done(QueueOutcome::QueueFull));
+            }
+            queue.push_back(waiter);
+            id
+        };
+        let guard = WaitGuard {
+            fleet: self,
+            waiter: waiter_id,
+            account: account.map(str::to_string),
+        };
+        // A slot may have freed up between the caller's attempt and joining the queue.
+        match account {
+            Some(a) => self.hand_off(a),
+            None => {
+                for a in accepts.iter().flat_map(|s| s.iter()) {
+                    self.hand_off(a);
+                }
+            }
+        }
+        let mut rx = rx;
+        let outcome = tokio::select! {
+            r = &mut rx => match r {
+                Ok(lease) => return (Some(lease), done(QueueOutcome::Acquired)),
+                Err(_) => QueueOutcome::Timeout,
+            },
+            _ = tokio::time::sleep(wait) => QueueOutcome::Timeout,
+            _ = cancel => QueueOutcome::ClientLeft,
+        };
+        drop(guard);
+        // A lease handed over in the last instant is given back (its drop releases it).
+        if let Ok(lease) = rx.try_recv() {
+            if outcome == QueueOutcome::ClientLeft {
+                drop(lease);
+            } else {
+                return (Some(lease), done(QueueOutcome::Acquired));
+            }
+        }
+        (None, done(outcome))
+    }
+
+    /// Gives back a slot and hands it to the next waiter that can use it.
+    fn release(&self, id: &str, probe: bool) {
+        {
+            let mut inner = self.write();
+            if let Some(e) = inner.accounts.get_mut(id) {
+                e.in_flight = e.in_flight.saturating_sub(1);
+                if probe {
+                    e.probing = false;
+                }
+            }
+        }
+        self.hand_off(id);
+    }
+
+    /// While `id` has free slots and someone waits for it, hands slots over: its own sticky
+    /// waiters first, then the first pool waiter that accepts it.
+    pub(crate) fn hand_off(&self, id: &str) {
+        let now = self.clock.now_ms();
+        let mut undelivered: Vec<Lease> = Vec::new();
+        {
+            let mut guard = self.write();
+            let inner: &mut Inner = &mut guard;
+            while let Some(e) = inner.accounts.get_mut(id) {
+                if e.in_flight >= e.limit.floor() as u32 {
+                    break;
+                }
+                let waiter = if let Some(w) = e.waiters.front() {
+                    if self.skip_reason(e, &w.model, now).is_some() {
+                        // The account went bad: its sticky waiters will time out and rebind.
+                        break;
+                    }
+                    e.waiters.pop_front()
+                } else {
+                    let pos = inner.pool.iter().position(|w| {
+                        w.accepts.as_ref().is_some_and(|a| a.contains(id))
+                            && inner
+                                .accounts
+                                .get(id)
+                                .is_some_and(|e| self.skip_reason(e, &w.model, now).is_none())
+                    });
+                    match pos {
+                        Some(p) => inner.pool.remove(p),
+                        None => None,
+                    }
+                };
+                let Some(w) = waiter else { break };
+                let Some(e) = inner.accounts.get_mut(id) else {
+                    break;
+                };
+                let lease = self.grant(e, now);
+                if let Err(mut lease) = w.tx.send(lease) {
+                    // The waiter is gone: take the slot back by hand (we hold the lock).
+                    lease.armed = false;
+                    e.in_flight = e.in_flight.saturating_sub(1);
+                    if lease.probe {
+                        e.probing = false;
+                    }
+                    undelivered.push(lease);
+                }
+            }
+        }
+        drop(undelivered);
+    }
+
+    /// AIMD: a burst rate limit halves the account's limit (never below 1).
+    pub(crate) fn shrink_limit(e: &mut Entry) {
+        e.limit = (e.limit / 2.0).max(1.0);
+    }
+
+    /// AIMD: a success grows the limit by 1/limit, up to the account's maximum.
+    pub(crate) fn grow_limit(&self, e: &mut Entry) -> bool {
+        let max = f64::from(
+            e.record
+                .max_concurrency
+                .unwrap_or(self.settings().max_concurrency)
+                .max(1),
+        );
+        let before = e.limit.floor();
+        e.limit = (e.limit + 1.0 / e.limit).min(max);
+        e.limit.floor() > before
+    }
+
+    /// Requests waiting now: pool-wide and on accounts.
+    pub fn waiting(&self) -> (usize, usize) {
+        let inner = self.read();
+        (
+            inner.pool.len(),
+            inner.accounts.values().map(|e| e.waiters.len()).sum(),
+        )
+    }
+}

@@ -1,0 +1,339 @@
+//! `/metrics` in the Prometheus text format. Counters and histograms are updated on the
+//! request path with one short lock or an atomic add; per-account gauges are read from the
+//! fleet at scrape time.
+
+use std::collections::BTreeMap;
+use std::fmt::Write;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use crate::fleet::Fleet;
+use crate::fleet::affinity::Decision;
+use crate::fleet::scheduler::{QueueKind, QueueOutcome};
+use crate::store::Store;
+
+/// Upper bounds (seconds) of the latency buckets.
+const LATENCY_BUCKETS: [f64; 14] = [
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0,
+];
+
+#[derive(Debug)]
+struct Histogram {
+    counts: Vec<AtomicU64>,
+    sum_micros: AtomicU64,
+    count: AtomicU64,
+}
+
+impl Histogram {
+    fn new() -> Self {
+        Self {
+            counts: LATENCY_BUCKETS.iter().map(|_| AtomicU64::new(0)).collect(),
+            sum_micros: AtomicU64::new(0),
+            count: AtomicU64::new(0),
+        }
+    }
+
+    fn observe(&self, d: Duration) {
+        let secs = d.as_secs_f64();
+        for (bound, c) in LATENCY_BUCKETS.iter().zip(&self.counts) {
+            if secs <= *bound {
+                c.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        self.sum_micros.fetch_add(
+            u64::try_from(d.as_micros()).unwrap_or(u64::MAX),
+            Ordering::Relaxed,
+        );
+        self.count.fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn render(&self, out: &mut String, name: &str, labels: &str) {
+        let sep = if labels.is_empty() { "" } else { "," };
+        for (bound, c) in LATENCY_BUCKETS.iter().zip(&self.counts) {
+            let _ = writeln!(
+                out,
+                "{name}_bucket{{{labels}{sep}le=\"{bound}\"}} {}",
+                c.load(Ordering::Relaxed)
+            );
+        }
+        let count = self.count.load(Ordering::Relaxed);
+        let _ = writeln!(out, "{name}_bucket{{{labels}{sep}le=\"+Inf\"}} {count}");
+        let braces = if labels.is_empty() {
+            String::new()
+        } else {
+            format!("{{{labels}}}")
+        };
+        let _ = writeln!(
+            out,
+            "{name}_sum{braces} {}",
+            self.sum_micros.load(Ordering::Relaxed) as f64 / 1e6
+        );
+        let _ = writeln!(out, "{name}_count{braces} {count}");
+    }
+}
+
+/// A counter per label value.
+#[derive(Debug, Default)]
+struct Labeled(Mutex<BTreeMap<String, u64>>);
+
+impl Labeled {
+    fn inc(&self, label: &str) {
+        let mut m = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        *m.entry(label.to_string()).or_insert(0) += 1;
+    }
+
+    fn render(&self, out: &mut String, name: &str, label: &str) {
+        let m = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        for (k, v) in m.iter() {
+            if label.contains('=') {
+                let _ = writeln!(out, "{name}{{{k}}} {v}");
+            } else {
+                let _ = writeln!(out, "{name}{{{label}=\"{k}\"}} {v}");
+            }
+        }
+    }
+}
+
+/// The gateway's counters.
+#[derive(Debug)]
+pub struct Metrics {
+    requests: Labeled,
+    attempts: Labeled,
+    failovers: AtomicU64,
+    affinity: Labeled,
+    queue_outcomes: Labeled,
+    queue_wait_account: Histogram,
+    queue_wait_pool: Histogram,
+    upstream_headers: Histogram,
+    upstream_first_output: Histogram,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self {
+            requests: Labeled::default(),
+            attempts: Labeled::default(),
+            failovers: AtomicU64::new(0),
+            affinity: Labeled::default(),
+            queue_outcomes: Labeled::default(),
+            queue_wait_account: Histogram::new(),
+            queue_wait_pool: Histogram::new(),
+            upstream_headers: Histogram::new(),
+            upstream_first_output: Histogram::new(),
+        }
+    }
+}
+
+fn escape(v: &str) -> String {
+    v.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+impl Metrics {
+    pub fn request(&self, outcome: &str, affinity: &Decision) {
+        self.requests.inc(outcome);
+        self.affinity.inc(affinity.kind());
+    }
+
+    pub fn attempt(&self, class: &str) {
+        self.attempts.inc(class);
+    }
+
+    pub fn failover(&self) {
+        self.failovers.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn queue_wait(&self, kind: QueueKind, outcome: QueueOutcome, waited: Duration) {
+        self.queue_outcomes.inc(&format!(
+            "queue=\"{}\",outcome=\"{}\"",
+            kind.as_str(),
+            outcome.as_str()
+        ));
+        match kind {
+            QueueKind::Account => self.queue_wait_account.observe(waited),
+            QueueKind::Pool => self.queue_wait_pool.observe(waited),
+        }
+    }
+
+    /// Time from sending an attempt to the upstream's response headers.
+    pub fn upstream_headers(&self, d: Duration) {
+        self.upstream_headers.observe(d);
+    }
+
+    /// Time from sending an attempt to its first committing event.
+    pub fn upstream_first_output(&self, d: Duration) {
+        self.upstream_first_output.observe(d);
+    }
+
+    /// The whole exposition.
+    pub fn render(&self, fleet: &Fleet, store: &Store) -> String {
+        let mut out = String::with_capacity(8192);
+        let h = |out: &mut String, name: &str, kind: &str, help: &str| {
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+        };
+        h(
+            &mut out,
+            "switchyard_requests_total",
+            "counter",
+            "Requests by outcome.",
+        );
+        self.requests
+            .render(&mut out, "switchyard_requests_total", "outcome");
+        h(
+            &mut out,
+            "switchyard_attempts_total",
+            "counter",
+            "Upstream attempts by failure class.",
+        );
+        self.attempts
+            .render(&mut out, "switchyard_attempts_total", "class");
+        h(
+            &mut out,
+            "switchyard_failovers_total",
+            "counter",
+            "Moves of a request to another account.",
+        );
+        let _ = writeln!(
+            out,
+            "switchyard_failovers_total {}",
+            self.failovers.load(Ordering::Relaxed)
+        );
+        h(
+            &mut out,
+            "switchyard_affinity_decisions_total",
+            "counter",
+            "Session affinity decisions.",
+        );
+        self.affinity
+            .render(&mut out, "switchyard_affinity_decisions_total", "decision");
+        h(
+            &mut out,
+            "switchyard_queue_outcomes_total",
+            "counter",
+            "How waits for a slot ended.",
+        );
+        self.queue_outcomes
+            .render(&mut out, "switchyard_queue_outcomes_total", "queue=");
+        h(
+            &mut out,
+            "switchyard_queue_wait_seconds",
+            "histogram",
+            "Time spent waiting for a slot.",
+        );
+        self.queue_wait_account.render(
+            &mut out,
+            "switchyard_queue_wait_seconds",
+            "queue=\"account\"",
+        );
+        self.queue_wait_pool
+            .render(&mut out, "switchyard_queue_wait_seconds", "queue=\"pool\"");
+        h(
+            &mut out,
+            "switchyard_upstream_headers_seconds",
+            "histogram",
+            "Time to the upstream's response headers.",
+        );
+        self.upstream_headers
+            .render(&mut out, "switchyard_upstream_headers_seconds", "");
+        h(
+            &mut out,
+            "switchyard_upstream_first_output_seconds",
+            "histogram",
+            "Time to the first event a client renders.",
+        );
+        self.upstream_first_output
+            .render(&mut out, "switchyard_upstream_first_output_seconds", "");
+
+        let accounts = fleet.list();
+        h(
+            &mut out,
+            "switchyard_account_state",
+            "gauge",
+            "1 for the state each account is in.",
+        );
+        for a in &accounts {
+            let _ = writeln!(
+                out,
+                "switchyard_account_state{{account=\"{}\",state=\"{}\"}} 1",
+                escape(&a.chatgpt_account_id),
+                a.state
+            );
+        }
+        h(
+            &mut out,
+            "switchyard_account_limit",
+            "gauge",
+            "Adaptive concurrency limit per account.",
+        );
+        for a in &accounts {
+            let _ = writeln!(
+                out,
+                "switchyard_account_limit{{account=\"{}\"}} {}",
+                escape(&a.chatgpt_account_id),
+                a.limit_exact
+            );
+        }
+        h(
+            &mut out,
+            "switchyard_account_in_flight",
+            "gauge",
+            "Requests running per account.",
+        );
+        for a in &accounts {
+            let _ = writeln!(
+                out,
+                "switchyard_account_in_flight{{account=\"{}\"}} {}",
+                escape(&a.chatgpt_account_id),
+                a.in_flight
+            );
+        }
+        h(
+            &mut out,
+            "switchyard_account_quota_used_percent",
+            "gauge",
+            "Usage of each account's windows.",
+        );
+        for a in &accounts {
+            if let Some(q) = &a.quota {
+                for (window, v) in [
+                    ("primary", q.primary_used_percent),
+                    ("secondary", q.secondary_used_percent),
+                ] {
+                    if let Some(v) = v {
+                        let _ = writeln!(
+                            out,
+                            "switchyard_account_quota_used_percent{{account=\"{}\",window=\"{window}\"}} {v}",
+                            escape(&a.chatgpt_account_id)
+                        );
+                    }
+                }
+            }
+        }
+        let (pool, sticky) = fleet.waiting();
+        h(
+            &mut out,
+            "switchyard_queue_waiting",
+            "gauge",
+            "Requests waiting for a slot now.",
+        );
+        let _ = writeln!(out, "switchyard_queue_waiting{{queue=\"pool\"}} {pool}");
+        let _ = writeln!(
+            out,
+            "switchyard_queue_waiting{{queue=\"account\"}} {sticky}"
+        );
+        h(
+            &mut out,
+            "switchyard_telemetry_dropped_total",
+            "counter",
+            "Telemetry writes dropped because the store writer was behind.",
+        );
+        let _ = writeln!(
+            out,
+            "switchyard_telemetry_dropped_total {}",
+            store.dropped_writes()
+        );
+        out
+    }
+}
