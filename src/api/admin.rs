@@ -35,6 +35,7 @@ pub fn routes() -> Router<Arc<AppState>> {
             post(clear_cooldown),
         )
         .route("/api/admin/accounts/{id}/refresh", post(refresh_account))
+        .route("/api/admin/accounts/{id}/probe", post(probe_account))
         .route("/api/admin/requests", get(requests))
         .route("/api/admin/keys", get(list_keys).post(create_key))
         .route("/api/admin/keys/{id}", delete(revoke_key))
@@ -107,6 +108,32 @@ async fn refresh_account(
     Ok(Json(
         state.fleet.refresh_account(&id, upstream.as_ref()).await?,
     ))
+}
+
+/// Probes an account now: its usage (which refreshes its quota), and for a half-open account
+/// the verdict that brings it back or cools it again.
+async fn probe_account(
+    State(state): State<Arc<AppState>>,
+    Path(id): Path<String>,
+) -> Result<Json<wire::Account>, ApiError> {
+    let id = state.fleet.resolve(&id)?;
+    let d = &state.dispatcher;
+    let half_open = state.fleet.get(&id).is_some_and(|a| a.state == "half_open");
+    if half_open {
+        d.probe(&id).await;
+    } else if let Err(f) = d.poll_usage(&id).await {
+        return Err(ApiError::new(
+            axum::http::StatusCode::BAD_GATEWAY,
+            "server_error",
+            Some("probe_failed"),
+            format!("usage probe failed: {}", f.summary()),
+        ));
+    }
+    state
+        .fleet
+        .get(&id)
+        .map(Json)
+        .ok_or_else(|| ApiError::not_found("account removed"))
 }
 
 #[derive(serde::Deserialize)]

@@ -286,6 +286,16 @@ impl Gw {
         req.send().await.unwrap()
     }
 
+    /// Starts a streamed request in its own task, read to its end.
+    pub fn spawn_stream(&self, body: Value) -> JoinHandle<Sse> {
+        let req = self
+            .http
+            .post(self.url("/v1/responses"))
+            .header("authorization", self.auth())
+            .json(&body);
+        tokio::spawn(async move { read_sse(req.send().await.unwrap()).await })
+    }
+
     /// A streamed request, read to its end.
     pub async fn stream(&self, body: &Value, headers: &[(&str, &str)]) -> Sse {
         let resp = self.post_raw("/v1/responses", body, headers).await;
@@ -317,6 +327,31 @@ impl Gw {
             .into_iter()
             .find(|a| a["chatgpt_account_id"] == chatgpt_id)
             .unwrap_or_else(|| panic!("no account {chatgpt_id}"))
+    }
+
+    pub async fn admin_call(&self, method: Method, path: &str, body: Option<Value>) -> Value {
+        self.admin()
+            .await
+            .call(method, path, body.map(|b| b.to_string().into_bytes()))
+            .await
+            .unwrap_or_else(|e| panic!("{path}: {e}"))
+    }
+
+    pub async fn clear_cooldown_all(&self) {
+        for a in self.accounts().await {
+            let id = a["id"].as_str().unwrap().to_string();
+            self.admin_call(
+                Method::POST,
+                &format!("/api/admin/accounts/{id}/clear-cooldown"),
+                None,
+            )
+            .await;
+        }
+    }
+
+    pub async fn status(&self) -> Value {
+        self.admin_call(Method::GET, "/api/admin/status", None)
+            .await
     }
 
     pub async fn requests(&self, limit: usize) -> Vec<Value> {
