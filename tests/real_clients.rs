@@ -104,6 +104,90 @@ async fn openai_python_sdk_streams_and_not_while_the_first_account_fails_over() 
     assert_eq!(gw.account(&first).await["state"], "cooling");
 }
 
+/// A `codex exec` run against the gateway, in its own home and work directory.
+fn codex_exec(gw: &Gw, tmp: &std::path::Path, prompt: &str) -> Command {
+    let home = tmp.join("codex-home");
+    let work = tmp.join("work");
+    std::fs::create_dir_all(&home).unwrap();
+    std::fs::create_dir_all(&work).unwrap();
+    let provider = format!(
+        "model_providers.gw={{name=\"gw\",base_url=\"{}\",env_key=\"SWITCHYARD_KEY\",wire_api=\"responses\",supports_websockets=false}}",
+        gw.url("/v1")
+    );
+    let mut cmd = Command::new(codex());
+    cmd.current_dir(&work)
+        .env("CODEX_HOME", &home)
+        .env("SWITCHYARD_KEY", &gw.key)
+        .env_remove("OPENAI_API_KEY")
+        .args([
+            "exec",
+            "--skip-git-repo-check",
+            "--dangerously-bypass-approvals-and-sandbox",
+            "-m",
+            "gpt-5.5",
+        ])
+        .args(["-c", "model_provider=\"gw\"", "-c", &provider])
+        .arg(prompt);
+    cmd
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_codex_sessions_share_two_single_slot_accounts_and_each_stays_on_one() {
+    let gw = Gw::start_with(2, |c| c.scheduling.max_concurrency = 1).await;
+    // Slow answers, so the three sessions overlap and one has to wait for a slot.
+    for a in gw.rr_order() {
+        gw.fault(&a, FaultKind::SlowFirstToken { ms: 700 }, Some(6));
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let runs: Vec<_> = (0..3)
+        .map(|i| {
+            let dir = tmp.path().join(format!("s{i}"));
+            let cmd = codex_exec(&gw, &dir, &format!("please run: echo session-{i}-ok"));
+            tokio::spawn(run(cmd))
+        })
+        .collect();
+    for (i, r) in runs.into_iter().enumerate() {
+        let out = r.await.unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "session {i} failed:\n{stdout}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(
+            stdout.contains(&format!("session-{i}-ok")),
+            "session {i}:\n{stdout}"
+        );
+    }
+    // Every session's turns went to one account.
+    let mut by_session: std::collections::BTreeMap<String, std::collections::BTreeSet<String>> =
+        Default::default();
+    for a in gw.rr_order() {
+        for r in gw.sim.sim.requests(&a) {
+            let session = r
+                .headers
+                .get("session-id")
+                .cloned()
+                .expect("codex sends session-id");
+            by_session.entry(session).or_default().insert(a.clone());
+        }
+    }
+    assert_eq!(by_session.len(), 3, "{by_session:?}");
+    for (s, accounts) in &by_session {
+        assert_eq!(accounts.len(), 1, "session {s} moved: {accounts:?}");
+    }
+    let records = gw.requests(20).await;
+    assert!(
+        records.iter().all(|r| r["outcome"] == "success"),
+        "{records:?}"
+    );
+    assert!(
+        records.iter().any(|r| r["queue"]["outcome"] == "acquired"),
+        "one session waited: {records:?}"
+    );
+    assert_eq!(gw.status().await["in_flight"], 0);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn codex_cli_completes_a_tool_call_turn_while_the_first_account_fails_over() {
     let gw = Gw::start(2).await;

@@ -123,8 +123,13 @@ impl Dispatcher {
     ) -> Acquire {
         let settings = self.fleet.settings();
         loop {
+            // A sticky session tries only its own account until it has waited for it.
+            let sticky_first = plan
+                .sticky
+                .as_ref()
+                .is_some_and(|s| !*sticky_waited && remaining.first() == Some(s));
             let mut i = 0;
-            while i < remaining.len() {
+            while i < remaining.len() && (!sticky_first || i == 0) {
                 match self.fleet.try_lease(&remaining[i], &plan.model) {
                     Ok(lease) => {
                         remaining.remove(i);
@@ -147,7 +152,7 @@ impl Dispatcher {
             if let Some(sticky) = plan
                 .sticky
                 .as_ref()
-                .filter(|s| !*sticky_waited && remaining.first() == Some(*s))
+                .filter(|s| sticky_first && remaining.first() == Some(*s))
             {
                 *sticky_waited = true;
                 let (lease, wait) = self
