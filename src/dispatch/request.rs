@@ -252,7 +252,7 @@ impl Dispatcher {
                 .map_or("gone", |(_, r)| r.as_str());
             trace.rebound = Some(why.to_string());
         }
-        let candidate_pool: Vec<String> = plan.order.iter().map(|id| self.chatgpt_id(id)).collect();
+        let candidate_pool: Vec<String> = self.fleet.chatgpt_account_ids(&plan.order);
         tracing::info!(candidates = ?candidate_pool, skipped = trace.skipped.len(), "candidate_pool");
 
         let mut remaining = plan.order.clone();

@@ -58,7 +58,8 @@ impl Decision {
 pub struct Affinity {
     pub sessions: TtlMap<String, String>,
     pub responses: TtlMap<String, String>,
-    exclusions: TtlMap<(String, String), ()>,
+    /// Session -> accounts it avoids (each exclusion ends with the entry's TTL).
+    exclusions: TtlMap<String, Vec<String>>,
 }
 
 impl Affinity {
@@ -113,14 +114,22 @@ impl Affinity {
 
     /// Keeps a session away from an account for a while (it broke one of its streams).
     pub fn exclude(&self, session: &str, account: &str) {
-        self.exclusions
-            .insert((session.to_string(), account.to_string()), ());
+        let key = session.to_string();
+        let mut list = self.exclusions.peek(&key).unwrap_or_default();
+        if !list.iter().any(|a| a == account) {
+            list.push(account.to_string());
+        }
+        self.exclusions.insert(key, list);
     }
 
-    pub fn is_excluded(&self, session: &str, account: &str) -> bool {
+    /// The accounts a session avoids now.
+    pub fn excluded(&self, session: &str) -> Vec<String> {
+        if self.exclusions.is_empty() {
+            return Vec::new();
+        }
         self.exclusions
-            .peek(&(session.to_string(), account.to_string()))
-            .is_some()
+            .peek(&session.to_string())
+            .unwrap_or_default()
     }
 
     pub fn spawn_exclusion_sweeper(

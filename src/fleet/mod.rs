@@ -24,7 +24,6 @@ use switchyard_tui::wire;
 use crate::clock::{self, SharedClock};
 use crate::store::records::{AccountRecord, AccountSecrets};
 use crate::store::{Store, StoreError};
-use crate::ttl::{TtlConfig, TtlMap};
 use crate::upstream::Identity;
 use crate::upstream::failure::Facts;
 use crate::upstream::quota::QuotaSnapshot;
@@ -65,6 +64,16 @@ pub(crate) struct Entry {
     limit: f64,
     /// Sessions waiting for this account's slot (sticky waits), FIFO.
     waiters: VecDeque<scheduler::Waiter>,
+    /// Models this account answered "not supported" for, until when (unix ms).
+    unsupported: HashMap<String, u64>,
+}
+
+impl Entry {
+    pub(crate) fn is_unsupported(&self, model: &str, now_ms: u64) -> bool {
+        self.unsupported
+            .get(model)
+            .is_some_and(|until| *until > now_ms)
+    }
 }
 
 pub(crate) struct Inner {
@@ -80,7 +89,6 @@ pub struct Fleet {
     inner: Arc<RwLock<Inner>>,
     store: Store,
     clock: SharedClock,
-    unsupported: TtlMap<(String, String), ()>,
     rr: Arc<AtomicUsize>,
     refresh: refresh::RefreshState,
     settings: Arc<RwLock<SettingsState>>,
@@ -167,17 +175,11 @@ impl Fleet {
                     probing: false,
                     limit,
                     waiters: VecDeque::new(),
+                    unsupported: HashMap::new(),
                 },
             );
         }
-        let unsupported = TtlMap::new(
-            TtlConfig {
-                idle: None,
-                absolute: Some(UNSUPPORTED_TTL),
-                max_entries: 10_000,
-            },
-            Arc::clone(&clock),
-        );
+
         let affinity = affinity::Affinity::new(Arc::clone(&clock), effective.affinity_idle_ttl);
         Ok(Fleet {
             inner: Arc::new(RwLock::new(Inner {
@@ -187,7 +189,6 @@ impl Fleet {
             })),
             store,
             clock,
-            unsupported,
             rr: Arc::new(AtomicUsize::new(0)),
             refresh: refresh::RefreshState::default(),
             settings: Arc::new(RwLock::new(SettingsState {
@@ -214,7 +215,6 @@ impl Fleet {
         stop: tokio_util::sync::CancellationToken,
     ) -> Vec<tokio::task::JoinHandle<()>> {
         vec![
-            self.unsupported.spawn_sweeper(every, stop.clone()),
             self.affinity.sessions.spawn_sweeper(every, stop.clone()),
             self.affinity.responses.spawn_sweeper(every, stop.clone()),
             self.affinity.spawn_exclusion_sweeper(every, stop),
@@ -404,6 +404,7 @@ impl Fleet {
             probing: false,
             limit,
             waiters: VecDeque::new(),
+            unsupported: HashMap::new(),
         });
         entry.record = record;
         entry.secrets = Some(parsed.secrets);
@@ -504,6 +505,19 @@ impl Fleet {
         })
     }
 
+    /// The `chatgpt_account_id`s of several accounts, under one lock.
+    pub fn chatgpt_account_ids(&self, ids: &[String]) -> Vec<String> {
+        let inner = self.read();
+        ids.iter()
+            .map(|id| {
+                inner
+                    .accounts
+                    .get(id)
+                    .map_or_else(|| id.clone(), |e| e.record.chatgpt_account_id.clone())
+            })
+            .collect()
+    }
+
     pub fn chatgpt_account_id(&self, id: &str) -> Option<String> {
         self.read()
             .accounts
@@ -520,12 +534,15 @@ impl Fleet {
         facts: Option<&Facts>,
         model: &str,
     ) -> Option<Transition> {
+        let now = self.clock.now_ms();
         if class == Class::ModelUnsupported {
-            self.unsupported
-                .insert((id.to_string(), model.to_string()), ());
+            if let Some(e) = self.write().accounts.get_mut(id) {
+                e.unsupported.retain(|_, until| *until > now);
+                e.unsupported
+                    .insert(model.to_string(), now + UNSUPPORTED_TTL.as_millis() as u64);
+            }
             tracing::info!(account = %id, model, "model marked unsupported for this account");
         }
-        let now = self.clock.now_ms();
         let mut grew = false;
         let applied = {
             let mut inner = self.write();
@@ -561,18 +578,14 @@ impl Fleet {
 
     /// Whether any account supports `model` now or could once its marks expire.
     pub fn model_marked_everywhere(&self, model: &str) -> bool {
+        let now = self.clock.now_ms();
         let inner = self.read();
         let usable: Vec<&Entry> = inner
             .accounts
             .values()
             .filter(|e| e.record.enabled && e.health.state != State::NeedsReauth)
             .collect();
-        !usable.is_empty()
-            && usable.iter().all(|e| {
-                self.unsupported
-                    .peek(&(e.record.id.clone(), model.to_string()))
-                    .is_some()
-            })
+        !usable.is_empty() && usable.iter().all(|e| e.is_unsupported(model, now))
     }
 
     /// Records the usage windows the backend reported for an account.

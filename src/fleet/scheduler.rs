@@ -165,8 +165,25 @@ impl Drop for WaitGuard<'_> {
     }
 }
 
+/// The most candidates a request walks (its failover budget).
+pub const MAX_CANDIDATES: usize = 32;
+
 fn load(e: &Entry) -> f64 {
     f64::from(e.in_flight) / e.limit.floor().max(1.0)
+}
+
+/// The strategy's sort key of an account; lower goes first.
+fn strategy_key(strategy: Strategy, e: &Entry) -> (u64, u64, u64) {
+    match strategy {
+        Strategy::RoundRobin => (0, 0, 0),
+        Strategy::QuotaAware => headroom_key(e),
+        Strategy::LeastLoaded => ((load(e) * 1_000_000.0) as u64, 0, 0),
+        Strategy::FillFirst => (
+            (i64::from(e.record.priority) - i64::from(i32::MIN)) as u64,
+            e.record.created_at,
+            0,
+        ),
+    }
 }
 
 fn headroom_key(e: &Entry) -> (u64, u64, u64) {
@@ -209,12 +226,7 @@ impl Fleet {
             Effective::HalfOpen if e.probing => return Some(SkipReason::Probing),
             Effective::HalfOpen | Effective::Ready => {}
         }
-        if !model.is_empty()
-            && self
-                .unsupported
-                .peek(&(e.record.id.clone(), model.to_string()))
-                .is_some()
-        {
+        if !model.is_empty() && e.is_unsupported(model, now_ms) {
             return Some(SkipReason::ModelUnsupported);
         }
         None
@@ -233,12 +245,15 @@ impl Fleet {
             bound: bound.clone(),
             ..Plan::default()
         };
-        let mut eligible: Vec<&Entry> = Vec::new();
+        let excluded = session
+            .map(|s| self.affinity.excluded(s))
+            .unwrap_or_default();
+        let mut eligible: Vec<&Entry> = Vec::with_capacity(inner.accounts.len());
         for e in inner.accounts.values() {
             let reason = self.skip_reason(e, model, now).or_else(|| {
-                session
-                    .filter(|s| self.affinity.is_excluded(s, &e.record.id))
-                    .map(|_| SkipReason::SessionExcluded)
+                excluded
+                    .contains(&e.record.id)
+                    .then_some(SkipReason::SessionExcluded)
             });
             match reason {
                 None => eligible.push(e),
@@ -262,20 +277,29 @@ impl Fleet {
             let start = self.rr.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % eligible.len();
             eligible.rotate_left(start);
         }
-        match settings.strategy {
-            Strategy::RoundRobin => {}
-            Strategy::QuotaAware => eligible.sort_by_key(|e| headroom_key(e)),
-            Strategy::LeastLoaded => eligible.sort_by(|a, b| load(a).total_cmp(&load(b))),
-            Strategy::FillFirst => eligible
-                .sort_by_key(|e| (e.record.priority, e.record.created_at, e.record.id.clone())),
+        // Rank by the strategy (ties keep the rotation), keeping only the best
+        // MAX_CANDIDATES: a linear selection, then a sort of those few.
+        let mut ranked: Vec<((u64, u64, u64), usize)> = eligible
+            .iter()
+            .enumerate()
+            .map(|(pos, e)| (strategy_key(settings.strategy, e), pos))
+            .collect();
+        if ranked.len() > MAX_CANDIDATES {
+            ranked.select_nth_unstable(MAX_CANDIDATES - 1);
+            ranked.truncate(MAX_CANDIDATES);
         }
-        plan.order = eligible.iter().map(|e| e.record.id.clone()).collect();
-        if let Some(b) = &bound
-            && let Some(pos) = plan.order.iter().position(|id| id == b)
-        {
-            let id = plan.order.remove(pos);
-            plan.order.insert(0, id);
-            plan.sticky = Some(b.clone());
+        ranked.sort_unstable();
+        plan.order = ranked
+            .iter()
+            .map(|(_, pos)| eligible[*pos].record.id.clone())
+            .collect();
+        if let Some(b) = &bound {
+            let eligible_bound = eligible.iter().any(|e| &e.record.id == b);
+            if eligible_bound {
+                plan.order.retain(|id| id != b);
+                plan.order.insert(0, b.clone());
+                plan.sticky = Some(b.clone());
+            }
         }
         plan
     }
