@@ -265,10 +265,12 @@ fn sigkill_during_a_write_burst_keeps_every_acknowledged_write() {
         })
         .collect();
     // Kill once a good number of writes have been acknowledged, while the writers keep going.
+    let deadline = std::time::Instant::now() + SIGNAL_DEADLINE;
     loop {
         if acked.lock().unwrap().len() >= 200 {
             break;
         }
+        assert!(std::time::Instant::now() < deadline, "writes were not acknowledged in time:\n{}", daemon.log_text());
         std::thread::yield_now();
     }
     daemon.kill9();

@@ -291,11 +291,13 @@ async fn client_disconnect_does_not_penalise_account() {
     }
     drop(resp);
     // Wait for the gateway to record the request's end.
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(20);
     let rec = loop {
         let recs = gw.requests(1).await;
         if let Some(r) = recs.first() {
             break r.clone();
         }
+        assert!(tokio::time::Instant::now() < deadline, "the request was never recorded");
         tokio::task::yield_now().await;
     };
     assert_eq!(rec["outcome"], "client_cancelled");
