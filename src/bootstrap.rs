@@ -134,7 +134,7 @@ pub fn build_state(
     let upstream = Arc::new(Upstream::new(&config.upstream).map_err(BootError::Upstream)?);
     let log = RequestLog::load(store.clone(), Arc::clone(&clock));
     let dispatcher = Dispatcher::new(fleet.clone(), upstream, log, dispatch_config(config));
-    Ok(Arc::new(AppState::new(
+    let mut state = AppState::new(
         store,
         fleet,
         keys,
@@ -143,7 +143,13 @@ pub fn build_state(
         listen,
         config.admin.token.clone(),
         usize::try_from(config.server.max_body_bytes).unwrap_or(usize::MAX),
-    )))
+    );
+    state.ws = crate::api::ws::WsLimits {
+        first_message_timeout: config.server.ws_first_message_timeout,
+        idle_timeout: config.server.ws_idle_timeout,
+        max_connections_per_key: config.server.ws_max_connections_per_key.max(1),
+    };
+    Ok(Arc::new(state))
 }
 
 /// Serves until `shutdown` resolves, then shuts down in order. `notifier` gets `READY=1` once

@@ -55,6 +55,14 @@ pub struct ServerConfig {
     /// token) gets 200 headers and `: keep-alive` comments meanwhile.
     #[serde(with = "duration")]
     pub keepalive_after: Duration,
+    /// A Responses WebSocket must send its first request within this long...
+    #[serde(with = "duration")]
+    pub ws_first_message_timeout: Duration,
+    /// ...and is closed after this long without one.
+    #[serde(with = "duration")]
+    pub ws_idle_timeout: Duration,
+    /// Open Responses WebSockets allowed per client key.
+    pub ws_max_connections_per_key: usize,
 }
 
 impl Default for ServerConfig {
@@ -64,6 +72,9 @@ impl Default for ServerConfig {
             max_body_bytes: 16 * 1024 * 1024,
             shutdown_grace: Duration::from_secs(30),
             keepalive_after: Duration::from_secs(10),
+            ws_first_message_timeout: Duration::from_secs(30),
+            ws_idle_timeout: Duration::from_secs(300),
+            ws_max_connections_per_key: 32,
         }
     }
 }
@@ -401,6 +412,11 @@ shutdown_grace = "30s"
 # An SSE client that would wait longer than this for its first event gets 200 headers and
 # ": keep-alive" comments while it waits (failover stays invisible).
 keepalive_after = "10s"
+# Responses WebSocket (GET /v1/responses): time allowed for the first request, idle time before
+# the connection is closed, and open connections per client key.
+ws_first_message_timeout = "30s"
+ws_idle_timeout = "5m"
+ws_max_connections_per_key = 32
 
 [storage]
 # Where switchyard.redb and secret.key live.

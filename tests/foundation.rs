@@ -270,7 +270,11 @@ fn sigkill_during_a_write_burst_keeps_every_acknowledged_write() {
         if acked.lock().unwrap().len() >= 200 {
             break;
         }
-        assert!(std::time::Instant::now() < deadline, "writes were not acknowledged in time:\n{}", daemon.log_text());
+        assert!(
+            std::time::Instant::now() < deadline,
+            "writes were not acknowledged in time:\n{}",
+            daemon.log_text()
+        );
         std::thread::yield_now();
     }
     daemon.kill9();

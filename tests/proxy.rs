@@ -297,7 +297,10 @@ async fn client_disconnect_does_not_penalise_account() {
         if let Some(r) = recs.first() {
             break r.clone();
         }
-        assert!(tokio::time::Instant::now() < deadline, "the request was never recorded");
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the request was never recorded"
+        );
         tokio::task::yield_now().await;
     };
     assert_eq!(rec["outcome"], "client_cancelled");

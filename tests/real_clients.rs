@@ -104,14 +104,93 @@ async fn openai_python_sdk_streams_and_not_while_the_first_account_fails_over() 
     assert_eq!(gw.account(&first).await["state"], "cooling");
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn openai_python_sdk_websocket_two_turns_with_previous_response_id() {
+    let gw = Gw::start(2).await;
+    let mut cmd = Command::new(python());
+    cmd.arg(repo().join("tests/clients/openai_ws.py"))
+        .arg(gw.url("/v1"))
+        .arg(&gw.key)
+        .arg("gpt-5.5");
+    let out = run(cmd).await;
+    assert!(
+        out.status.success(),
+        "python failed:\n{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let turns = v["turns"].as_array().unwrap();
+    for t in &turns[..2] {
+        assert_eq!(t["status"], "completed", "{v}");
+        assert!(t["text"].as_str().unwrap().contains("sim-acct"), "{v}");
+    }
+    assert_ne!(turns[0]["id"], turns[1]["id"]);
+    assert!(
+        turns[2]["error"]
+            .to_string()
+            .contains("previous_response_not_found"),
+        "{v}"
+    );
+    let recs = gw.requests(5).await;
+    assert_eq!(
+        recs.iter()
+            .filter(|r| r["ws"] == true && r["outcome"] == "success")
+            .count(),
+        2
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn codex_cli_over_websocket_completes_a_tool_call_turn_without_falling_back() {
+    let gw = Gw::start(2).await;
+    let first = gw.rr_order()[0].clone();
+    gw.fault(
+        &first,
+        FaultKind::Quota {
+            resets_in_seconds: 3600,
+        },
+        None,
+    );
+    let tmp = tempfile::tempdir().unwrap();
+    let mut cmd = codex_exec_ws(&gw, tmp.path(), "please run: echo switchyard-ws-ok", true);
+    cmd.env("RUST_LOG", "codex_core=info,codex_api=info");
+    let out = run(cmd).await;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "codex failed:\n{stdout}\n{stderr}");
+    assert!(stdout.contains("switchyard-ws-ok"), "{stdout}\n{stderr}");
+    assert!(
+        !stderr.to_lowercase().contains("falling back to http"),
+        "codex fell back to HTTP:\n{stderr}"
+    );
+    let recs = gw.requests(10).await;
+    let ws_turns = recs
+        .iter()
+        .filter(|r| r["ws"] == true && r["outcome"] == "success")
+        .count();
+    assert!(
+        ws_turns >= 2,
+        "the tool call and its follow-up came over the WebSocket: {recs:?}"
+    );
+    assert!(
+        recs.iter().all(|r| r["ws"] == true),
+        "no HTTP turn: {recs:?}"
+    );
+}
+
 /// A `codex exec` run against the gateway, in its own home and work directory.
 fn codex_exec(gw: &Gw, tmp: &std::path::Path, prompt: &str) -> Command {
+    codex_exec_ws(gw, tmp, prompt, false)
+}
+
+fn codex_exec_ws(gw: &Gw, tmp: &std::path::Path, prompt: &str, websockets: bool) -> Command {
     let home = tmp.join("codex-home");
     let work = tmp.join("work");
     std::fs::create_dir_all(&home).unwrap();
     std::fs::create_dir_all(&work).unwrap();
     let provider = format!(
-        "model_providers.gw={{name=\"gw\",base_url=\"{}\",env_key=\"SWITCHYARD_KEY\",wire_api=\"responses\",supports_websockets=false}}",
+        "model_providers.gw={{name=\"gw\",base_url=\"{}\",env_key=\"SWITCHYARD_KEY\",wire_api=\"responses\",supports_websockets={websockets}}}",
         gw.url("/v1")
     );
     let mut cmd = Command::new(codex());

@@ -6,6 +6,7 @@ pub mod error;
 pub mod health;
 pub mod models;
 pub mod responses;
+pub mod ws;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -39,6 +40,9 @@ pub struct AppState {
     pub listen: String,
     pub admin_token: Option<Secret>,
     pub max_body_bytes: usize,
+    /// Downstream WebSocket limits and open connections per key.
+    pub ws: ws::WsLimits,
+    pub ws_connections: ws::ConnectionCounts,
     /// The last fetched model catalog and when (unix ms).
     pub models_cache: std::sync::Mutex<Option<(u64, serde_json::Value)>>,
     draining: AtomicBool,
@@ -66,6 +70,8 @@ impl AppState {
             listen,
             admin_token,
             max_body_bytes,
+            ws: ws::WsLimits::default(),
+            ws_connections: ws::ConnectionCounts::default(),
             models_cache: std::sync::Mutex::new(None),
             draining: AtomicBool::new(false),
         }
@@ -102,7 +108,7 @@ impl AppState {
 /// The client-facing router. The admin API is mounted here only when an admin token is set.
 pub fn router(state: Arc<AppState>) -> Router {
     let v1 = Router::new()
-        .route("/v1/responses", post(responses::create))
+        .route("/v1/responses", post(responses::create).get(ws::upgrade))
         .route("/v1/responses/compact", post(responses::compact))
         .route("/v1/models", get(models::list))
         // The handlers read the body themselves, with the cap and a JSON 413.

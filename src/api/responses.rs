@@ -124,42 +124,77 @@ async fn handle(state: Arc<AppState>, headers: HeaderMap, body: Body, compact: b
         Ok(b) => b,
         Err(e) => return e.into_response(),
     };
-    let mut obj = match parse_object(&bytes) {
+    let obj = match parse_object(&bytes) {
         Ok(o) => o,
         Err(e) => return e.into_response(),
     };
-    let Some(model) = obj
+    let kind = if compact { Turn::Compact } else { Turn::Http };
+    let ctx = match request_ctx(&state, &key, &headers, obj, kind, received) {
+        Ok(c) => c,
+        Err(e) => return e.into_response(),
+    };
+    let mode = ctx.mode;
+    let (tx, rx) = mpsc::channel(64);
+    state.dispatcher.spawn(ctx, tx);
+    respond(
+        rx,
+        mode == Mode::Stream,
+        state.dispatcher.config.keepalive_after,
+    )
+    .await
+}
+
+/// Where a request came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Turn {
+    Http,
+    Compact,
+    /// A `response.create` on a downstream WebSocket (always streamed).
+    WebSocket,
+}
+
+/// Builds the dispatcher's view of a request from its parsed body and headers: the model alias
+/// resolved, streaming forced upstream, the session key, the headers passed through.
+pub fn request_ctx(
+    state: &AppState,
+    key: &KeyIdentity,
+    headers: &HeaderMap,
+    mut obj: Map<String, Value>,
+    turn: Turn,
+    received: Instant,
+) -> Result<RequestCtx, ApiError> {
+    let model = obj
         .get("model")
         .and_then(Value::as_str)
         .filter(|m| !m.is_empty())
         .map(str::to_string)
-    else {
-        return ApiError::bad_request(
-            "missing_required_parameter",
-            "Missing required parameter: 'model'.",
-        )
-        .into_response();
-    };
+        .ok_or_else(|| {
+            ApiError::bad_request(
+                "missing_required_parameter",
+                "Missing required parameter: 'model'.",
+            )
+        })?;
     let upstream_model = state.dispatcher.resolve_model(&model);
-    let mode = if compact {
-        Mode::Compact
-    } else if obj.get("stream").and_then(Value::as_bool).unwrap_or(false) {
-        Mode::Stream
-    } else {
-        Mode::Json
+    let mode = match turn {
+        Turn::Compact => Mode::Compact,
+        Turn::WebSocket => Mode::Stream,
+        Turn::Http if obj.get("stream").and_then(Value::as_bool).unwrap_or(false) => Mode::Stream,
+        Turn::Http => Mode::Json,
     };
     obj.insert("model".into(), Value::String(upstream_model.clone()));
     if mode != Mode::Compact {
         // The backend streams; a JSON client gets the final response assembled from it.
         obj.insert("stream".into(), Value::Bool(true));
     }
-    let session = session_key(&headers, &obj);
-    let body = match serde_json::to_vec(&obj) {
-        Ok(b) => Bytes::from(b),
-        Err(e) => {
-            return ApiError::internal(format!("cannot encode the request: {e}")).into_response();
-        }
-    };
+    let session = session_key(headers, &obj);
+    let previous_response_id = obj
+        .get("previous_response_id")
+        .and_then(Value::as_str)
+        .filter(|s| !s.is_empty())
+        .map(str::to_string);
+    let body = serde_json::to_vec(&obj)
+        .map(Bytes::from)
+        .map_err(|e| ApiError::internal(format!("cannot encode the request: {e}")))?;
     let pass_headers = PASS_THROUGH
         .iter()
         .filter_map(|name| {
@@ -168,8 +203,8 @@ async fn handle(state: Arc<AppState>, headers: HeaderMap, body: Body, compact: b
                 .map(|v| (axum::http::HeaderName::from_static(name), v.clone()))
         })
         .collect();
-    let ctx = RequestCtx {
-        key_name: key.name,
+    Ok(RequestCtx {
+        key_name: key.name.clone(),
         model: upstream_model,
         mode,
         body,
@@ -179,26 +214,14 @@ async fn handle(state: Arc<AppState>, headers: HeaderMap, body: Body, compact: b
             .and_then(|v| v.to_str().ok())
             .map(str::to_string),
         session,
-        previous_response_id: obj
-            .get("previous_response_id")
-            .and_then(Value::as_str)
-            .filter(|s| !s.is_empty())
-            .map(str::to_string),
-        path: if compact {
-            "/v1/responses/compact"
-        } else {
-            "/v1/responses"
+        previous_response_id,
+        ws: turn == Turn::WebSocket,
+        path: match turn {
+            Turn::Compact => "/v1/responses/compact",
+            Turn::Http | Turn::WebSocket => "/v1/responses",
         },
         received,
-    };
-    let (tx, rx) = mpsc::channel(64);
-    state.dispatcher.spawn(ctx, tx);
-    respond(
-        rx,
-        mode == Mode::Stream,
-        state.dispatcher.config.keepalive_after,
-    )
-    .await
+    })
 }
 
 /// Turns the dispatcher's frames into the HTTP answer.

@@ -84,6 +84,8 @@ pub struct RequestCtx {
     pub session: Option<String>,
     /// A continuation: only the account that produced this response may serve it.
     pub previous_response_id: Option<String>,
+    /// A turn of a downstream WebSocket connection (bridged over HTTP/SSE upstream).
+    pub ws: bool,
     pub path: &'static str,
     pub received: Instant,
 }

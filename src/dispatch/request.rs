@@ -403,6 +403,9 @@ impl Dispatcher {
                 affinity: affinity.label(),
                 queue: trace.queue,
                 cached_tokens,
+                transport: "http".into(),
+                ws: ctx.ws,
+                ws_connect_ms: None,
             },
         );
         for frame in tail {

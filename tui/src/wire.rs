@@ -208,6 +208,17 @@ pub struct RequestRecord {
     /// Prompt-cache hits of the serving attempt.
     #[serde(default)]
     pub cached_tokens: Option<u64>,
+    /// How the turn reached the backend: `http` (SSE), or for WebSocket turns one of
+    /// `ws_reused | ws_connected | http | http_ws_budget_exhausted | http_breaker_open |
+    /// http_ws_failed`.
+    #[serde(default)]
+    pub transport: String,
+    /// A turn of a downstream WebSocket connection.
+    #[serde(default)]
+    pub ws: bool,
+    /// Time to open an upstream WebSocket, when one was opened for this turn.
+    #[serde(default)]
+    pub ws_connect_ms: Option<u64>,
 }
 
 /// An account left out of a request's candidates.

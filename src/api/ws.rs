@@ -1,0 +1,383 @@
+//! `GET /v1/responses` upgraded to the Responses WebSocket. The client key is checked at the
+//! handshake; each `response.create` frame is one turn, dispatched like an HTTP request (the
+//! same candidates, failover, queues, health and records) and its events relayed as text
+//! frames. The connection stays open across turns.
+//!
+//! Upstream, turns are bridged over HTTP/SSE (`transport: "http"`). Connection-local state is
+//! kept here: a warm-up (`generate: false`) is answered at once and remembered, and a
+//! `previous_response_id` produced on this connection is expanded into the full input (its
+//! request's input plus its output), so the backend always gets the whole history. An id
+//! this connection did not produce gets `previous_response_not_found`, after which Codex
+//! resends the full request — never a replay without the history.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::extract::State;
+use axum::extract::ws::{CloseFrame, Message, WebSocket, WebSocketUpgrade, close_code};
+use axum::http::HeaderMap;
+use axum::response::{IntoResponse, Response};
+use serde_json::{Map, Value, json};
+use tokio::sync::mpsc;
+
+use super::AppState;
+use super::error::ApiError;
+use super::responses::{Turn, authenticate, request_ctx};
+use crate::dispatch::Frame;
+use crate::keys::KeyIdentity;
+use crate::upstream::sse::SseSplitter;
+
+/// Largest frame or message accepted (close 1009 beyond it).
+pub const MAX_FRAME: usize = 16 * 1024 * 1024;
+/// Responses remembered per connection for continuations.
+const MAX_HISTORY: usize = 64;
+
+pub async fn upgrade(
+    State(state): State<Arc<AppState>>,
+    headers: HeaderMap,
+    ws: WebSocketUpgrade,
+) -> Response {
+    let key = match authenticate(&state, &headers) {
+        Ok(k) => k,
+        Err(e) => return e.into_response(),
+    };
+    let Some(slot) = state.try_open_ws(&key.id) else {
+        return ApiError::new(
+            axum::http::StatusCode::TOO_MANY_REQUESTS,
+            "rate_limit_error",
+            Some("websocket_connection_limit_reached"),
+            format!(
+                "this key already has {} open WebSocket connections",
+                state.ws.max_connections_per_key
+            ),
+        )
+        .into_response();
+    };
+    ws.max_message_size(MAX_FRAME)
+        .max_frame_size(MAX_FRAME)
+        .on_upgrade(move |socket| async move {
+            let _slot = slot;
+            Connection::new(state, key, headers).run(socket).await;
+        })
+}
+
+/// What one downstream connection remembers between turns.
+struct Connection {
+    state: Arc<AppState>,
+    key: KeyIdentity,
+    headers: HeaderMap,
+    /// Response id -> the full input that led to it, plus its output.
+    history: HashMap<String, Vec<Value>>,
+    order: Vec<String>,
+}
+
+/// Why a connection ends.
+enum End {
+    Closed,
+    Close(u16, &'static str),
+}
+
+fn error_frame(status: u16, error: Value) -> Message {
+    Message::Text(
+        json!({"type": "error", "status": status, "error": error})
+            .to_string()
+            .into(),
+    )
+}
+
+impl Connection {
+    fn new(state: Arc<AppState>, key: KeyIdentity, headers: HeaderMap) -> Self {
+        Connection {
+            state,
+            key,
+            headers,
+            history: HashMap::new(),
+            order: Vec::new(),
+        }
+    }
+
+    fn remember(&mut self, id: String, items: Vec<Value>) {
+        if self.history.insert(id.clone(), items).is_none() {
+            self.order.push(id);
+        }
+        if self.order.len() > MAX_HISTORY {
+            let old = self.order.remove(0);
+            self.history.remove(&old);
+        }
+    }
+
+    async fn run(mut self, mut socket: WebSocket) {
+        let first_timeout = self.state.ws.first_message_timeout;
+        let idle_timeout = self.state.ws.idle_timeout;
+        let mut first = true;
+        let end = loop {
+            let wait = if first { first_timeout } else { idle_timeout };
+            let msg = match tokio::time::timeout(wait, socket.recv()).await {
+                Err(_) => {
+                    break End::Close(
+                        close_code::NORMAL,
+                        if first { "no request received" } else { "idle" },
+                    );
+                }
+                Ok(None) => break End::Closed,
+                Ok(Some(Err(e))) => {
+                    let too_big = e.to_string().contains("too long")
+                        || e.to_string().to_lowercase().contains("capacity");
+                    break if too_big {
+                        End::Close(close_code::SIZE, "message too big")
+                    } else {
+                        End::Closed
+                    };
+                }
+                Ok(Some(Ok(m))) => m,
+            };
+            first = false;
+            match msg {
+                Message::Text(text) => {
+                    if let Err(end) = self.turn(&mut socket, text.as_str()).await {
+                        break end;
+                    }
+                }
+                Message::Binary(_) => {
+                    break End::Close(close_code::UNSUPPORTED, "binary frames are not supported");
+                }
+                Message::Close(_) => break End::Closed,
+                Message::Ping(_) | Message::Pong(_) => {}
+            }
+        };
+        if let End::Close(code, reason) = end {
+            let _ = socket
+                .send(Message::Close(Some(CloseFrame {
+                    code,
+                    reason: reason.into(),
+                })))
+                .await;
+        }
+    }
+
+    /// One `response.create`. `Err` ends the connection.
+    async fn turn(&mut self, socket: &mut WebSocket, text: &str) -> Result<(), End> {
+        let received = Instant::now();
+        let mut obj = match serde_json::from_str::<Value>(text) {
+            Ok(Value::Object(o)) => o,
+            Ok(_) | Err(_) => {
+                let e = json!({"type": "invalid_request_error", "code": "invalid_json", "message": "a frame must be a JSON object", "param": null});
+                return self.send(socket, error_frame(400, e)).await;
+            }
+        };
+        match obj.remove("type").as_ref().and_then(Value::as_str) {
+            Some("response.create") => {}
+            other => {
+                let e = json!({"type": "invalid_request_error", "code": "unsupported_message", "message": format!("unsupported message type {other:?}; send response.create"), "param": "type"});
+                return self.send(socket, error_frame(400, e)).await;
+            }
+        }
+        let input: Vec<Value> = match obj.get("input") {
+            Some(Value::Array(items)) => items.clone(),
+            Some(Value::String(s)) => vec![
+                json!({"type": "message", "role": "user", "content": [{"type": "input_text", "text": s}]}),
+            ],
+            _ => Vec::new(),
+        };
+        // Expand a continuation produced on this connection into the full input.
+        let mut full = input;
+        if let Some(prev) = obj
+            .remove("previous_response_id")
+            .and_then(|v| v.as_str().map(str::to_string))
+        {
+            match self.history.get(&prev) {
+                Some(history) => {
+                    let mut all = history.clone();
+                    all.extend(full);
+                    full = all;
+                }
+                None => {
+                    let e = json!({
+                        "type": "invalid_request_error",
+                        "code": "previous_response_not_found",
+                        "message": format!("Previous response with id '{prev}' not found."),
+                        "param": "previous_response_id",
+                    });
+                    return self.send(socket, error_frame(400, e)).await;
+                }
+            }
+        }
+        obj.insert("input".into(), Value::Array(full.clone()));
+        // A warm-up only primes the backend's cache on a real upstream socket; over the HTTP
+        // bridge there is nothing to prime, so it is answered here and remembered.
+        if obj.get("generate").and_then(Value::as_bool) == Some(false) {
+            return self.warm_up(socket, &obj, full).await;
+        }
+        obj.remove("generate");
+        let ctx = match request_ctx(
+            &self.state,
+            &self.key,
+            &self.headers,
+            obj,
+            Turn::WebSocket,
+            received,
+        ) {
+            Ok(c) => c,
+            Err(e) => {
+                let body = e.body();
+                let v = serde_json::to_value(&body.error).unwrap_or(Value::Null);
+                return self.send(socket, error_frame(e.status.as_u16(), v)).await;
+            }
+        };
+        let (tx, mut rx) = mpsc::channel(64);
+        self.state.dispatcher.spawn(ctx, tx);
+        let mut splitter = SseSplitter::new(MAX_FRAME);
+        let mut output: Vec<Value> = Vec::new();
+        let mut completed_id: Option<String> = None;
+        loop {
+            tokio::select! {
+                frame = rx.recv() => match frame {
+                    None => break,
+                    Some(Frame::Head { .. }) => {}
+                    Some(Frame::Error(reply)) => {
+                        let error = serde_json::from_slice::<Value>(&reply.body)
+                            .ok()
+                            .and_then(|v| v.get("error").cloned())
+                            .unwrap_or_else(|| json!({"code": reply.code, "message": reply.message}));
+                        self.send(socket, error_frame(reply.status, error)).await?;
+                    }
+                    Some(Frame::Data(bytes)) => {
+                        splitter.push(&bytes);
+                        while let Ok(Some(ev)) = splitter.next_event() {
+                            if ev.kind.is_empty() {
+                                continue; // keep-alive comments have no WebSocket form
+                            }
+                            let data = ev.data();
+                            if ev.kind == "response.completed"
+                                && let Ok(v) = serde_json::from_str::<Value>(&data)
+                            {
+                                completed_id = v["response"]["id"].as_str().map(str::to_string);
+                                output = v["response"]["output"].as_array().cloned().unwrap_or_default();
+                            }
+                            self.send(socket, Message::Text(data.into())).await?;
+                        }
+                    }
+                },
+                msg = socket.recv() => match msg {
+                    // The client left mid-turn: dropping `rx` cancels the turn.
+                    None | Some(Err(_)) | Some(Ok(Message::Close(_))) => return Err(End::Closed),
+                    Some(Ok(Message::Binary(_))) => return Err(End::Close(close_code::UNSUPPORTED, "binary frames are not supported")),
+                    Some(Ok(_)) => {}
+                },
+            }
+        }
+        if let Some(id) = completed_id {
+            let mut items = full;
+            items.extend(output);
+            self.remember(id, items);
+        }
+        Ok(())
+    }
+
+    async fn warm_up(
+        &mut self,
+        socket: &mut WebSocket,
+        obj: &Map<String, Value>,
+        full: Vec<Value>,
+    ) -> Result<(), End> {
+        let id = format!(
+            "resp_{}",
+            crate::keys::random_base62(24)
+                .unwrap_or_default()
+                .to_lowercase()
+        );
+        let created_at = self.state.clock.now_secs();
+        let model = obj.get("model").cloned().unwrap_or(Value::Null);
+        let response = |status: &str| {
+            json!({"id": id, "object": "response", "created_at": created_at, "status": status, "model": model,
+                   "output": [], "usage": {"input_tokens": 0, "input_tokens_details": {"cached_tokens": 0},
+                   "output_tokens": 0, "output_tokens_details": {"reasoning_tokens": 0}, "total_tokens": 0}})
+        };
+        self.send(socket, Message::Text(json!({"type": "response.created", "sequence_number": 0, "response": response("in_progress")}).to_string().into())).await?;
+        self.send(socket, Message::Text(json!({"type": "response.completed", "sequence_number": 1, "response": response("completed")}).to_string().into())).await?;
+        self.remember(id, full);
+        Ok(())
+    }
+
+    async fn send(&self, socket: &mut WebSocket, msg: Message) -> Result<(), End> {
+        socket.send(msg).await.map_err(|_| End::Closed)
+    }
+}
+
+/// Open downstream WebSocket connections per client key.
+#[derive(Default)]
+pub struct ConnectionCounts(std::sync::Mutex<HashMap<String, usize>>);
+
+/// One open connection; dropping it frees the place.
+pub struct ConnectionSlot {
+    counts: Arc<AppState>,
+    key: String,
+}
+
+impl ConnectionCounts {
+    pub fn open(&self) -> usize {
+        self.0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+            .sum()
+    }
+}
+
+impl ConnectionCounts {
+    fn acquire(&self, key: &str, max: usize) -> bool {
+        let mut m = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let n = m.entry(key.to_string()).or_insert(0);
+        if *n >= max {
+            return false;
+        }
+        *n += 1;
+        true
+    }
+
+    fn release(&self, key: &str) {
+        let mut m = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(n) = m.get_mut(key) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                m.remove(key);
+            }
+        }
+    }
+}
+
+impl Drop for ConnectionSlot {
+    fn drop(&mut self) {
+        self.counts.ws_connections.release(&self.key);
+    }
+}
+
+/// WebSocket ingress limits.
+#[derive(Debug, Clone)]
+pub struct WsLimits {
+    pub first_message_timeout: Duration,
+    pub idle_timeout: Duration,
+    pub max_connections_per_key: usize,
+}
+
+impl Default for WsLimits {
+    fn default() -> Self {
+        Self {
+            first_message_timeout: Duration::from_secs(30),
+            idle_timeout: Duration::from_secs(300),
+            max_connections_per_key: 32,
+        }
+    }
+}
+
+impl AppState {
+    fn try_open_ws(self: &Arc<Self>, key: &str) -> Option<ConnectionSlot> {
+        self.ws_connections
+            .acquire(key, self.ws.max_connections_per_key)
+            .then(|| ConnectionSlot {
+                counts: Arc::clone(self),
+                key: key.to_string(),
+            })
+    }
+}

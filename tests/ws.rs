@@ -1,0 +1,247 @@
+//! The Responses WebSocket ingress, against the simulator (turns bridged over HTTP/SSE).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use common::gw::Gw;
+use futures_util::{SinkExt, StreamExt};
+use serde_json::{Value, json};
+use switchyard::sim::FaultKind;
+use tokio_tungstenite::tungstenite::Message;
+use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+
+type Ws =
+    tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
+
+async fn connect(gw: &Gw, key: Option<&str>) -> Result<Ws, tokio_tungstenite::tungstenite::Error> {
+    let mut req = format!("ws://{}/v1/responses", gw.addr)
+        .into_client_request()
+        .unwrap();
+    if let Some(k) = key {
+        req.headers_mut()
+            .insert("authorization", format!("Bearer {k}").parse().unwrap());
+    }
+    req.headers_mut()
+        .insert("session-id", "ws-session".parse().unwrap());
+    tokio_tungstenite::connect_async(req)
+        .await
+        .map(|(ws, _)| ws)
+}
+
+fn create(extra: Value) -> Message {
+    let mut v = json!({
+        "type": "response.create",
+        "model": "gpt-5.5",
+        "input": [{"type": "message", "role": "user", "content": [{"type": "input_text", "text": "hello"}]}],
+        "store": false,
+        "stream": true,
+    });
+    for (k, val) in extra.as_object().unwrap() {
+        v[k] = val.clone();
+    }
+    Message::Text(v.to_string().into())
+}
+
+/// Reads frames until a terminal event or an error frame.
+async fn turn(ws: &mut Ws) -> Vec<Value> {
+    let mut events = Vec::new();
+    while let Some(msg) = ws.next().await {
+        match msg.unwrap() {
+            Message::Text(t) => {
+                let v: Value = serde_json::from_str(t.as_str()).unwrap();
+                let kind = v["type"].as_str().unwrap_or("").to_string();
+                events.push(v);
+                if matches!(
+                    kind.as_str(),
+                    "response.completed" | "response.failed" | "response.incomplete" | "error"
+                ) {
+                    break;
+                }
+            }
+            Message::Close(_) => break,
+            _ => {}
+        }
+    }
+    events
+}
+
+#[tokio::test]
+async fn the_handshake_needs_a_client_key() {
+    let gw = Gw::start(1).await;
+    match connect(&gw, None).await {
+        Err(tokio_tungstenite::tungstenite::Error::Http(resp)) => assert_eq!(resp.status(), 401),
+        other => panic!("expected 401, got {other:?}"),
+    }
+    assert!(connect(&gw, Some(&gw.key)).await.is_ok());
+}
+
+#[tokio::test]
+async fn turns_on_one_connection_fail_over_and_are_recorded() {
+    let gw = Gw::start(2).await;
+    let order = gw.rr_order();
+    gw.fault(
+        &order[0],
+        FaultKind::Quota {
+            resets_in_seconds: 3600,
+        },
+        None,
+    );
+    let mut ws = connect(&gw, Some(&gw.key)).await.unwrap();
+    ws.send(create(json!({}))).await.unwrap();
+    let first = turn(&mut ws).await;
+    assert_eq!(
+        first.last().unwrap()["type"],
+        "response.completed",
+        "{first:?}"
+    );
+    assert_eq!(
+        first
+            .iter()
+            .filter(|e| e["type"] == "response.created")
+            .count(),
+        1
+    );
+    let id = first.last().unwrap()["response"]["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    // A continuation of this connection's response: the backend gets the whole history.
+    ws.send(create(json!({"previous_response_id": id, "input": [{"type": "message", "role": "user", "content": [{"type": "input_text", "text": "more"}]}]})))
+        .await
+        .unwrap();
+    let second = turn(&mut ws).await;
+    assert_eq!(
+        second.last().unwrap()["type"],
+        "response.completed",
+        "{second:?}"
+    );
+    let sent = gw.sim.sim.requests(&order[1]);
+    let input = sent.last().unwrap().body["input"]
+        .as_array()
+        .unwrap()
+        .clone();
+    assert!(
+        input.len() >= 3,
+        "first input, its output, the new input: {input:?}"
+    );
+    assert!(
+        sent.last()
+            .unwrap()
+            .body
+            .get("previous_response_id")
+            .is_none()
+    );
+    let recs = gw.requests(2).await;
+    assert!(
+        recs.iter()
+            .all(|r| r["ws"] == true && r["transport"] == "http"),
+        "{recs:?}"
+    );
+    assert_eq!(recs[1]["attempts"][0]["class"], "quota");
+}
+
+#[tokio::test]
+async fn warm_up_then_continuation_with_empty_input() {
+    let gw = Gw::start(1).await;
+    let a = gw.rr_order()[0].clone();
+    let mut ws = connect(&gw, Some(&gw.key)).await.unwrap();
+    ws.send(create(json!({"generate": false}))).await.unwrap();
+    let warm = turn(&mut ws).await;
+    assert_eq!(warm.last().unwrap()["type"], "response.completed");
+    let id = warm.last().unwrap()["response"]["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    ws.send(create(json!({"previous_response_id": id, "input": []})))
+        .await
+        .unwrap();
+    let real = turn(&mut ws).await;
+    assert_eq!(
+        real.last().unwrap()["type"],
+        "response.completed",
+        "{real:?}"
+    );
+    let sent = gw.sim.sim.requests(&a);
+    assert_eq!(sent.len(), 1, "the warm-up did not reach the backend");
+    assert_eq!(
+        sent[0].body["input"][0]["content"][0]["text"], "hello",
+        "the warm-up's input was sent"
+    );
+}
+
+#[tokio::test]
+async fn an_unknown_previous_response_is_not_found_and_the_socket_stays_open() {
+    let gw = Gw::start(1).await;
+    let mut ws = connect(&gw, Some(&gw.key)).await.unwrap();
+    ws.send(create(json!({"previous_response_id": "resp_elsewhere"})))
+        .await
+        .unwrap();
+    let err = turn(&mut ws).await;
+    assert_eq!(err.last().unwrap()["type"], "error");
+    assert_eq!(
+        err.last().unwrap()["error"]["code"],
+        "previous_response_not_found"
+    );
+    ws.send(create(json!({}))).await.unwrap();
+    assert_eq!(
+        turn(&mut ws).await.last().unwrap()["type"],
+        "response.completed"
+    );
+}
+
+#[tokio::test]
+async fn exhaustion_arrives_as_an_error_frame() {
+    let gw = Gw::start(1).await;
+    gw.fault(
+        &gw.rr_order()[0],
+        FaultKind::Quota {
+            resets_in_seconds: 600,
+        },
+        None,
+    );
+    let mut ws = connect(&gw, Some(&gw.key)).await.unwrap();
+    ws.send(create(json!({}))).await.unwrap();
+    let err = turn(&mut ws).await;
+    let last = err.last().unwrap();
+    assert_eq!(
+        (last["type"].as_str(), last["status"].as_u64()),
+        (Some("error"), Some(429))
+    );
+    assert_eq!(last["error"]["type"], "usage_limit_reached");
+}
+
+#[tokio::test]
+async fn oversized_and_binary_frames_close_cleanly() {
+    let gw = Gw::start(1).await;
+    let mut ws = connect(&gw, Some(&gw.key)).await.unwrap();
+    ws.send(Message::Binary(vec![1, 2, 3].into()))
+        .await
+        .unwrap();
+    let close = loop {
+        match ws.next().await {
+            Some(Ok(Message::Close(c))) => break c,
+            Some(Ok(_)) => continue,
+            other => panic!("expected a close frame, got {other:?}"),
+        }
+    };
+    assert_eq!(u16::from(close.unwrap().code), 1003);
+
+    let mut ws = connect(&gw, Some(&gw.key)).await.unwrap();
+    let big = "x".repeat(17 * 1024 * 1024);
+    let _ = ws.send(Message::Text(big.into())).await;
+    let code = loop {
+        match ws.next().await {
+            Some(Ok(Message::Close(c))) => break c.map(|c| u16::from(c.code)),
+            Some(Ok(_)) => continue,
+            Some(Err(_)) | None => break None,
+        }
+    };
+    assert_eq!(code, Some(1009));
+    // The gateway is unharmed.
+    let mut ws = connect(&gw, Some(&gw.key)).await.unwrap();
+    ws.send(create(json!({}))).await.unwrap();
+    assert_eq!(
+        turn(&mut ws).await.last().unwrap()["type"],
+        "response.completed"
+    );
+}
