@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use hyper::{Method, Response};
-use serde_json::json;
+use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
 use super::Sim;
@@ -24,7 +24,8 @@ enum Route {
 }
 
 /// Session headers, in the order the backend derives prompt-cache affinity from them.
-const SESSION_HEADERS: [&str; 4] = ["session-id", "session_id", "thread-id", "conversation_id"];
+pub(crate) const SESSION_HEADERS: [&str; 4] =
+    ["session-id", "session_id", "thread-id", "conversation_id"];
 
 pub(crate) fn handle(sim: &Sim, req: &SimRequest) -> Outcome {
     let route = match req.path.as_str() {
@@ -75,37 +76,40 @@ pub(crate) fn handle(sim: &Sim, req: &SimRequest) -> Outcome {
                 now,
                 id,
                 ray: &ray,
-                compact: route == Route::Compact,
             };
-            responses_route(account, req, &ctx)
+            responses_route(account, req, &ctx, route == Route::Compact)
         }
     }
 }
 
-struct Ctx<'a> {
-    nonce: &'a str,
-    now: u64,
-    id: u64,
-    ray: &'a str,
-    compact: bool,
+/// What a turn needs from the simulator besides its account.
+pub(crate) struct Ctx<'a> {
+    pub nonce: &'a str,
+    pub now: u64,
+    /// Unique per turn: the suffix of its response and item ids.
+    pub id: u64,
+    pub ray: &'a str,
 }
 
-/// The account a request authenticates as, or the 401 to answer (with the account, when the
-/// token was one of its own, so the answer carries its rate-limit headers).
-fn authenticate(
-    st: &State,
-    req: &SimRequest,
-    now: u64,
-) -> Result<usize, (ErrorAnswer, Option<usize>)> {
-    let token = req
-        .header("authorization")
+/// The token of `Authorization: Bearer …`, if any.
+pub(crate) fn bearer(req: &SimRequest) -> Option<&str> {
+    req.header("authorization")
         .and_then(|h| {
             h.strip_prefix("Bearer ")
                 .or_else(|| h.strip_prefix("bearer "))
         })
         .map(str::trim)
-        .filter(|t| !t.is_empty());
-    let Some(token) = token else {
+        .filter(|t| !t.is_empty())
+}
+
+/// The account a request authenticates as, or the 401 to answer (with the account, when the
+/// token was one of its own, so the answer carries its rate-limit headers).
+pub(crate) fn authenticate(
+    st: &State,
+    req: &SimRequest,
+    now: u64,
+) -> Result<usize, (ErrorAnswer, Option<usize>)> {
+    let Some(token) = bearer(req) else {
         return Err((faults::token_invalidated("missing bearer token"), None));
     };
     let idx = match req.header("chatgpt-account-id") {
@@ -131,7 +135,7 @@ fn authenticate(
     }
 }
 
-fn cf_ray(sim: &Sim, st: &mut State) -> String {
+pub(crate) fn cf_ray(sim: &Sim, st: &mut State) -> String {
     let n = st.next_id();
     let mut h = Sha256::new();
     h.update(sim.nonce().as_bytes());
@@ -144,14 +148,19 @@ fn cf_ray(sim: &Sim, st: &mut State) -> String {
 }
 
 /// Headers every backend answer carries; the rate-limit ones when the account is known.
-fn decorate(r: &mut Response<SimBody>, account: &Account, now: u64, ray: &str) {
+pub(crate) fn decorate(r: &mut Response<SimBody>, account: &Account, now: u64, ray: &str) {
     for (name, value) in catalog::rate_limit_headers(account, now) {
         set_header(r, name, &value);
     }
     set_header(r, "cf-ray", ray);
 }
 
-fn respond(a: ErrorAnswer, account: Option<&Account>, now: u64, ray: &str) -> Response<SimBody> {
+pub(crate) fn respond(
+    a: ErrorAnswer,
+    account: Option<&Account>,
+    now: u64,
+    ray: &str,
+) -> Response<SimBody> {
     let mut r = full(a.status, a.content_type, a.body);
     match account {
         Some(account) if a.from_backend => decorate(&mut r, account, now, ray),
@@ -179,20 +188,69 @@ fn unary_failure(code: &str) -> ErrorAnswer {
     faults::openai_error(status, kind, code, &faults::failed_message(code))
 }
 
-fn responses_route(account: &mut Account, req: &SimRequest, ctx: &Ctx<'_>) -> Outcome {
-    let now = ctx.now;
-    let answer = |a: ErrorAnswer, account: &Account| -> Outcome {
-        respond(a, Some(account), now, ctx.ray).into()
-    };
-    let body = &req.json;
-    if !body.is_object() {
-        let detail = json!({"detail": "The request body must be a JSON object."});
-        return answer(ErrorAnswer::json(400, detail), account);
+/// A `/responses` request, whichever transport carried it.
+pub(crate) struct TurnRequest<'a> {
+    /// The request body; over WebSocket, the frame merged onto the context its
+    /// `previous_response_id` names.
+    pub body: &'a Value,
+    /// Bytes the input-token estimate is based on.
+    pub size: usize,
+    pub session: Option<&'a str>,
+    /// Where faults are taken from: `Responses` (HTTP) or `WsTurn`.
+    pub endpoint: Endpoint,
+    /// One JSON answer (`stream:false`, `/compact`): a failure is an HTTP error, not an event.
+    pub unary: bool,
+    pub compact: bool,
+    /// False for a WebSocket warm-up.
+    pub generate: bool,
+    pub previous_response_id: Option<&'a str>,
+}
+
+/// What a turn comes to, before any transport renders it.
+pub(crate) enum Decision {
+    /// An error instead of a turn. `keeps_socket`: over WebSocket, the error frame leaves
+    /// the socket open (the request was at fault, not the account or the backend).
+    Refuse {
+        answer: ErrorAnswer,
+        keeps_socket: bool,
+    },
+    /// The connection is dropped without an answer.
+    Reset,
+    Serve(Served),
+}
+
+pub(crate) struct Served {
+    pub turn: responses::Turn,
+    pub shape: StreamShape,
+    /// The profile's pacing between deltas.
+    pub delta_pause: Option<Duration>,
+}
+
+fn refuse(answer: ErrorAnswer) -> Decision {
+    Decision::Refuse {
+        answer,
+        keeps_socket: false,
     }
+}
+
+/// A request error (bad model, too long): over WebSocket the socket survives it.
+fn reject(answer: ErrorAnswer) -> Decision {
+    Decision::Refuse {
+        answer,
+        keeps_socket: true,
+    }
+}
+
+/// The one owner of what a turn does: counts it, applies the next fault (queued, else
+/// scripted), checks model and context, consults the prompt cache, moves usage, and builds
+/// its events.
+pub(crate) fn decide(account: &mut Account, req: &TurnRequest<'_>, ctx: &Ctx<'_>) -> Decision {
+    let now = ctx.now;
+    let body = req.body;
     let model = body["model"].as_str().unwrap_or("");
     account.served += 1;
     let fault = account
-        .take_fault(Endpoint::Responses)
+        .take_fault(req.endpoint)
         .or_else(|| scripted_fault(account, now));
     let mut shape = StreamShape::default();
     let mut fail_code = None;
@@ -202,30 +260,27 @@ fn responses_route(account: &mut Account, req: &SimRequest, ctx: &Ctx<'_>) -> Ou
             account.primary.used_percent = 100.0;
             account.primary.reset_at = now + resets_in_seconds;
             let plan = account.spec.plan.clone();
-            let a = faults::usage_limit(&plan, now + resets_in_seconds, resets_in_seconds);
-            return answer(a, account);
+            return refuse(faults::usage_limit(
+                &plan,
+                now + resets_in_seconds,
+                resets_in_seconds,
+            ));
         }
         Some(FaultKind::Burst429 { retry_after_secs }) => {
-            return answer(faults::burst(retry_after_secs), account);
+            return refuse(faults::burst(retry_after_secs));
         }
-        Some(FaultKind::ServerError { status }) => {
-            return answer(faults::server_error(status), account);
-        }
-        Some(FaultKind::Cloudflare403) => return answer(faults::cloudflare(ctx.ray), account),
-        Some(FaultKind::TokenExpired) => return answer(faults::token_expired(), account),
+        Some(FaultKind::ServerError { status }) => return refuse(faults::server_error(status)),
+        Some(FaultKind::Cloudflare403) => return refuse(faults::cloudflare(ctx.ray)),
+        Some(FaultKind::TokenExpired) => return refuse(faults::token_expired()),
         Some(FaultKind::AccountDeactivated) => {
             account.deactivated = true;
-            return answer(faults::account_deactivated(), account);
+            return refuse(faults::account_deactivated());
         }
-        Some(FaultKind::ModelUnsupported) => {
-            return answer(faults::model_unsupported(model), account);
-        }
-        Some(FaultKind::ContextLength) => return answer(faults::context_length(), account),
-        Some(FaultKind::ResetBeforeHeaders) => {
-            return Outcome {
-                reply: Reply::Reset,
-                headers_delay: None,
-            };
+        Some(FaultKind::ModelUnsupported) => return reject(faults::model_unsupported(model)),
+        Some(FaultKind::ContextLength) => return reject(faults::context_length()),
+        Some(FaultKind::ResetBeforeHeaders) => return Decision::Reset,
+        Some(FaultKind::WsErrorFrame { status, code }) => {
+            return refuse(faults::ws_error(status, &code));
         }
         Some(FaultKind::FailedEvent { code }) => fail_code = Some(code),
         Some(FaultKind::ResetMidStream { after_deltas }) => {
@@ -234,34 +289,41 @@ fn responses_route(account: &mut Account, req: &SimRequest, ctx: &Ctx<'_>) -> Ou
         Some(FaultKind::HangMidStream { after_deltas }) => {
             shape.cut = Some(Cut::Hang { after_deltas });
         }
+        Some(FaultKind::WsCloseMidTurn { after_deltas }) => {
+            shape.cut = Some(Cut::Close { after_deltas });
+        }
         Some(FaultKind::SlowFirstToken { ms }) => {
             shape.first_delta_delay = Some(Duration::from_millis(ms));
         }
         Some(FaultKind::SlowHeaders { ms }) => {
             shape.headers_delay = Some(Duration::from_millis(ms));
         }
-        // Never queued for this endpoint (see `FaultKind::endpoint`).
-        Some(FaultKind::RefreshFails { .. }) => {}
+        // Never taken for a turn (see `FaultKind::applies_to`).
+        Some(
+            FaultKind::RefreshFails { .. }
+            | FaultKind::WsRefuse426
+            | FaultKind::WsSlowHandshake { .. },
+        ) => {}
     }
     if !account.supported_models.iter().any(|m| m == model) {
-        return answer(faults::model_unsupported(model), account);
+        return reject(faults::model_unsupported(model));
     }
-    let input_tokens = u64::try_from(req.body.len() / 4).unwrap_or(u64::MAX).max(1);
+    let input_tokens = u64::try_from(req.size / 4).unwrap_or(u64::MAX).max(1);
     if input_tokens > catalog::context_window(model) {
-        return answer(faults::context_length(), account);
+        return reject(faults::context_length());
     }
-    let session = SESSION_HEADERS.iter().find_map(|h| req.header(h));
-    let unary = ctx.compact || !body["stream"].as_bool().unwrap_or(false);
-    if unary && let Some(code) = &fail_code {
-        return answer(unary_failure(code), account);
+    if req.unary
+        && let Some(code) = &fail_code
+    {
+        return refuse(unary_failure(code));
     }
-    let cache_key = body["prompt_cache_key"].as_str().or(session);
+    let cache_key = body["prompt_cache_key"].as_str().or(req.session);
     let cached_tokens = if fail_code.is_some() {
         0
     } else {
         account.cache_lookup(cache_key, input_tokens)
     };
-    if fail_code.is_none() && shape.cut.is_none() {
+    if fail_code.is_none() && shape.cut.is_none() && req.generate {
         let (dp, ds) = account.script.drift;
         account.primary.used_percent = drift(account.primary.used_percent, dp);
         account.secondary.used_percent = drift(account.secondary.used_percent, ds);
@@ -275,14 +337,65 @@ fn responses_route(account: &mut Account, req: &SimRequest, ctx: &Ctx<'_>) -> Ou
         input_tokens,
         cached_tokens,
         fail_code,
+        generate: req.generate,
+        previous_response_id: req.previous_response_id.map(str::to_string),
     };
-    let plan = if ctx.compact {
+    let plan = if req.compact {
         Plan::Compaction
     } else {
         responses::plan(body, account.id())
     };
-    let turn = responses::build(&spec, &plan);
-    let mut r = if ctx.compact {
+    Decision::Serve(Served {
+        turn: responses::build(&spec, &plan),
+        shape,
+        delta_pause: account.script.delta_pause,
+    })
+}
+
+fn responses_route(
+    account: &mut Account,
+    req: &SimRequest,
+    ctx: &Ctx<'_>,
+    compact: bool,
+) -> Outcome {
+    let now = ctx.now;
+    let answer = |a: ErrorAnswer, account: &Account| -> Outcome {
+        respond(a, Some(account), now, ctx.ray).into()
+    };
+    let body = &req.json;
+    if !body.is_object() {
+        let detail = json!({"detail": "The request body must be a JSON object."});
+        return answer(ErrorAnswer::json(400, detail), account);
+    }
+    let model = body["model"].as_str().unwrap_or("");
+    let session = SESSION_HEADERS.iter().find_map(|h| req.header(h));
+    let unary = compact || !body["stream"].as_bool().unwrap_or(false);
+    let turn_req = TurnRequest {
+        body,
+        size: req.body.len(),
+        session,
+        endpoint: Endpoint::Responses,
+        unary,
+        compact,
+        generate: true,
+        previous_response_id: None,
+    };
+    let served = match decide(account, &turn_req, ctx) {
+        Decision::Refuse { answer: a, .. } => return answer(a, account),
+        Decision::Reset => {
+            return Outcome {
+                reply: Reply::Reset,
+                headers_delay: None,
+            };
+        }
+        Decision::Serve(served) => served,
+    };
+    let Served {
+        turn,
+        shape,
+        delta_pause,
+    } = served;
+    let mut r = if compact {
         let mut out = turn.response.clone();
         out["object"] = json!("response.compaction");
         steps(200, "application/json", responses::json_steps(&out, &shape))
@@ -290,8 +403,7 @@ fn responses_route(account: &mut Account, req: &SimRequest, ctx: &Ctx<'_>) -> Ou
         let out = &turn.response;
         steps(200, "application/json", responses::json_steps(out, &shape))
     } else {
-        let pause = account.script.delta_pause;
-        let body = responses::sse_steps(&turn, &shape, pause);
+        let body = responses::sse_steps(&turn, &shape, delta_pause);
         steps(200, "text/event-stream; charset=utf-8", body)
     };
     decorate(&mut r, account, now, ctx.ray);
@@ -319,7 +431,7 @@ fn drift(used: f64, by: f64) -> f64 {
 }
 
 /// Opaque, stable per (account, session).
-fn turn_state(nonce: &str, account: &str, session: Option<&str>) -> String {
+pub(crate) fn turn_state(nonce: &str, account: &str, session: Option<&str>) -> String {
     let mut h = Sha256::new();
     for part in [nonce, account, session.unwrap_or("")] {
         h.update(part.as_bytes());

@@ -183,3 +183,24 @@ pub(crate) fn rate_limit_headers(account: &Account, now: u64) -> Vec<(&'static s
         ("x-codex-credits-balance", "0".to_string()),
     ]
 }
+
+/// The `codex.rate_limits` frame a WebSocket turn starts with (protocol §E): the same numbers
+/// as the rate-limit headers.
+pub(crate) fn rate_limits_event(account: &Account) -> Value {
+    let window = |w: &super::state::Window| {
+        json!({
+            "used_percent": w.used_percent,
+            "window_minutes": w.len_secs / 60,
+            "reset_at": w.reset_at,
+        })
+    };
+    json!({
+        "type": "codex.rate_limits",
+        "plan_type": account.spec.plan,
+        "rate_limits": {
+            "primary": window(&account.primary),
+            "secondary": window(&account.secondary),
+        },
+        "credits": {"has_credits": false, "unlimited": false, "balance": "0"},
+    })
+}

@@ -41,10 +41,21 @@ pub enum FaultKind {
     SlowHeaders { ms: u64 },
     /// The token endpoint answers `status` to this account's refresh.
     RefreshFails { status: u16 },
+    /// The WebSocket upgrade is answered 426 Upgrade Required (Codex then uses HTTP at once).
+    WsRefuse426,
+    /// A pause of `ms` before the WebSocket upgrade's 101.
+    WsSlowHandshake { ms: u64 },
+    /// A normal turn over WebSocket, then a close frame (1011) after `after_deltas` deltas,
+    /// without a terminal event.
+    WsCloseMidTurn { after_deltas: u32 },
+    /// A WebSocket error frame with this status and `error.code`, then the server closes.
+    WsErrorFrame { status: u16, code: String },
 }
 
 /// A fault queued on an account. Faults are consumed in FIFO order by the requests they apply
-/// to (`RefreshFails` by `/oauth/token`, every other kind by `/responses*`).
+/// to: `RefreshFails` by `/oauth/token`; `WsRefuse426` and `WsSlowHandshake` by WebSocket
+/// upgrades; `WsCloseMidTurn` and `WsErrorFrame` by `response.create` frames; every other kind
+/// by `/responses*` requests and `response.create` frames alike.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Fault {
     #[serde(flatten)]
@@ -74,18 +85,30 @@ impl Fault {
     }
 }
 
-/// Which requests a fault kind applies to.
+/// The kinds of request a fault can apply to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Endpoint {
+    /// `POST /responses*` over HTTP.
     Responses,
+    /// The WebSocket upgrade of `/responses`.
+    WsHandshake,
+    /// One `response.create` frame on a WebSocket.
+    WsTurn,
+    /// `POST /oauth/token`.
     Refresh,
 }
 
 impl FaultKind {
-    pub(crate) fn endpoint(&self) -> Endpoint {
+    pub(crate) fn applies_to(&self, endpoint: Endpoint) -> bool {
         match self {
-            FaultKind::RefreshFails { .. } => Endpoint::Refresh,
-            _ => Endpoint::Responses,
+            FaultKind::RefreshFails { .. } => endpoint == Endpoint::Refresh,
+            FaultKind::WsRefuse426 | FaultKind::WsSlowHandshake { .. } => {
+                endpoint == Endpoint::WsHandshake
+            }
+            FaultKind::WsCloseMidTurn { .. } | FaultKind::WsErrorFrame { .. } => {
+                endpoint == Endpoint::WsTurn
+            }
+            _ => matches!(endpoint, Endpoint::Responses | Endpoint::WsTurn),
         }
     }
 }
@@ -100,8 +123,26 @@ pub(crate) struct StreamShape {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Cut {
-    Reset { after_deltas: u32 },
-    Hang { after_deltas: u32 },
+    Reset {
+        after_deltas: u32,
+    },
+    Hang {
+        after_deltas: u32,
+    },
+    /// WebSocket only: a close frame (1011) instead of the rest of the turn.
+    Close {
+        after_deltas: u32,
+    },
+}
+
+impl Cut {
+    pub fn after_deltas(self) -> u32 {
+        match self {
+            Cut::Reset { after_deltas }
+            | Cut::Hang { after_deltas }
+            | Cut::Close { after_deltas } => after_deltas,
+        }
+    }
 }
 
 /// An error answer: status, extra headers, content type and body.
@@ -261,6 +302,67 @@ pub(crate) fn account_deactivated() -> ErrorAnswer {
         "account_deactivated",
         "Your OpenAI account has been deactivated, please check your email for more information.",
     )
+}
+
+/// The 400 a WebSocket upgrade without `OpenAI-Beta: responses_websockets=…` gets.
+pub(crate) fn missing_beta(want: &str) -> ErrorAnswer {
+    openai_error(
+        400,
+        "invalid_request_error",
+        "invalid_beta_header",
+        &format!("WebSocket connections to /responses require the 'OpenAI-Beta: {want}' header."),
+    )
+}
+
+/// The 426 of `WsRefuse426`: this endpoint does not speak WebSocket (use HTTP).
+pub(crate) fn upgrade_required() -> ErrorAnswer {
+    openai_error(
+        426,
+        "invalid_request_error",
+        "upgrade_required",
+        "Responses over WebSocket are not available; use HTTP.",
+    )
+}
+
+/// A malformed upgrade request (no `Sec-WebSocket-Key`, or a version other than 13).
+pub(crate) fn bad_upgrade() -> ErrorAnswer {
+    ErrorAnswer::json(400, json!({"detail": "Invalid WebSocket upgrade request."}))
+}
+
+/// A WebSocket frame that is not a JSON `response.create`.
+pub(crate) fn bad_frame(message: &str) -> ErrorAnswer {
+    openai_error(400, "invalid_request_error", "invalid_request", message)
+}
+
+/// `previous_response_id` names a response this socket did not produce (`store:false`).
+pub(crate) fn previous_response_not_found(id: &str) -> ErrorAnswer {
+    ErrorAnswer::json(
+        400,
+        json!({"error": {
+            "type": "invalid_request_error",
+            "code": "previous_response_not_found",
+            "message": format!("Previous response with id '{id}' not found."),
+            "param": "previous_response_id",
+        }}),
+    )
+}
+
+/// The error object of `WsErrorFrame`.
+pub(crate) fn ws_error(status: u16, code: &str) -> ErrorAnswer {
+    let kind = match status {
+        429 => "rate_limit_exceeded",
+        503 => "service_unavailable_error",
+        500..=599 => "server_error",
+        _ => "invalid_request_error",
+    };
+    let message = if code == "websocket_connection_limit_reached" {
+        "Responses websocket connection limit reached (60 minutes). Create a new websocket \
+         connection to continue."
+            .to_string()
+    } else {
+        failed_message(code)
+    };
+    openai_error(status, kind, code, &message)
 }
 
 /// The message a `response.failed` event carries for `code`.

@@ -2,7 +2,8 @@
 //! tests use it; it never starts unless asked.
 //!
 //! It serves the real paths (`/backend-api/codex/responses`, `/responses/compact`, `/models`,
-//! `/backend-api/wham/usage`, `/oauth/token`) over HTTP/1.1 on loopback, with the wire shapes
+//! `/backend-api/wham/usage`, `/oauth/token`) over HTTP/1.1 on loopback, and the Responses
+//! WebSocket (protocol §E) on `/backend-api/codex/responses`, with the wire shapes
 //! of `shared/codex-protocol.md`: per-account tokens that expire by the sim clock and rotate on
 //! refresh, `x-codex-*` rate-limit headers, the §D event sequence, a per-account prompt cache,
 //! and scriptable faults (§F) — queued per account ([`Sim::push_fault`], `POST /sim/...`) or
@@ -16,7 +17,8 @@
 //!
 //! Layout: this file (the API), `runner` (handle, `switchyard sim`), `state` (accounts,
 //! tokens, windows, request log), `server` (hyper loop, routing, bodies), `backend` (auth,
-//! faults and answers of `/backend-api/*`), `responses` (event generation), `catalog`
+//! faults and answers of `/backend-api/*`; `decide` is a turn for both transports), `ws` (the
+//! WebSocket handshake and connections), `responses` (event generation), `catalog`
 //! (models, usage, rate-limit headers), `oauth`, `faults`, `profile`, `control` (`/sim/*`).
 
 pub mod auth;
@@ -30,6 +32,7 @@ mod responses;
 mod runner;
 mod server;
 mod state;
+mod ws;
 
 use std::collections::BTreeMap;
 use std::net::Ipv4Addr;
@@ -40,6 +43,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use tokio::net::TcpListener;
+use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use crate::clock::{self, SharedClock};
@@ -51,7 +55,11 @@ pub use runner::{SimHandle, run_standalone};
 
 use state::{Account, State};
 
-/// One request the simulator received on `/backend-api/*` or `/oauth/token`.
+/// One request the simulator received on `/backend-api/*` or `/oauth/token`. A WebSocket is
+/// recorded as its handshake (`GET`, status 101 or the refusal) and then one entry per
+/// client frame: `method: "WS"`, the handshake's path, query and headers, the frame as `body`,
+/// and as `status` 200 for a turn that was served, the error frame's status, or 0 when the
+/// connection was dropped instead.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct RecordedRequest {
     /// Arrival, by the sim clock (unix ms).
@@ -104,6 +112,8 @@ struct Inner {
     /// Makes this instance's tokens and ids its own.
     nonce: String,
     state: Mutex<State>,
+    /// Bumped whenever a WebSocket opens or closes (wakes `wait_ws_open`).
+    ws_changed: watch::Sender<u64>,
 }
 
 impl std::fmt::Debug for Sim {
@@ -142,12 +152,13 @@ impl Sim {
                     accounts,
                     ..State::default()
                 }),
+                ws_changed: watch::Sender::new(0),
             }),
         }
     }
 
     /// Serves until `shutdown` is cancelled (HTTP/1.1 via hyper directly, so faults can reset
-    /// connections). Open connections are closed when it is.
+    /// connections). Open connections, WebSockets included, are closed when it is.
     pub async fn serve(self, listener: TcpListener, shutdown: CancellationToken) {
         server::serve(self, listener, shutdown).await;
     }
@@ -299,6 +310,41 @@ impl Sim {
     /// Deactivates (401 `account_deactivated`) or reactivates the account.
     pub fn set_deactivated(&self, account_id: &str, deactivated: bool) -> bool {
         self.with_account(account_id, |a| a.deactivated = deactivated)
+    }
+
+    /// WebSocket upgrades of the account accepted (answered 101) so far.
+    pub fn ws_connections(&self, account_id: &str) -> u32 {
+        self.lock()
+            .account(account_id)
+            .map_or(0, |a| a.ws_connections)
+    }
+
+    /// The account's WebSockets open now (from the 101 until the connection ends).
+    pub fn ws_open(&self, account_id: &str) -> u32 {
+        self.lock().account(account_id).map_or(0, |a| a.ws_open)
+    }
+
+    /// Resolves once the account has exactly `n` open WebSockets (at once if it has). Tests
+    /// wrap it in a timeout, e.g. to see a socket closed after its client left.
+    pub async fn wait_ws_open(&self, account_id: &str, n: u32) {
+        let mut changed = self.inner.ws_changed.subscribe();
+        while self.ws_open(account_id) != n {
+            // The sender lives as long as `self`: this never fails while we wait.
+            if changed.changed().await.is_err() {
+                return;
+            }
+        }
+    }
+
+    /// Wakes `wait_ws_open` (call without the lock held).
+    pub(crate) fn ws_changed(&self) {
+        self.inner.ws_changed.send_modify(|n| *n += 1);
+    }
+
+    /// A WebSocket of the account ended.
+    pub(crate) fn ws_closed(&self, account_id: &str) {
+        self.with_account(account_id, |a| a.ws_open = a.ws_open.saturating_sub(1));
+        self.ws_changed();
     }
 
     fn with_account(&self, account_id: &str, f: impl FnOnce(&mut Account)) -> bool {

@@ -1,5 +1,7 @@
 //! One simulated turn: what the model "does" with a request, as the event sequence of
-//! protocol §D, rendered as SSE or as the final JSON response object.
+//! protocol §D, played as SSE, as WebSocket text frames, or as the final JSON response object.
+
+use std::time::Duration;
 
 use bytes::Bytes;
 use serde_json::{Value, json};
@@ -85,6 +87,10 @@ pub(crate) struct TurnSpec<'a> {
     pub cached_tokens: u64,
     /// `response.failed` with this code after `response.in_progress`.
     pub fail_code: Option<String>,
+    /// False for a WebSocket warm-up (`generate:false`): created, then completed, no output.
+    pub generate: bool,
+    /// Echoed in the response object (WebSocket continuations).
+    pub previous_response_id: Option<String>,
 }
 
 /// A generated event: its `type` and full JSON (with `sequence_number`).
@@ -161,7 +167,7 @@ fn response_object(spec: &TurnSpec<'_>, status: &str) -> Value {
         "model": spec.model,
         "output": [],
         "parallel_tool_calls": r["parallel_tool_calls"].as_bool().unwrap_or(true),
-        "previous_response_id": null,
+        "previous_response_id": spec.previous_response_id,
         "prompt_cache_key": r["prompt_cache_key"],
         "reasoning": {
             "effort": r["reasoning"]["effort"].as_str().unwrap_or("medium"),
@@ -198,6 +204,22 @@ pub(crate) fn build(spec: &TurnSpec<'_>, plan: &Plan) -> Turn {
     let mut b = Builder { events: Vec::new() };
     let mut response = response_object(spec, "in_progress");
     b.push("response.created", json!({"response": response}));
+    if !spec.generate && spec.fail_code.is_none() {
+        // A warm-up generates nothing and bills nothing; it still primes the prompt cache.
+        response["status"] = json!("completed");
+        response["usage"] = json!({
+            "input_tokens": 0,
+            "input_tokens_details": {"cached_tokens": 0},
+            "output_tokens": 0,
+            "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": 0,
+        });
+        b.push("response.completed", json!({"response": response}));
+        return Turn {
+            events: b.events,
+            response,
+        };
+    }
     b.push("response.in_progress", json!({"response": response}));
     if let Some(code) = &spec.fail_code {
         response["status"] = json!("failed");
@@ -374,40 +396,64 @@ fn message(b: &mut Builder, spec: &TurnSpec<'_>, text: &str) -> Value {
     item
 }
 
-/// The SSE body of a turn, shaped by a fault (pauses, a cut) and the profile's pacing.
-pub(crate) fn sse_steps(
-    turn: &Turn,
+/// One step of playing a turn, whatever carries it.
+#[derive(Debug)]
+pub(crate) enum Beat<'a> {
+    Event(&'a Event),
+    Pause(Duration),
+    /// The turn ends here, without its terminal event.
+    Cut(Cut),
+}
+
+/// How a turn plays, shaped by a fault (pauses, a cut) and the profile's pacing. A cut comes
+/// after `after_deltas` deltas, and at the latest instead of the terminal event.
+pub(crate) fn beats<'a>(
+    turn: &'a Turn,
     shape: &StreamShape,
-    delta_pause: Option<std::time::Duration>,
-) -> Vec<Step> {
-    let mut steps = Vec::with_capacity(turn.events.len() + 2);
+    delta_pause: Option<Duration>,
+) -> Vec<Beat<'a>> {
+    let mut beats = Vec::with_capacity(turn.events.len() + 2);
     let mut deltas = 0u32;
     let last = turn.events.len().saturating_sub(1);
     for (i, ev) in turn.events.iter().enumerate() {
-        let terminal = i == last && i > 1;
-        if let Some(cut) = shape.cut {
-            let (after, step) = match cut {
-                Cut::Reset { after_deltas } => (after_deltas, Step::Reset),
-                Cut::Hang { after_deltas } => (after_deltas, Step::Hang),
-            };
-            if (ev.is_delta() && deltas >= after) || terminal {
-                steps.push(step);
-                return steps;
-            }
+        let terminal = i == last && i > 0;
+        if let Some(cut) = shape.cut
+            && ((ev.is_delta() && deltas >= cut.after_deltas()) || terminal)
+        {
+            beats.push(Beat::Cut(cut));
+            return beats;
         }
         if ev.is_delta() {
             if deltas == 0 {
                 if let Some(d) = shape.first_delta_delay {
-                    steps.push(Step::Pause(d));
+                    beats.push(Beat::Pause(d));
                 }
             } else if let Some(d) = delta_pause {
-                steps.push(Step::Pause(d));
+                beats.push(Beat::Pause(d));
             }
             deltas += 1;
         }
-        steps.push(Step::Data(ev.sse()));
+        beats.push(Beat::Event(ev));
     }
-    steps
+    beats
+}
+
+/// The SSE body of a turn.
+pub(crate) fn sse_steps(
+    turn: &Turn,
+    shape: &StreamShape,
+    delta_pause: Option<Duration>,
+) -> Vec<Step> {
+    beats(turn, shape, delta_pause)
+        .into_iter()
+        .map(|beat| match beat {
+            Beat::Event(ev) => Step::Data(ev.sse()),
+            Beat::Pause(d) => Step::Pause(d),
+            // `Close` is WebSocket-only; over HTTP the nearest thing is a reset.
+            Beat::Cut(Cut::Reset { .. } | Cut::Close { .. }) => Step::Reset,
+            Beat::Cut(Cut::Hang { .. }) => Step::Hang,
+        })
+        .collect()
 }
 
 /// A unary JSON body, shaped by a fault: a pause before it, or cut/hang half-way.
@@ -419,7 +465,7 @@ pub(crate) fn json_steps(body: &Value, shape: &StreamShape) -> Vec<Step> {
     }
     match shape.cut {
         None => steps.push(Step::Data(bytes)),
-        Some(Cut::Reset { .. }) => {
+        Some(Cut::Reset { .. } | Cut::Close { .. }) => {
             steps.push(Step::Data(bytes.slice(..bytes.len() / 2)));
             steps.push(Step::Reset);
         }

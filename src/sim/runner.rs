@@ -33,6 +33,11 @@ impl SimHandle {
         format!("{}/backend-api/codex", self.url())
     }
 
+    /// `ws://ADDR/backend-api/codex/responses`, the Responses WebSocket.
+    pub fn ws_url(&self) -> String {
+        format!("ws://{}/backend-api/codex/responses", self.addr)
+    }
+
     /// `http://ADDR/backend-api/wham/usage`
     pub fn usage_url(&self) -> String {
         format!("{}/backend-api/wham/usage", self.url())

@@ -1,5 +1,6 @@
 //! The HTTP/1.1 server: hyper directly (not axum), so that a handler can drop a connection
-//! without answering and a body can cut a stream with a reset.
+//! without answering and a body can cut a stream with a reset. WebSocket upgrades of
+//! `/backend-api/codex/responses` are handed to `ws`.
 
 use std::collections::BTreeMap;
 use std::convert::Infallible;
@@ -19,7 +20,7 @@ use serde_json::Value;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-use super::{RecordedRequest, Sim, backend, control, oauth};
+use super::{RecordedRequest, Sim, backend, control, oauth, ws};
 
 /// Request bodies above this are refused with 413.
 const MAX_BODY_BYTES: usize = 64 * 1024 * 1024;
@@ -152,8 +153,11 @@ pub(crate) async fn serve(sim: Sim, listener: TcpListener, shutdown: Cancellatio
         let sim = sim.clone();
         let shutdown = shutdown.clone();
         tokio::spawn(async move {
-            let svc = service_fn(move |req| handle(sim.clone(), req));
-            let conn = http1::Builder::new().serve_connection(TokioIo::new(stream), svc);
+            let stop = shutdown.clone();
+            let svc = service_fn(move |req| handle(sim.clone(), stop.clone(), req));
+            let conn = http1::Builder::new()
+                .serve_connection(TokioIo::new(stream), svc)
+                .with_upgrades();
             tokio::select! {
                 _ = conn => {}
                 () = shutdown.cancelled() => {}
@@ -162,8 +166,14 @@ pub(crate) async fn serve(sim: Sim, listener: TcpListener, shutdown: Cancellatio
     }
 }
 
-async fn handle(sim: Sim, req: Request<Incoming>) -> Result<Response<SimBody>, Dropped> {
+async fn handle(
+    sim: Sim,
+    shutdown: CancellationToken,
+    mut req: Request<Incoming>,
+) -> Result<Response<SimBody>, Dropped> {
     let at_ms = sim.now_ms();
+    let upgrade = ws::wants_upgrade(req.method(), req.uri().path(), req.headers())
+        .then(|| hyper::upgrade::on(&mut req));
     let (parts, body) = req.into_parts();
     let body = match Limited::new(body, MAX_BODY_BYTES).collect().await {
         Ok(c) => c.to_bytes(),
@@ -189,7 +199,9 @@ async fn handle(sim: Sim, req: Request<Incoming>) -> Result<Response<SimBody>, D
         body,
     };
     let recorded = req.path.starts_with("/backend-api/") || req.path == "/oauth/token";
-    let outcome = if req.path == "/sim" || req.path.starts_with("/sim/") {
+    let outcome = if let Some(on_upgrade) = upgrade {
+        ws::handshake(&sim, &req, on_upgrade, &shutdown)
+    } else if req.path == "/sim" || req.path.starts_with("/sim/") {
         control::handle(&sim, &req)
     } else if req.path == "/oauth/token" {
         oauth::handle(&sim, &req)
@@ -215,17 +227,7 @@ async fn handle(sim: Sim, req: Request<Incoming>) -> Result<Response<SimBody>, D
 }
 
 fn record_of(req: SimRequest, at_ms: u64, status: u16) -> RecordedRequest {
-    let mut headers: BTreeMap<String, String> = BTreeMap::new();
-    for (name, value) in &req.headers {
-        let value = String::from_utf8_lossy(value.as_bytes()).into_owned();
-        headers
-            .entry(name.as_str().to_string())
-            .and_modify(|v| {
-                v.push_str(", ");
-                v.push_str(&value);
-            })
-            .or_insert(value);
-    }
+    let headers = recorded_headers(&req.headers);
     RecordedRequest {
         at_ms,
         method: req.method.to_string(),
@@ -236,4 +238,20 @@ fn record_of(req: SimRequest, at_ms: u64, status: u16) -> RecordedRequest {
         body: req.json,
         status,
     }
+}
+
+/// Headers as a [`RecordedRequest`] keeps them: lower-case names, repeats joined with ", ".
+pub(crate) fn recorded_headers(map: &HeaderMap) -> BTreeMap<String, String> {
+    let mut headers: BTreeMap<String, String> = BTreeMap::new();
+    for (name, value) in map {
+        let value = String::from_utf8_lossy(value.as_bytes()).into_owned();
+        headers
+            .entry(name.as_str().to_string())
+            .and_modify(|v| {
+                v.push_str(", ");
+                v.push_str(&value);
+            })
+            .or_insert(value);
+    }
+    headers
 }

@@ -101,8 +101,12 @@ pub(crate) struct Account {
     pub supported_models: Vec<String>,
     /// prompt-cache key -> input tokens of the last request served with it.
     cache: HashMap<String, u64>,
-    /// `/responses*` requests that passed authentication.
+    /// `/responses*` requests and `response.create` frames that passed authentication.
     pub served: u64,
+    /// WebSocket upgrades accepted (101) so far.
+    pub ws_connections: u32,
+    /// WebSockets open now.
+    pub ws_open: u32,
     pub script: Script,
     /// Profile quota: exhausted until (unix s), and requests since the last reset.
     pub script_quota_until: Option<u64>,
@@ -135,6 +139,8 @@ impl Account {
             supported_models: DEFAULT_MODELS.iter().map(|m| m.to_string()).collect(),
             cache: HashMap::new(),
             served: 0,
+            ws_connections: 0,
+            ws_open: 0,
             script_quota_until: None,
             script_since_reset: 0,
             script,
@@ -234,7 +240,7 @@ impl Account {
         let idx = self
             .faults
             .iter()
-            .position(|f| f.kind.endpoint() == endpoint)?;
+            .position(|f| f.kind.applies_to(endpoint))?;
         let fault = self.faults.get_mut(idx)?;
         let kind = fault.kind.clone();
         match fault.times {
@@ -281,6 +287,8 @@ impl Account {
             "supported_models": self.supported_models,
             "faults": self.faults,
             "served": self.served,
+            "ws_connections": self.ws_connections,
+            "ws_open": self.ws_open,
         })
     }
 }
