@@ -280,28 +280,7 @@ async fn codex_cli_completes_a_tool_call_turn_while_the_first_account_fails_over
         None,
     );
     let tmp = tempfile::tempdir().unwrap();
-    let home = tmp.path().join("codex-home");
-    let work = tmp.path().join("work");
-    std::fs::create_dir_all(&home).unwrap();
-    std::fs::create_dir_all(&work).unwrap();
-    let provider = format!(
-        "model_providers.gw={{name=\"gw\",base_url=\"{}\",env_key=\"SWITCHYARD_KEY\",wire_api=\"responses\",supports_websockets=false}}",
-        gw.url("/v1")
-    );
-    let mut cmd = Command::new(codex());
-    cmd.current_dir(&work)
-        .env("CODEX_HOME", &home)
-        .env("SWITCHYARD_KEY", &gw.key)
-        .env_remove("OPENAI_API_KEY")
-        .args([
-            "exec",
-            "--skip-git-repo-check",
-            "--dangerously-bypass-approvals-and-sandbox",
-            "-m",
-            "gpt-5.5",
-        ])
-        .args(["-c", "model_provider=\"gw\"", "-c", &provider])
-        .arg("please run: echo switchyard-tool-ok");
+    let cmd = codex_exec(&gw, tmp.path(), "please run: echo switchyard-tool-ok");
     let out = run(cmd).await;
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);

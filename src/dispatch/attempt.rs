@@ -176,32 +176,24 @@ impl Dispatcher {
         trace: &mut Trace,
     ) -> AttemptEnd {
         let class = classify(&facts);
+        if matches!(class, Class::AuthExpired | Class::Caller) {
+            self.push_attempt(
+                trace,
+                lease,
+                class,
+                facts.status,
+                facts.phase,
+                started,
+                Some(facts.summary()),
+            );
+        }
         match class {
-            Class::AuthExpired => {
-                self.push_attempt(
-                    trace,
-                    lease,
-                    class,
-                    facts.status,
-                    facts.phase,
-                    started,
-                    Some(facts.summary()),
-                );
-                AttemptEnd::RetrySame {
-                    rejected_token: identity.access_token.clone(),
-                }
-            }
+            Class::AuthExpired => AttemptEnd::RetrySame {
+                rejected_token: identity.access_token.clone(),
+            },
             Class::Caller => {
-                self.push_attempt(
-                    trace,
-                    lease,
-                    class,
-                    facts.status,
-                    facts.phase,
-                    started,
-                    Some(facts.summary()),
-                );
                 trace.account = Some(lease.chatgpt_account_id.clone());
+                trace.served_by = Some(lease.id.clone());
                 AttemptEnd::Reply(caller_reply(&facts), "caller_error")
             }
             _ => self.report_and_next(ctx, lease, facts, started, trace),

@@ -212,15 +212,7 @@ impl Dispatcher {
         tx: &mpsc::Sender<Frame>,
     ) -> bool {
         tracing::debug!(mode = ?ctx.mode, "commit");
-        let mut headers = relay.to_vec();
-        headers.push((
-            HeaderName::from_static("content-type"),
-            HeaderValue::from_static("text/event-stream"),
-        ));
-        headers.push((
-            HeaderName::from_static("cache-control"),
-            HeaderValue::from_static("no-cache"),
-        ));
+        let headers = sse_head(relay);
         if tx
             .send(Frame::Head {
                 status: 200,
@@ -341,15 +333,7 @@ impl Dispatcher {
         if !committed {
             // A terminal event arrived before anything else worth showing: commit with it.
             trace.ttft_ms = Some(ms_since(ctx.received));
-            let mut headers = relay.to_vec();
-            headers.push((
-                HeaderName::from_static("content-type"),
-                HeaderValue::from_static("text/event-stream"),
-            ));
-            headers.push((
-                HeaderName::from_static("cache-control"),
-                HeaderValue::from_static("no-cache"),
-            ));
+            let headers = sse_head(relay);
             tail.push(Frame::Head { status, headers });
             tail.extend(held.drain(..).map(Frame::Data));
         }
@@ -428,4 +412,18 @@ fn with_pending(pending: BytesMut, end: AttemptEnd) -> AttemptEnd {
         }
         other => other,
     }
+}
+
+/// The head of an SSE answer: the relayed upstream headers and the stream's own.
+fn sse_head(relay: &[(HeaderName, HeaderValue)]) -> Vec<(HeaderName, HeaderValue)> {
+    let mut headers = relay.to_vec();
+    headers.push((
+        HeaderName::from_static("content-type"),
+        HeaderValue::from_static("text/event-stream"),
+    ));
+    headers.push((
+        HeaderName::from_static("cache-control"),
+        HeaderValue::from_static("no-cache"),
+    ));
+    headers
 }

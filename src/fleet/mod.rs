@@ -420,23 +420,35 @@ impl Fleet {
         selector: &str,
         enabled: bool,
     ) -> Result<wire::Account, FleetError> {
-        let id = self.resolve(selector)?;
-        let now_ms = self.clock.now_ms();
-        let (record, view) = {
-            let mut inner = self.write();
-            let e = inner
-                .accounts
-                .get_mut(&id)
-                .ok_or_else(|| FleetError::NotFound(selector.to_string()))?;
+        let (id, (record, view)) = self.update_entry(selector, |e, now_ms| {
             e.record.enabled = enabled;
             e.record.updated_at = now_ms / 1000;
             (e.record.clone(), Self::view(e, now_ms))
-        };
+        })?;
         self.store
             .write(vec![Store::account_mutation(&record)?])
             .await?;
         tracing::info!(account = %id, enabled, "account {}", if enabled { "enabled" } else { "disabled" });
         Ok(view)
+    }
+
+    /// Changes one account in memory (under the pool lock) and returns its id and what `f`
+    /// returned; the caller persists.
+    pub(crate) fn update_entry<T>(
+        &self,
+        selector: &str,
+        f: impl FnOnce(&mut Entry, u64) -> T,
+    ) -> Result<(String, T), FleetError> {
+        let id = self.resolve(selector)?;
+        let now_ms = self.clock.now_ms();
+        let mut inner = self.write();
+        let e = inner
+            .accounts
+            .get_mut(&id)
+            .ok_or_else(|| FleetError::NotFound(selector.to_string()))?;
+        let out = f(e, now_ms);
+        drop(inner);
+        Ok((id, out))
     }
 
     /// Removes an account with its tokens and health. Takes effect in memory first.
@@ -455,19 +467,12 @@ impl Fleet {
 
     /// Clears an account's cooldown and ladders (operator action).
     pub async fn clear_cooldown(&self, selector: &str) -> Result<wire::Account, FleetError> {
-        let id = self.resolve(selector)?;
-        let now_ms = self.clock.now_ms();
-        let (health, view) = {
-            let mut inner = self.write();
-            let e = inner
-                .accounts
-                .get_mut(&id)
-                .ok_or_else(|| FleetError::NotFound(selector.to_string()))?;
+        let (id, (health, view)) = self.update_entry(selector, |e, now_ms| {
             if e.health.state != State::NeedsReauth {
                 e.health.clear();
             }
             (e.health.clone(), Self::view(e, now_ms))
-        };
+        })?;
         self.store
             .write(vec![Store::health_mutation(&id, &health)?])
             .await?;

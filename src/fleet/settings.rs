@@ -295,25 +295,18 @@ impl super::Fleet {
         priority: Option<i32>,
         max_concurrency: Option<Option<u32>>,
     ) -> Result<switchyard_tui::wire::Account, super::FleetError> {
-        let id = self.resolve(selector)?;
         let pool_max = self.settings().max_concurrency;
-        let record = {
-            let mut inner = self.write();
-            let e = inner
-                .accounts
-                .get_mut(&id)
-                .ok_or_else(|| super::FleetError::NotFound(selector.to_string()))?;
+        let (id, record) = self.update_entry(selector, |e, now_ms| {
             if let Some(p) = priority {
                 e.record.priority = p;
             }
             if let Some(m) = max_concurrency {
                 e.record.max_concurrency = m.map(|v| v.max(1));
-                let max = f64::from(e.record.max_concurrency.unwrap_or(pool_max));
-                e.limit = max;
+                e.limit = f64::from(e.record.max_concurrency.unwrap_or(pool_max));
             }
-            e.record.updated_at = self.clock.now_secs();
+            e.record.updated_at = now_ms / 1000;
             e.record.clone()
-        };
+        })?;
         self.store
             .write(vec![crate::store::Store::account_mutation(&record)?])
             .await?;
