@@ -338,18 +338,22 @@ async fn drain(mut server: JoinHandle<()>, grace: Duration) {
     }
 }
 
-/// SIGTERM -> graceful, SIGINT -> fast.
-pub async fn signals() -> ShutdownKind {
+/// SIGTERM -> graceful, SIGINT -> fast. The handlers are installed when this is called (not
+/// when the future is first polled), so a signal that arrives right after `READY=1` is caught.
+pub fn signals() -> impl Future<Output = ShutdownKind> {
     use tokio::signal::unix::{SignalKind, signal};
-    let (Ok(mut term), Ok(mut int)) = (
+    let handlers = (
         signal(SignalKind::terminate()),
         signal(SignalKind::interrupt()),
-    ) else {
-        tracing::error!("cannot install signal handlers; stop with SIGKILL");
-        return std::future::pending().await;
-    };
-    tokio::select! {
-        _ = term.recv() => ShutdownKind::Graceful,
-        _ = int.recv() => ShutdownKind::Fast,
+    );
+    async move {
+        let (Ok(mut term), Ok(mut int)) = handlers else {
+            tracing::error!("cannot install signal handlers; stop with SIGKILL");
+            return std::future::pending().await;
+        };
+        tokio::select! {
+            _ = term.recv() => ShutdownKind::Graceful,
+            _ = int.recv() => ShutdownKind::Fast,
+        }
     }
 }

@@ -120,6 +120,7 @@ fn admin_socket(config: &Config) -> PathBuf {
 
 async fn serve(config: Config) -> Result<(), CommandError> {
     let dir = state_dir(&config);
+    let shutdown = bootstrap::signals();
     let store = Store::open(&dir)?;
     let listeners = bootstrap::bind(config.server.listen, &admin_socket(&config)).await?;
     let clock: SharedClock = clock::system();
@@ -129,7 +130,7 @@ async fn serve(config: Config) -> Result<(), CommandError> {
         clock,
         listeners,
         Notifier::from_env(),
-        bootstrap::signals(),
+        shutdown,
     )
     .await?;
     Ok(())

@@ -76,7 +76,7 @@ async fn the_handshake_needs_a_client_key() {
 }
 
 #[tokio::test]
-async fn turns_on_one_connection_fail_over_and_are_recorded() {
+async fn ws_turns_share_one_upstream_socket_and_fail_over_before_commit() {
     let gw = Gw::start(2).await;
     let order = gw.rr_order();
     gw.fault(
@@ -132,12 +132,15 @@ async fn turns_on_one_connection_fail_over_and_are_recorded() {
             .is_none()
     );
     let recs = gw.requests(2).await;
-    assert!(
-        recs.iter()
-            .all(|r| r["ws"] == true && r["transport"] == "http"),
-        "{recs:?}"
-    );
+    assert!(recs.iter().all(|r| r["ws"] == true), "{recs:?}");
     assert_eq!(recs[1]["attempts"][0]["class"], "quota");
+    // Both turns used one upstream socket on the serving account.
+    assert_eq!(
+        (recs[1]["transport"].as_str(), recs[0]["transport"].as_str()),
+        (Some("ws_connected"), Some("ws_reused"))
+    );
+    assert!(recs[1]["ws_connect_ms"].is_u64());
+    assert_eq!(gw.sim.sim.ws_connections(&order[1]), 1);
 }
 
 #[tokio::test]
@@ -161,7 +164,13 @@ async fn warm_up_then_continuation_with_empty_input() {
         "response.completed",
         "{real:?}"
     );
-    let sent = gw.sim.sim.requests(&a);
+    let sent: Vec<_> = gw
+        .sim
+        .sim
+        .requests(&a)
+        .into_iter()
+        .filter(|r| r.method == "WS")
+        .collect();
     assert_eq!(sent.len(), 1, "the warm-up did not reach the backend");
     assert_eq!(
         sent[0].body["input"][0]["content"][0]["text"], "hello",
@@ -244,4 +253,99 @@ async fn oversized_and_binary_frames_close_cleanly() {
         turn(&mut ws).await.last().unwrap()["type"],
         "response.completed"
     );
+}
+
+async fn one_turn(gw: &Gw) -> (Vec<Value>, Value) {
+    let mut ws = connect(gw, Some(&gw.key)).await.unwrap();
+    ws.send(create(json!({}))).await.unwrap();
+    let events = turn(&mut ws).await;
+    let rec = gw.requests(1).await.remove(0);
+    (events, rec)
+}
+
+#[tokio::test]
+async fn ws_falls_back_to_http_bridge_when_refused() {
+    let gw = Gw::start(1).await;
+    let a = gw.rr_order()[0].clone();
+    gw.fault(&a, FaultKind::WsRefuse426, Some(1));
+    let (events, rec) = one_turn(&gw).await;
+    assert_eq!(events.last().unwrap()["type"], "response.completed");
+    assert_eq!(rec["transport"], "http_ws_failed");
+    assert!(
+        gw.sim.sim.requests(&a).iter().any(|r| r.method == "POST"),
+        "the turn went over HTTP"
+    );
+}
+
+#[tokio::test]
+async fn a_slow_handshake_bridges_the_turn_over_http() {
+    let gw = Gw::start(1).await;
+    let a = gw.rr_order()[0].clone();
+    gw.fault(&a, FaultKind::WsSlowHandshake { ms: 2000 }, Some(1));
+    let (events, rec) = one_turn(&gw).await;
+    assert_eq!(events.last().unwrap()["type"], "response.completed");
+    assert_eq!(rec["transport"], "http_ws_budget_exhausted");
+}
+
+#[tokio::test]
+async fn breaker_opens_after_degraded_openings() {
+    let gw = Gw::start(1).await;
+    let a = gw.rr_order()[0].clone();
+    gw.fault(&a, FaultKind::WsRefuse426, Some(3));
+    for _ in 0..3 {
+        let (events, rec) = one_turn(&gw).await;
+        assert_eq!(events.last().unwrap()["type"], "response.completed");
+        assert_eq!(rec["transport"], "http_ws_failed");
+    }
+    let (events, rec) = one_turn(&gw).await;
+    assert_eq!(events.last().unwrap()["type"], "response.completed");
+    assert_eq!(
+        rec["transport"], "http_breaker_open",
+        "three degraded openings open the breaker"
+    );
+}
+
+#[tokio::test]
+async fn ws_close_mid_turn_after_commit_marks_account() {
+    let gw = Gw::start(2).await;
+    let order = gw.rr_order();
+    gw.fault(
+        &order[0],
+        FaultKind::WsCloseMidTurn { after_deltas: 2 },
+        Some(1),
+    );
+    let (events, rec) = one_turn(&gw).await;
+    let last = events.last().unwrap();
+    assert_eq!(last["type"], "response.failed", "{events:?}");
+    assert_eq!(last["response"]["error"]["code"], "upstream_stream_error");
+    assert_eq!(rec["outcome"], "stream_error");
+    let acct = gw.account(&order[0]).await;
+    assert_eq!(
+        (acct["state"].as_str(), acct["reason"].as_str()),
+        (Some("cooling"), Some("transient"))
+    );
+    assert_eq!(gw.served(&order[1]), 0, "no replay after commit");
+}
+
+#[tokio::test]
+async fn ws_error_frame_before_commit_fails_over_invisibly() {
+    let gw = Gw::start(2).await;
+    let order = gw.rr_order();
+    gw.fault(
+        &order[0],
+        FaultKind::WsErrorFrame {
+            status: 429,
+            code: "rate_limit_exceeded".into(),
+        },
+        Some(1),
+    );
+    let (events, rec) = one_turn(&gw).await;
+    assert_eq!(
+        events.last().unwrap()["type"],
+        "response.completed",
+        "{events:?}"
+    );
+    assert_eq!(events.iter().filter(|e| e["type"] == "error").count(), 0);
+    assert_eq!(rec["attempts"][0]["class"], "rate_limited");
+    assert_eq!(gw.account(&order[0]).await["reason"], "rate_limited");
 }

@@ -3,6 +3,7 @@
 
 use std::time::Instant;
 
+use futures_util::StreamExt;
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
 use switchyard_tui::wire;
 use tokio::sync::mpsc;
@@ -76,6 +77,17 @@ impl Dispatcher {
         let started = Instant::now();
         tracing::debug!(account = %lease.id, "attempt_start");
         let headers = self.attempt_headers(ctx, &lease.id);
+        if ctx.ws && ctx.mode == Mode::Stream {
+            // `Err` means this turn goes over HTTP.
+            if let Ok(end) = self
+                .ws_attempt(ctx, lease, &identity, &headers, tx, trace, started)
+                .await
+            {
+                return end;
+            }
+        } else {
+            trace.transport = Some("http");
+        }
         let path = if ctx.mode == Mode::Compact {
             "/responses/compact"
         } else {
@@ -122,8 +134,102 @@ impl Dispatcher {
                 .finish_unary(ctx, lease, resp, &resp_headers, started, trace)
                 .await;
         }
-        self.pump(ctx, lease, resp, relayed(&resp_headers), tx, trace, started)
+        let body = resp
+            .bytes_stream()
+            .map(|r| r.map_err(|e| crate::upstream::describe(&e)))
+            .boxed();
+        self.pump(ctx, lease, body, relayed(&resp_headers), tx, trace, started)
             .await
+    }
+
+    /// A downstream WebSocket turn over an upstream socket: reused from the pool, or dialled
+    /// within the budget. `Err(())` sends the turn over HTTP instead (breaker open, no socket
+    /// in time, 426); a rejected handshake or a failed dial is classified and fails over like
+    /// an HTTP answer.
+    #[allow(clippy::too_many_arguments)]
+    async fn ws_attempt(
+        &self,
+        ctx: &RequestCtx,
+        lease: &Lease,
+        identity: &Identity,
+        headers: &[(HeaderName, HeaderValue)],
+        tx: &mpsc::Sender<Frame>,
+        trace: &mut Trace,
+        started: Instant,
+    ) -> Result<AttemptEnd, ()> {
+        use crate::upstream::ws::{DIAL_BUDGET, DialError, TurnSocket, turn};
+        if !self.breaker.allow() {
+            trace.transport = Some("http_breaker_open");
+            return Err(());
+        }
+        let pooled = match &ctx.session {
+            Some(s) => self.ws_pool.checkout(&lease.id, s).await,
+            None => None,
+        };
+        let socket = match pooled {
+            Some(s) => {
+                trace.transport = Some("ws_reused");
+                s
+            }
+            None => {
+                let t0 = Instant::now();
+                match self.upstream.dial(identity, headers, DIAL_BUDGET).await {
+                    Ok(s) => {
+                        self.breaker.success();
+                        trace.transport = Some("ws_connected");
+                        trace.ws_connect_ms = Some(ms_since(t0));
+                        s
+                    }
+                    Err(DialError::Budget) => {
+                        self.breaker.degraded();
+                        trace.transport = Some("http_ws_budget_exhausted");
+                        return Err(());
+                    }
+                    Err(DialError::Refused) => {
+                        self.breaker.degraded();
+                        trace.transport = Some("http_ws_failed");
+                        return Err(());
+                    }
+                    Err(DialError::Rejected(facts)) => {
+                        trace.transport = Some("ws_connected");
+                        return Ok(self.attempt_failed(ctx, lease, identity, facts, started, trace));
+                    }
+                    Err(DialError::Transport(facts)) => {
+                        self.breaker.degraded();
+                        trace.transport = Some("http_ws_failed");
+                        return Ok(self.attempt_failed(ctx, lease, identity, facts, started, trace));
+                    }
+                }
+            }
+        };
+        self.metrics.upstream_headers(started.elapsed());
+        if let Some(q) = QuotaSnapshot::from_headers(&socket.headers, self.fleet.clock().now_ms()) {
+            self.fleet.update_quota(&lease.id, q);
+        }
+        if let Some(ts) = socket
+            .headers
+            .get("x-codex-turn-state")
+            .and_then(|v| v.to_str().ok())
+        {
+            self.turn_states.insert(ts.to_string(), lease.id.clone());
+        }
+        let relay = relayed(&socket.headers);
+        let t = TurnSocket {
+            socket,
+            pool: self.ws_pool.clone(),
+            account: lease.id.clone(),
+            session: ctx.session.clone(),
+        };
+        match turn(t, &ctx.body).await {
+            Ok(stream) => Ok(self
+                .pump(ctx, lease, stream, relay, tx, trace, started)
+                .await),
+            Err(_) => {
+                // A pooled socket that died while idle: this turn goes over HTTP.
+                trace.transport = Some("http_ws_failed");
+                Err(())
+            }
+        }
     }
 
     async fn finish_unary(

@@ -169,6 +169,9 @@ pub struct Dispatcher {
     pub log: RequestLog,
     pub config: Arc<DispatchConfig>,
     pub metrics: Arc<Metrics>,
+    /// Idle upstream WebSockets per (account, session), and the origin breaker.
+    pub ws_pool: crate::upstream::ws::WsPool,
+    pub breaker: Arc<crate::upstream::ws::Breaker>,
     /// Turn-state token -> the account that issued it.
     turn_states: TtlMap<String, String>,
 }
@@ -194,6 +197,8 @@ impl Dispatcher {
             log,
             config: Arc::new(config),
             metrics: Arc::new(Metrics::default()),
+            ws_pool: crate::upstream::ws::WsPool::default(),
+            breaker: Arc::new(crate::upstream::ws::Breaker::default()),
             turn_states,
         }
     }

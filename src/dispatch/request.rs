@@ -54,6 +54,9 @@ pub struct Trace {
     pub queue: Option<wire::QueueWait>,
     /// Why the session left its bound account, if it did.
     pub rebound: Option<String>,
+    /// How the last attempt reached the backend.
+    pub transport: Option<&'static str>,
+    pub ws_connect_ms: Option<u64>,
 }
 
 /// How the search for a slot ended.
@@ -216,6 +219,8 @@ impl Dispatcher {
             skipped: Vec::new(),
             queue: None,
             rebound: None,
+            transport: None,
+            ws_connect_ms: None,
         };
         let plan = match &ctx.previous_response_id {
             None => Ok(self.fleet.plan(&ctx.model, ctx.session.as_deref())),
@@ -403,9 +408,9 @@ impl Dispatcher {
                 affinity: affinity.label(),
                 queue: trace.queue,
                 cached_tokens,
-                transport: "http".into(),
+                transport: trace.transport.unwrap_or("http").into(),
                 ws: ctx.ws,
-                ws_connect_ms: None,
+                ws_connect_ms: trace.ws_connect_ms,
             },
         );
         for frame in tail {

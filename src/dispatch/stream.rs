@@ -20,7 +20,6 @@ use super::request::{AttemptEnd, Trace, ms_since};
 use super::{Dispatcher, ErrorReply, Frame, Mode, RequestCtx, failed_event};
 use crate::fleet::Lease;
 use crate::fleet::health::{Class, classify};
-use crate::upstream::describe;
 use crate::upstream::failure::{Facts, Phase};
 use crate::upstream::sse::SseSplitter;
 
@@ -69,14 +68,13 @@ impl Dispatcher {
         &self,
         ctx: &RequestCtx,
         lease: &Lease,
-        resp: reqwest::Response,
+        mut body: futures_util::stream::BoxStream<'static, Result<Bytes, String>>,
         relay: Vec<(HeaderName, HeaderValue)>,
         tx: &mpsc::Sender<Frame>,
         trace: &mut Trace,
         started: Instant,
     ) -> AttemptEnd {
         let streaming = ctx.mode == Mode::Stream;
-        let mut body = resp.bytes_stream();
         let mut splitter = SseSplitter::new(self.config.max_event_bytes);
         let mut held: Vec<Bytes> = Vec::new();
         let mut held_bytes = 0usize;
@@ -101,7 +99,7 @@ impl Dispatcher {
                     }
                     Err(_) => Next::Failed(format!("no upstream data for {}s", wait.as_secs())),
                     Ok(None) => Next::End,
-                    Ok(Some(Err(e))) => Next::Failed(describe(&e)),
+                    Ok(Some(Err(e))) => Next::Failed(e),
                     Ok(Some(Ok(b))) => Next::Chunk(b),
                 },
                 _ = tx.closed() => Next::ClientGone,

@@ -4,6 +4,7 @@
 pub mod failure;
 pub mod quota;
 pub mod sse;
+pub mod ws;
 
 use std::time::Duration;
 

@@ -1,0 +1,353 @@
+//! The Responses WebSocket towards the backend: dialled within a budget (800 ms), pooled per
+//! (account, session) for reuse by the next downstream connection of the same session, and
+//! guarded by an origin breaker. A turn's frames are handed to the dispatcher as SSE-framed
+//! events, so the commit boundary, classification and records are the HTTP ones.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use futures_util::stream::BoxStream;
+use futures_util::{SinkExt, StreamExt};
+use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
+use tokio::net::TcpStream;
+use tokio_tungstenite::tungstenite::Message;
+use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
+
+use super::failure::{Facts, Phase};
+use super::sse::json_type;
+use super::{Identity, Upstream};
+
+type Socket = WebSocketStream<MaybeTlsStream<TcpStream>>;
+
+/// The `OpenAI-Beta` value of the Responses WebSocket.
+pub const BETA: &str = "responses_websockets=2026-02-06";
+/// No socket within this long: the turn goes over HTTP.
+pub const DIAL_BUDGET: Duration = Duration::from_millis(800);
+/// Sockets are retired after this long (the backend ends them at 60 minutes).
+pub const MAX_LIFE: Duration = Duration::from_secs(55 * 60);
+/// An idle pooled socket older than this is pinged before reuse...
+pub const PING_AFTER: Duration = Duration::from_secs(25);
+/// ...and dropped if the pong does not come within this long.
+pub const PONG_DEADLINE: Duration = Duration::from_secs(5);
+
+/// How a socket could not be had.
+#[derive(Debug)]
+pub enum DialError {
+    /// Not within the budget: use HTTP for this turn.
+    Budget,
+    /// The backend answered 426: use HTTP.
+    Refused,
+    /// The handshake was answered with another status: classify it like an HTTP answer.
+    Rejected(Facts),
+    /// The connection failed (refused, reset, TLS).
+    Transport(Facts),
+}
+
+/// An open upstream socket.
+pub struct UpstreamSocket {
+    socket: Socket,
+    opened: Instant,
+    last_used: Instant,
+    /// The handshake's answer headers (turn state, rate limits).
+    pub headers: HeaderMap,
+}
+
+/// (account id, session key) -> its idle sockets.
+type IdleSockets = HashMap<(String, String), Vec<UpstreamSocket>>;
+
+/// Idle sockets by (account, session).
+#[derive(Default, Clone)]
+pub struct WsPool {
+    idle: Arc<Mutex<IdleSockets>>,
+}
+
+impl WsPool {
+    pub fn put(&self, account: &str, session: &str, mut s: UpstreamSocket) {
+        if s.opened.elapsed() >= MAX_LIFE {
+            return;
+        }
+        s.last_used = Instant::now();
+        let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
+        let v = idle
+            .entry((account.to_string(), session.to_string()))
+            .or_default();
+        if v.len() < 4 {
+            v.push(s);
+        }
+    }
+
+    fn take(&self, account: &str, session: &str) -> Option<UpstreamSocket> {
+        let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
+        let key = (account.to_string(), session.to_string());
+        let v = idle.get_mut(&key)?;
+        let s = v.pop();
+        if v.is_empty() {
+            idle.remove(&key);
+        }
+        s
+    }
+
+    /// An idle socket for this account and session that is still alive.
+    pub async fn checkout(&self, account: &str, session: &str) -> Option<UpstreamSocket> {
+        while let Some(mut s) = self.take(account, session) {
+            if s.opened.elapsed() >= MAX_LIFE {
+                continue;
+            }
+            if s.last_used.elapsed() < PING_AFTER || ping(&mut s.socket).await {
+                return Some(s);
+            }
+        }
+        None
+    }
+
+    /// Idle sockets held.
+    pub fn len(&self) -> usize {
+        self.idle
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+            .map(Vec::len)
+            .sum()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Drops every idle socket of an account (it was found bad).
+    pub fn evict(&self, account: &str) {
+        self.idle
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .retain(|(a, _), _| a != account);
+    }
+}
+
+async fn ping(socket: &mut Socket) -> bool {
+    if socket
+        .send(Message::Ping(Bytes::from_static(b"sy")))
+        .await
+        .is_err()
+    {
+        return false;
+    }
+    let wait = async {
+        while let Some(Ok(m)) = socket.next().await {
+            if matches!(m, Message::Pong(_)) {
+                return true;
+            }
+        }
+        false
+    };
+    tokio::time::timeout(PONG_DEADLINE, wait)
+        .await
+        .unwrap_or(false)
+}
+
+/// The origin breaker: 3 degraded openings within 30 s open it for 30 s; then one probe.
+#[derive(Debug, Default)]
+pub struct Breaker {
+    inner: Mutex<BreakerState>,
+}
+
+#[derive(Debug, Default)]
+struct BreakerState {
+    degraded: Vec<Instant>,
+    open_until: Option<Instant>,
+    probing: bool,
+}
+
+pub const BREAKER_WINDOW: Duration = Duration::from_secs(30);
+pub const BREAKER_OPEN: Duration = Duration::from_secs(30);
+pub const BREAKER_THRESHOLD: usize = 3;
+
+impl Breaker {
+    /// Whether this turn may try a socket (a half-open breaker lets one probe through).
+    pub fn allow(&self) -> bool {
+        let mut s = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        match s.open_until {
+            None => true,
+            Some(t) if Instant::now() < t => false,
+            Some(_) if s.probing => false,
+            Some(_) => {
+                s.probing = true;
+                true
+            }
+        }
+    }
+
+    pub fn success(&self) {
+        let mut s = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        *s = BreakerState::default();
+    }
+
+    pub fn degraded(&self) {
+        let mut s = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        let now = Instant::now();
+        if s.open_until.is_some() {
+            // The probe failed: open again.
+            s.open_until = Some(now + BREAKER_OPEN);
+            s.probing = false;
+            return;
+        }
+        s.degraded
+            .retain(|t| now.duration_since(*t) < BREAKER_WINDOW);
+        s.degraded.push(now);
+        if s.degraded.len() >= BREAKER_THRESHOLD {
+            tracing::warn!("WebSocket breaker open: turns go over HTTP for {BREAKER_OPEN:?}");
+            s.open_until = Some(now + BREAKER_OPEN);
+            s.degraded.clear();
+        }
+    }
+
+    /// `closed`, `open` or `half_open`.
+    pub fn state(&self) -> &'static str {
+        let s = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        match s.open_until {
+            None => "closed",
+            Some(t) if Instant::now() < t => "open",
+            Some(_) => "half_open",
+        }
+    }
+}
+
+impl Upstream {
+    /// `ws(s)://…/responses` for the configured base URL.
+    pub fn ws_url(&self) -> String {
+        let base = &self.config().base_url;
+        let base = base
+            .strip_prefix("https://")
+            .map(|r| format!("wss://{r}"))
+            .or_else(|| base.strip_prefix("http://").map(|r| format!("ws://{r}")))
+            .unwrap_or_else(|| base.clone());
+        format!("{base}/responses")
+    }
+
+    /// Opens a socket with the account's identity within `budget`.
+    pub async fn dial(
+        &self,
+        id: &Identity,
+        headers: &[(HeaderName, HeaderValue)],
+        budget: Duration,
+    ) -> Result<UpstreamSocket, DialError> {
+        let mut req = self
+            .ws_url()
+            .into_client_request()
+            .map_err(|e| DialError::Transport(Facts::transport(Phase::Connect, e.to_string())))?;
+        let h = req.headers_mut();
+        let mut put = |k: &'static str, v: &str| {
+            if let Ok(v) = HeaderValue::from_str(v) {
+                h.insert(k, v);
+            }
+        };
+        put("authorization", &format!("Bearer {}", id.access_token));
+        put("chatgpt-account-id", &id.chatgpt_account_id);
+        put("x-codex-installation-id", &id.installation_id);
+        put("openai-beta", BETA);
+        for (k, v) in headers {
+            if k != "openai-beta" {
+                h.insert(k.clone(), v.clone());
+            }
+        }
+        match tokio::time::timeout(budget, tokio_tungstenite::connect_async(req)).await {
+            Err(_) => Err(DialError::Budget),
+            Ok(Ok((socket, resp))) => Ok(UpstreamSocket {
+                socket,
+                opened: Instant::now(),
+                last_used: Instant::now(),
+                headers: resp.headers().clone(),
+            }),
+            Ok(Err(tokio_tungstenite::tungstenite::Error::Http(resp))) => {
+                let status = resp.status().as_u16();
+                if status == 426 {
+                    return Err(DialError::Refused);
+                }
+                let body = resp.body().clone().map(Bytes::from).unwrap_or_default();
+                let mut facts = Facts::from_response(status, resp.headers(), body);
+                facts.phase = Some(Phase::PreHeaders);
+                Err(DialError::Rejected(facts))
+            }
+            Ok(Err(e)) => Err(DialError::Transport(Facts::transport(
+                Phase::Connect,
+                super::describe(&e),
+            ))),
+        }
+    }
+}
+
+/// What ends a socket turn, for the pool.
+pub struct TurnSocket {
+    pub socket: UpstreamSocket,
+    pub pool: WsPool,
+    pub account: String,
+    pub session: Option<String>,
+}
+
+/// Sends `response.create` with `body` and turns the answer frames into SSE-framed events. At
+/// a completed (or incomplete) terminal the socket goes back to the pool for the session's next
+/// turn; after an error frame or a failure it is dropped.
+pub async fn turn(
+    mut t: TurnSocket,
+    body: &[u8],
+) -> Result<BoxStream<'static, Result<Bytes, String>>, Facts> {
+    let mut v: serde_json::Value = serde_json::from_slice(body)
+        .map_err(|e| Facts::transport(Phase::PreHeaders, format!("bad request body: {e}")))?;
+    v["type"] = serde_json::Value::String("response.create".into());
+    t.socket
+        .socket
+        .send(Message::Text(v.to_string().into()))
+        .await
+        .map_err(|e| Facts::transport(Phase::PreHeaders, format!("websocket send failed: {e}")))?;
+    let stream = futures_util::stream::unfold(Some(t), |state| async move {
+        let mut t = state?;
+        loop {
+            let msg = match t.socket.socket.next().await {
+                None => {
+                    return Some((
+                        Err("websocket closed before response.completed".to_string()),
+                        None,
+                    ));
+                }
+                Some(Err(e)) => return Some((Err(format!("websocket error: {e}")), None)),
+                Some(Ok(m)) => m,
+            };
+            match msg {
+                Message::Text(text) => {
+                    let kind = json_type(text.as_bytes()).unwrap_or_default();
+                    let framed = Bytes::from(format!("event: {kind}\ndata: {}\n\n", text.as_str()));
+                    let done =
+                        matches!(kind.as_str(), "response.completed" | "response.incomplete");
+                    if done {
+                        if let Some(session) = &t.session {
+                            t.pool.put(&t.account, session, t.socket);
+                        }
+                        return Some((Ok(framed), None));
+                    }
+                    if matches!(kind.as_str(), "response.failed" | "error") {
+                        return Some((Ok(framed), None));
+                    }
+                    return Some((Ok(framed), Some(t)));
+                }
+                Message::Close(frame) => {
+                    let why = frame
+                        .map(|f| format!("{} {}", u16::from(f.code), f.reason))
+                        .unwrap_or_default();
+                    return Some((
+                        Err(format!(
+                            "websocket closed by the backend before response.completed {why}"
+                        )),
+                        None,
+                    ));
+                }
+                Message::Binary(_) => {
+                    return Some((Err("unexpected binary frame".to_string()), None));
+                }
+                _ => continue,
+            }
+        }
+    });
+    Ok(stream.boxed())
+}
