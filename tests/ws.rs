@@ -349,3 +349,26 @@ async fn ws_error_frame_before_commit_fails_over_invisibly() {
     assert_eq!(rec["attempts"][0]["class"], "rate_limited");
     assert_eq!(gw.account(&order[0]).await["reason"], "rate_limited");
 }
+
+#[tokio::test]
+async fn transport_decisions_show_in_metrics() {
+    let gw = Gw::start(1).await;
+    one_turn(&gw).await;
+    let text = gw
+        .http
+        .get(gw.url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    for needle in [
+        "switchyard_transport_decisions_total{transport=\"ws_connected\"} 1",
+        "switchyard_ws_connect_seconds_count 1",
+        "switchyard_ws_pool_idle 1",
+        "switchyard_ws_breaker_open 0",
+    ] {
+        assert!(text.contains(needle), "`{needle}` missing from:\n{text}");
+    }
+}

@@ -144,7 +144,14 @@ async fn metrics(State(state): State<Arc<AppState>>) -> impl IntoResponse {
             axum::http::header::CONTENT_TYPE,
             "text/plain; version=0.0.4",
         )],
-        state.dispatcher.metrics.render(&state.fleet, &state.store),
+        state.dispatcher.metrics.render(
+            &state.fleet,
+            &state.store,
+            (
+                state.dispatcher.ws_pool.len(),
+                state.dispatcher.breaker.state(),
+            ),
+        ),
     )
 }
 

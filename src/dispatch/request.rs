@@ -386,6 +386,11 @@ impl Dispatcher {
             "request_final"
         );
         let cached_tokens = trace.usage.as_ref().map(|u| u.cached_tokens);
+        self.metrics.transport(trace.transport.unwrap_or("http"));
+        if let Some(ms) = trace.ws_connect_ms {
+            self.metrics
+                .ws_connect(std::time::Duration::from_millis(ms));
+        }
         self.log.push(
             trace.key,
             wire::RequestRecord {

@@ -107,6 +107,8 @@ pub struct Metrics {
     queue_wait_pool: Histogram,
     upstream_headers: Histogram,
     upstream_first_output: Histogram,
+    transports: Labeled,
+    ws_connect: Histogram,
 }
 
 impl Default for Metrics {
@@ -121,6 +123,8 @@ impl Default for Metrics {
             queue_wait_pool: Histogram::new(),
             upstream_headers: Histogram::new(),
             upstream_first_output: Histogram::new(),
+            transports: Labeled::default(),
+            ws_connect: Histogram::new(),
         }
     }
 }
@@ -167,8 +171,17 @@ impl Metrics {
         self.upstream_first_output.observe(d);
     }
 
-    /// The whole exposition.
-    pub fn render(&self, fleet: &Fleet, store: &Store) -> String {
+    /// How a turn reached the backend (`http`, `ws_reused`, `ws_connected`, `http_…`).
+    pub fn transport(&self, decision: &str) {
+        self.transports.inc(decision);
+    }
+
+    pub fn ws_connect(&self, d: Duration) {
+        self.ws_connect.observe(d);
+    }
+
+    /// The whole exposition. `ws` is (idle pooled upstream sockets, breaker state).
+    pub fn render(&self, fleet: &Fleet, store: &Store, ws: (usize, &str)) -> String {
         let mut out = String::with_capacity(8192);
         let h = |out: &mut String, name: &str, kind: &str, help: &str| {
             let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
@@ -245,6 +258,44 @@ impl Metrics {
         );
         self.upstream_first_output
             .render(&mut out, "switchyard_upstream_first_output_seconds", "");
+
+        h(
+            &mut out,
+            "switchyard_transport_decisions_total",
+            "counter",
+            "How turns reached the backend.",
+        );
+        self.transports.render(
+            &mut out,
+            "switchyard_transport_decisions_total",
+            "transport",
+        );
+        h(
+            &mut out,
+            "switchyard_ws_connect_seconds",
+            "histogram",
+            "Time to open an upstream WebSocket.",
+        );
+        self.ws_connect
+            .render(&mut out, "switchyard_ws_connect_seconds", "");
+        h(
+            &mut out,
+            "switchyard_ws_pool_idle",
+            "gauge",
+            "Idle upstream WebSockets kept for reuse.",
+        );
+        let _ = writeln!(out, "switchyard_ws_pool_idle {}", ws.0);
+        h(
+            &mut out,
+            "switchyard_ws_breaker_open",
+            "gauge",
+            "1 while the WebSocket origin breaker is open or half-open.",
+        );
+        let _ = writeln!(
+            out,
+            "switchyard_ws_breaker_open {}",
+            u8::from(ws.1 != "closed")
+        );
 
         let accounts = fleet.list();
         h(
