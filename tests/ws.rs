@@ -393,3 +393,23 @@ async fn ws_turn_waits_for_slot() {
     assert!(rec["queue"]["wait_ms"].as_u64().unwrap() > 0);
     assert_eq!(holder.await.unwrap().last().0, "response.completed");
 }
+
+#[tokio::test]
+async fn ws_handshake_rejection_is_classified_and_fails_over() {
+    let gw = Gw::start(2).await;
+    let order = gw.rr_order();
+    // The first account's handshake is answered 401 account_deactivated.
+    assert!(gw.sim.sim.set_deactivated(&order[0], true));
+    let (events, rec) = one_turn(&gw).await;
+    assert_eq!(
+        events.last().unwrap()["type"],
+        "response.completed",
+        "{events:?}"
+    );
+    assert_eq!(rec["attempts"][0]["class"], "auth_dead", "{rec}");
+    assert_eq!(rec["attempts"][0]["status"], 401);
+    assert_eq!(rec["attempts"][0]["phase"], "pre_headers");
+    assert_eq!(rec["account"], order[1].as_str());
+    assert_eq!(rec["transport"], "ws_connected");
+    assert_eq!(gw.account(&order[0]).await["state"], "needs_reauth");
+}
