@@ -30,6 +30,8 @@ use crate::upstream::sse::SseSplitter;
 
 /// Largest frame or message accepted (close 1009 beyond it).
 pub const MAX_FRAME: usize = 16 * 1024 * 1024;
+/// Read and write buffer of each WebSocket (they grow only while a large message passes).
+pub const SOCKET_BUFFER: usize = 4 * 1024;
 /// Responses remembered per connection for continuations.
 const MAX_HISTORY: usize = 64;
 
@@ -56,6 +58,9 @@ pub async fn upgrade(
     };
     ws.max_message_size(MAX_FRAME)
         .max_frame_size(MAX_FRAME)
+        // Small buffers keep idle connections cheap; they grow only for large messages.
+        .read_buffer_size(SOCKET_BUFFER)
+        .write_buffer_size(SOCKET_BUFFER)
         .on_upgrade(move |socket| async move {
             let _slot = slot;
             Connection::new(state, key, headers).run(socket).await;

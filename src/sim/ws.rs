@@ -247,7 +247,11 @@ impl Conn {
             },
             () = shutdown.cancelled() => return,
         };
-        let socket = Socket::from_raw_socket(TokioIo::new(upgraded), Role::Server, None).await;
+        let config = tokio_tungstenite::tungstenite::protocol::WebSocketConfig::default()
+            .read_buffer_size(4096)
+            .write_buffer_size(4096);
+        let socket =
+            Socket::from_raw_socket(TokioIo::new(upgraded), Role::Server, Some(config)).await;
         let (sink, mut stream) = socket.split();
         let (tx, rx) = mpsc::unbounded_channel();
         let writer = write(sink, rx);

@@ -252,7 +252,13 @@ impl Upstream {
                 h.insert(k.clone(), v.clone());
             }
         }
-        match tokio::time::timeout(budget, tokio_tungstenite::connect_async(req)).await {
+        let config = tokio_tungstenite::tungstenite::protocol::WebSocketConfig::default()
+            .read_buffer_size(crate::api::ws::SOCKET_BUFFER)
+            .write_buffer_size(crate::api::ws::SOCKET_BUFFER)
+            .max_message_size(Some(crate::api::ws::MAX_FRAME))
+            .max_frame_size(Some(crate::api::ws::MAX_FRAME));
+        let connect = tokio_tungstenite::connect_async_with_config(req, Some(config), true);
+        match tokio::time::timeout(budget, connect).await {
             Err(_) => Err(DialError::Budget),
             Ok(Ok((socket, resp))) => Ok(UpstreamSocket {
                 socket,
