@@ -283,15 +283,7 @@ impl Dispatcher {
     ) -> AttemptEnd {
         let class = classify(&facts);
         if matches!(class, Class::AuthExpired | Class::Caller) {
-            self.push_attempt(
-                trace,
-                lease,
-                class,
-                facts.status,
-                facts.phase,
-                started,
-                Some(facts.summary()),
-            );
+            self.push_failed(trace, lease, class, &facts, started);
         }
         match class {
             Class::AuthExpired => AttemptEnd::RetrySame {
@@ -326,15 +318,7 @@ impl Dispatcher {
             error = %facts.summary(),
             "attempt_result"
         );
-        self.push_attempt(
-            trace,
-            lease,
-            class,
-            facts.status,
-            facts.phase,
-            started,
-            Some(facts.summary()),
-        );
+        self.push_failed(trace, lease, class, &facts, started);
         AttemptEnd::Next
     }
 
@@ -356,6 +340,26 @@ impl Dispatcher {
             None,
         );
         AttemptEnd::ClientGone
+    }
+
+    /// Records a failed attempt from its facts.
+    pub(crate) fn push_failed(
+        &self,
+        trace: &mut Trace,
+        lease: &Lease,
+        class: Class,
+        facts: &Facts,
+        started: Instant,
+    ) {
+        self.push_attempt(
+            trace,
+            lease,
+            class,
+            facts.status,
+            facts.phase,
+            started,
+            Some(facts.summary()),
+        );
     }
 
     #[allow(clippy::too_many_arguments)]

@@ -69,6 +69,25 @@ pub(crate) struct Entry {
 }
 
 impl Entry {
+    fn new(
+        record: AccountRecord,
+        health: Health,
+        secrets: Option<AccountSecrets>,
+        limit: f64,
+    ) -> Self {
+        Entry {
+            record,
+            health,
+            secrets,
+            quota: None,
+            in_flight: 0,
+            probing: false,
+            limit,
+            waiters: VecDeque::new(),
+            unsupported: HashMap::new(),
+        }
+    }
+
     pub(crate) fn is_unsupported(&self, model: &str, now_ms: u64) -> bool {
         self.unsupported
             .get(model)
@@ -166,17 +185,12 @@ impl Fleet {
             );
             accounts.insert(
                 id.clone(),
-                Entry {
-                    health: health.remove(&id).unwrap_or_default(),
+                Entry::new(
                     record,
+                    health.remove(&id).unwrap_or_default(),
                     secrets,
-                    quota: None,
-                    in_flight: 0,
-                    probing: false,
                     limit,
-                    waiters: VecDeque::new(),
-                    unsupported: HashMap::new(),
-                },
+                ),
             );
         }
 
@@ -395,17 +409,10 @@ impl Fleet {
                 .unwrap_or(self.settings().max_concurrency)
                 .max(1),
         );
-        let entry = inner.accounts.entry(id).or_insert_with(|| Entry {
-            record: record.clone(),
-            health: Health::default(),
-            secrets: None,
-            quota: None,
-            in_flight: 0,
-            probing: false,
-            limit,
-            waiters: VecDeque::new(),
-            unsupported: HashMap::new(),
-        });
+        let entry = inner
+            .accounts
+            .entry(id)
+            .or_insert_with(|| Entry::new(record.clone(), Health::default(), None, limit));
         entry.record = record;
         entry.secrets = Some(parsed.secrets);
         entry.health = health;

@@ -12,6 +12,7 @@ use crate::fleet::Fleet;
 use crate::fleet::affinity::Decision;
 use crate::fleet::scheduler::{QueueKind, QueueOutcome};
 use crate::store::Store;
+use switchyard_tui::wire;
 
 /// Upper bounds (seconds) of the latency buckets.
 const LATENCY_BUCKETS: [f64; 14] = [
@@ -126,6 +127,25 @@ impl Default for Metrics {
             transports: Labeled::default(),
             ws_connect: Histogram::new(),
         }
+    }
+}
+
+/// One gauge line per account.
+fn per_account(
+    out: &mut String,
+    accounts: &[wire::Account],
+    name: &str,
+    help: &str,
+    value: impl Fn(&wire::Account) -> f64,
+) {
+    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge");
+    for a in accounts {
+        let _ = writeln!(
+            out,
+            "{name}{{account=\"{}\"}} {}",
+            escape(&a.chatgpt_account_id),
+            value(a)
+        );
     }
 }
 
@@ -312,34 +332,20 @@ impl Metrics {
                 a.state
             );
         }
-        h(
+        per_account(
             &mut out,
+            &accounts,
             "switchyard_account_limit",
-            "gauge",
             "Adaptive concurrency limit per account.",
+            |a| a.limit_exact,
         );
-        for a in &accounts {
-            let _ = writeln!(
-                out,
-                "switchyard_account_limit{{account=\"{}\"}} {}",
-                escape(&a.chatgpt_account_id),
-                a.limit_exact
-            );
-        }
-        h(
+        per_account(
             &mut out,
+            &accounts,
             "switchyard_account_in_flight",
-            "gauge",
             "Requests running per account.",
+            |a| f64::from(a.in_flight),
         );
-        for a in &accounts {
-            let _ = writeln!(
-                out,
-                "switchyard_account_in_flight{{account=\"{}\"}} {}",
-                escape(&a.chatgpt_account_id),
-                a.in_flight
-            );
-        }
         h(
             &mut out,
             "switchyard_account_quota_used_percent",
