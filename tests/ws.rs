@@ -105,7 +105,8 @@ async fn ws_turns_share_one_upstream_socket_and_fail_over_before_commit() {
         .as_str()
         .unwrap()
         .to_string();
-    // A continuation of this connection's response: the backend gets the whole history.
+    // A continuation on the socket that produced the response: sent as it came (the socket
+    // holds the history).
     ws.send(create(json!({"previous_response_id": id, "input": [{"type": "message", "role": "user", "content": [{"type": "input_text", "text": "more"}]}]})))
         .await
         .unwrap();
@@ -116,21 +117,9 @@ async fn ws_turns_share_one_upstream_socket_and_fail_over_before_commit() {
         "{second:?}"
     );
     let sent = gw.sim.sim.requests(&order[1]);
-    let input = sent.last().unwrap().body["input"]
-        .as_array()
-        .unwrap()
-        .clone();
-    assert!(
-        input.len() >= 3,
-        "first input, its output, the new input: {input:?}"
-    );
-    assert!(
-        sent.last()
-            .unwrap()
-            .body
-            .get("previous_response_id")
-            .is_none()
-    );
+    let last = &sent.last().unwrap().body;
+    assert_eq!(last["previous_response_id"], id.as_str());
+    assert_eq!(last["input"].as_array().unwrap().len(), 1);
     let recs = gw.requests(2).await;
     assert!(recs.iter().all(|r| r["ws"] == true), "{recs:?}");
     assert_eq!(recs[1]["attempts"][0]["class"], "quota");
@@ -144,9 +133,8 @@ async fn ws_turns_share_one_upstream_socket_and_fail_over_before_commit() {
 }
 
 #[tokio::test]
-async fn warm_up_then_continuation_with_empty_input() {
-    let gw = Gw::start(1).await;
-    let a = gw.rr_order()[0].clone();
+async fn warmup_and_continuation_stay_on_one_account() {
+    let gw = Gw::start(2).await;
     let mut ws = connect(&gw, Some(&gw.key)).await.unwrap();
     ws.send(create(json!({"generate": false}))).await.unwrap();
     let warm = turn(&mut ws).await;
@@ -164,18 +152,67 @@ async fn warm_up_then_continuation_with_empty_input() {
         "response.completed",
         "{real:?}"
     );
-    let sent: Vec<_> = gw
+    // Both went to one account, on one upstream socket: the warm-up as sent, the continuation
+    // as sent (the socket holds the warm-up's state).
+    let recs = gw.requests(2).await;
+    assert_eq!(recs[0]["account"], recs[1]["account"]);
+    let a = recs[0]["account"].as_str().unwrap().to_string();
+    assert_eq!(gw.sim.sim.ws_connections(&a), 1);
+    let frames: Vec<_> = gw
         .sim
         .sim
         .requests(&a)
         .into_iter()
         .filter(|r| r.method == "WS")
         .collect();
-    assert_eq!(sent.len(), 1, "the warm-up did not reach the backend");
+    assert_eq!(frames.len(), 2);
+    assert_eq!(frames[0].body["generate"], false);
+    assert_eq!(frames[1].body["previous_response_id"], id.as_str());
+    assert_eq!(frames[1].body["input"], json!([]));
     assert_eq!(
-        sent[0].body["input"][0]["content"][0]["text"], "hello",
-        "the warm-up's input was sent"
+        (recs[1]["transport"].as_str(), recs[0]["transport"].as_str()),
+        (Some("ws_connected"), Some("ws_reused"))
     );
+}
+
+#[tokio::test]
+async fn a_warm_up_over_http_is_answered_by_the_gateway_and_its_continuation_carries_the_history() {
+    let gw = Gw::start(1).await;
+    let a = gw.rr_order()[0].clone();
+    gw.fault(&a, FaultKind::WsRefuse426, Some(2));
+    let mut ws = connect(&gw, Some(&gw.key)).await.unwrap();
+    ws.send(create(json!({"generate": false}))).await.unwrap();
+    let warm = turn(&mut ws).await;
+    let id = warm.last().unwrap()["response"]["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    ws.send(create(json!({"previous_response_id": id, "input": []})))
+        .await
+        .unwrap();
+    let real = turn(&mut ws).await;
+    assert_eq!(
+        real.last().unwrap()["type"],
+        "response.completed",
+        "{real:?}"
+    );
+    let posts: Vec<_> = gw
+        .sim
+        .sim
+        .requests(&a)
+        .into_iter()
+        .filter(|r| r.method == "POST")
+        .collect();
+    assert_eq!(
+        posts.len(),
+        1,
+        "only the real turn reached the backend, over HTTP"
+    );
+    assert_eq!(
+        posts[0].body["input"][0]["content"][0]["text"], "hello",
+        "with the warm-up's input"
+    );
+    assert!(posts[0].body.get("previous_response_id").is_none());
 }
 
 #[tokio::test]
@@ -412,4 +449,48 @@ async fn ws_handshake_rejection_is_classified_and_fails_over() {
     assert_eq!(rec["account"], order[1].as_str());
     assert_eq!(rec["transport"], "ws_connected");
     assert_eq!(gw.account(&order[0]).await["state"], "needs_reauth");
+}
+
+#[tokio::test]
+async fn a_continuation_that_must_move_carries_its_full_history() {
+    let gw = Gw::start(2).await;
+    let mut ws = connect(&gw, Some(&gw.key)).await.unwrap();
+    ws.send(create(json!({}))).await.unwrap();
+    let first = turn(&mut ws).await;
+    let id = first.last().unwrap()["response"]["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let a = gw.requests(1).await[0]["account"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    gw.admin_call(
+        axum::http::Method::POST,
+        &format!("/api/admin/accounts/{a}/disable"),
+        None,
+    )
+    .await;
+    ws.send(create(json!({"previous_response_id": id, "input": []})))
+        .await
+        .unwrap();
+    let second = turn(&mut ws).await;
+    assert_eq!(
+        second.last().unwrap()["type"],
+        "response.completed",
+        "{second:?}"
+    );
+    let rec = &gw.requests(1).await[0];
+    let b = rec["account"].as_str().unwrap().to_string();
+    assert_ne!(a, b);
+    let sent = gw.sim.sim.requests(&b);
+    let body = &sent.iter().rev().find(|r| r.method == "WS").unwrap().body;
+    assert!(
+        body.get("previous_response_id").is_none(),
+        "no reference the new socket cannot resolve"
+    );
+    assert!(
+        body["input"].as_array().unwrap().len() >= 2,
+        "the first input and its output: {body}"
+    );
 }

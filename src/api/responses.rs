@@ -216,6 +216,7 @@ pub fn request_ctx(
         session,
         previous_response_id,
         ws: turn == Turn::WebSocket,
+        ws_turn: None,
         path: match turn {
             Turn::Compact => "/v1/responses/compact",
             Turn::Http | Turn::WebSocket => "/v1/responses",

@@ -3,12 +3,14 @@
 //! same candidates, failover, queues, health and records) and its events relayed as text
 //! frames. The connection stays open across turns.
 //!
-//! Upstream, turns are bridged over HTTP/SSE (`transport: "http"`). Connection-local state is
-//! kept here: a warm-up (`generate: false`) is answered at once and remembered, and a
-//! `previous_response_id` produced on this connection is expanded into the full input (its
-//! request's input plus its output), so the backend always gets the whole history. An id
-//! this connection did not produce gets `previous_response_not_found`, after which Codex
-//! resends the full request — never a replay without the history.
+//! Connection-local state is kept here: the full input of every response this connection
+//! produced (its request's input plus its output). A continuation (`previous_response_id`) is
+//! dispatched with both the frame as sent — used as is on the upstream socket that holds the
+//! previous response — and the same turn expanded into the full history, used anywhere else
+//! (another socket, another account, HTTP). An id this connection did not produce gets
+//! `previous_response_not_found`, after which Codex resends the full request: never a replay
+//! without the history. Warm-ups (`generate: false`) go to an upstream socket; over HTTP,
+//! where there is nothing to prime, the dispatcher answers them itself.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -18,13 +20,13 @@ use axum::extract::State;
 use axum::extract::ws::{CloseFrame, Message, WebSocket, WebSocketUpgrade, close_code};
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
-use serde_json::{Map, Value, json};
+use serde_json::{Value, json};
 use tokio::sync::mpsc;
 
 use super::AppState;
 use super::error::ApiError;
 use super::responses::{Turn, authenticate, request_ctx};
-use crate::dispatch::Frame;
+use crate::dispatch::{Frame, WsTurn};
 use crate::keys::KeyIdentity;
 use crate::upstream::sse::SseSplitter;
 
@@ -178,6 +180,8 @@ impl Connection {
                 return self.send(socket, error_frame(400, e)).await;
             }
         }
+        // The frame as sent, for an upstream socket that holds its previous response.
+        let mut frame = obj.clone();
         let input: Vec<Value> = match obj.get("input") {
             Some(Value::Array(items)) => items.clone(),
             Some(Value::String(s)) => vec![
@@ -187,11 +191,11 @@ impl Connection {
         };
         // Expand a continuation produced on this connection into the full input.
         let mut full = input;
-        if let Some(prev) = obj
+        let previous = obj
             .remove("previous_response_id")
-            .and_then(|v| v.as_str().map(str::to_string))
-        {
-            match self.history.get(&prev) {
+            .and_then(|v| v.as_str().map(str::to_string));
+        if let Some(prev) = &previous {
+            match self.history.get(prev) {
                 Some(history) => {
                     let mut all = history.clone();
                     all.extend(full);
@@ -209,12 +213,7 @@ impl Connection {
             }
         }
         obj.insert("input".into(), Value::Array(full.clone()));
-        // A warm-up only primes the backend's cache on a real upstream socket; over the HTTP
-        // bridge there is nothing to prime, so it is answered here and remembered.
-        if obj.get("generate").and_then(Value::as_bool) == Some(false) {
-            return self.warm_up(socket, &obj, full).await;
-        }
-        obj.remove("generate");
+        let warmup = obj.remove("generate").and_then(|v| v.as_bool()) == Some(false);
         let ctx = match request_ctx(
             &self.state,
             &self.key,
@@ -230,6 +229,16 @@ impl Connection {
                 return self.send(socket, error_frame(e.status.as_u16(), v)).await;
             }
         };
+        let mut ctx = ctx;
+        frame.insert("model".into(), Value::String(ctx.model.clone()));
+        frame.insert("stream".into(), Value::Bool(true));
+        ctx.ws_turn = Some(WsTurn {
+            frame: serde_json::to_vec(&frame)
+                .map(bytes::Bytes::from)
+                .unwrap_or_default(),
+            previous_response_id: previous,
+            warmup,
+        });
         let (tx, mut rx) = mpsc::channel(64);
         self.state.dispatcher.spawn(ctx, tx);
         let mut splitter = SseSplitter::new(MAX_FRAME);
@@ -277,31 +286,6 @@ impl Connection {
             items.extend(output);
             self.remember(id, items);
         }
-        Ok(())
-    }
-
-    async fn warm_up(
-        &mut self,
-        socket: &mut WebSocket,
-        obj: &Map<String, Value>,
-        full: Vec<Value>,
-    ) -> Result<(), End> {
-        let id = format!(
-            "resp_{}",
-            crate::keys::random_base62(24)
-                .unwrap_or_default()
-                .to_lowercase()
-        );
-        let created_at = self.state.clock.now_secs();
-        let model = obj.get("model").cloned().unwrap_or(Value::Null);
-        let response = |status: &str| {
-            json!({"id": id, "object": "response", "created_at": created_at, "status": status, "model": model,
-                   "output": [], "usage": {"input_tokens": 0, "input_tokens_details": {"cached_tokens": 0},
-                   "output_tokens": 0, "output_tokens_details": {"reasoning_tokens": 0}, "total_tokens": 0}})
-        };
-        self.send(socket, Message::Text(json!({"type": "response.created", "sequence_number": 0, "response": response("in_progress")}).to_string().into())).await?;
-        self.send(socket, Message::Text(json!({"type": "response.completed", "sequence_number": 1, "response": response("completed")}).to_string().into())).await?;
-        self.remember(id, full);
         Ok(())
     }
 

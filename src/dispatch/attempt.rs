@@ -85,6 +85,9 @@ impl Dispatcher {
             {
                 return end;
             }
+            if ctx.ws_turn.as_ref().is_some_and(|t| t.warmup) {
+                return self.local_warmup(ctx, lease, trace, started);
+            }
         } else {
             trace.transport = Some("http");
         }
@@ -162,8 +165,12 @@ impl Dispatcher {
             trace.transport = Some("http_breaker_open");
             return Err(());
         }
+        let want = ctx
+            .ws_turn
+            .as_ref()
+            .and_then(|t| t.previous_response_id.as_deref());
         let pooled = match &ctx.session {
-            Some(s) => self.ws_pool.checkout(&lease.id, s).await,
+            Some(s) => self.ws_pool.checkout(&lease.id, s, want).await,
             None => None,
         };
         let socket = match pooled {
@@ -214,13 +221,28 @@ impl Dispatcher {
             self.turn_states.insert(ts.to_string(), lease.id.clone());
         }
         let relay = relayed(&socket.headers);
+        // The socket that produced the previous response holds its state: the frame goes as
+        // sent. Anywhere else the turn carries its full history.
+        let body = match &ctx.ws_turn {
+            Some(t)
+                if t.previous_response_id
+                    .as_deref()
+                    .is_some_and(|p| socket.holds(p)) =>
+            {
+                t.frame.clone()
+            }
+            Some(t) if t.warmup => {
+                with_field(&ctx.body, "generate", serde_json::Value::Bool(false))
+            }
+            _ => ctx.body.clone(),
+        };
         let t = TurnSocket {
             socket,
             pool: self.ws_pool.clone(),
             account: lease.id.clone(),
             session: ctx.session.clone(),
         };
-        match turn(t, &ctx.body).await {
+        match turn(t, &body).await {
             Ok(stream) => Ok(self
                 .pump(ctx, lease, stream, relay, tx, trace, started)
                 .await),
@@ -229,6 +251,57 @@ impl Dispatcher {
                 trace.transport = Some("http_ws_failed");
                 Err(())
             }
+        }
+    }
+
+    /// A warm-up that could not reach an upstream socket: over HTTP there is nothing to prime,
+    /// so it is answered here (the connection remembers its input for the real turn).
+    fn local_warmup(
+        &self,
+        ctx: &RequestCtx,
+        lease: &Lease,
+        trace: &mut Trace,
+        started: Instant,
+    ) -> AttemptEnd {
+        let id = format!(
+            "resp_{}",
+            crate::keys::random_base62(24)
+                .unwrap_or_default()
+                .to_lowercase()
+        );
+        let response = |status: &str| {
+            serde_json::json!({"id": id, "object": "response", "created_at": self.fleet.clock().now_secs(),
+                "status": status, "model": ctx.model, "output": [],
+                "usage": {"input_tokens": 0, "input_tokens_details": {"cached_tokens": 0}, "output_tokens": 0,
+                          "output_tokens_details": {"reasoning_tokens": 0}, "total_tokens": 0}})
+        };
+        let created = serde_json::json!({"type": "response.created", "sequence_number": 0, "response": response("in_progress")});
+        let completed = serde_json::json!({"type": "response.completed", "sequence_number": 1, "response": response("completed")});
+        self.push_attempt(
+            trace,
+            lease,
+            Class::Success,
+            None,
+            None,
+            started,
+            Some("warm-up answered by the gateway".into()),
+        );
+        trace.account = Some(lease.chatgpt_account_id.clone());
+        trace.served_by = Some(lease.id.clone());
+        trace.response_id = Some(id.clone());
+        let events = format!(
+            "event: response.created\ndata: {created}\n\nevent: response.completed\ndata: {completed}\n\n"
+        );
+        AttemptEnd::Done {
+            outcome: "success",
+            status: 200,
+            tail: vec![
+                Frame::Head {
+                    status: 200,
+                    headers: Vec::new(),
+                },
+                Frame::Data(bytes::Bytes::from(events)),
+            ],
         }
     }
 
@@ -382,6 +455,19 @@ impl Dispatcher {
             ms: ms_since(started),
             error,
         });
+    }
+}
+
+/// A JSON object body with one field set.
+fn with_field(body: &bytes::Bytes, key: &str, value: serde_json::Value) -> bytes::Bytes {
+    match serde_json::from_slice::<serde_json::Value>(body) {
+        Ok(mut v) => {
+            v[key] = value;
+            serde_json::to_vec(&v)
+                .map(bytes::Bytes::from)
+                .unwrap_or_else(|_| body.clone())
+        }
+        Err(_) => body.clone(),
     }
 }
 

@@ -84,10 +84,23 @@ pub struct RequestCtx {
     pub session: Option<String>,
     /// A continuation: only the account that produced this response may serve it.
     pub previous_response_id: Option<String>,
-    /// A turn of a downstream WebSocket connection (bridged over HTTP/SSE upstream).
+    /// A turn of a downstream WebSocket connection.
     pub ws: bool,
+    /// For WebSocket turns: the frame as the client sent it, for an upstream socket that
+    /// holds its previous response (`body` is the same turn with the full history instead).
+    pub ws_turn: Option<WsTurn>,
     pub path: &'static str,
     pub received: Instant,
+}
+
+/// What a downstream WebSocket turn carries beyond its expanded body.
+#[derive(Debug, Clone)]
+pub struct WsTurn {
+    /// The `response.create` as sent (incremental input, `previous_response_id`, `generate`).
+    pub frame: Bytes,
+    pub previous_response_id: Option<String>,
+    /// `generate: false`: prime the upstream socket, produce nothing.
+    pub warmup: bool,
 }
 
 /// An error for the client, renderable as an HTTP answer or as a `response.failed` event.

@@ -53,6 +53,14 @@ pub struct UpstreamSocket {
     last_used: Instant,
     /// The handshake's answer headers (turn state, rate limits).
     pub headers: HeaderMap,
+    /// Responses this socket produced (the backend keeps their state on the socket).
+    pub produced: Vec<String>,
+}
+
+impl UpstreamSocket {
+    pub fn holds(&self, response_id: &str) -> bool {
+        self.produced.iter().any(|r| r == response_id)
+    }
 }
 
 /// (account id, session key) -> its idle sockets.
@@ -79,20 +87,30 @@ impl WsPool {
         }
     }
 
-    fn take(&self, account: &str, session: &str) -> Option<UpstreamSocket> {
+    /// An idle socket, the one holding `want` if there is one.
+    fn take(&self, account: &str, session: &str, want: Option<&str>) -> Option<UpstreamSocket> {
         let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
         let key = (account.to_string(), session.to_string());
         let v = idle.get_mut(&key)?;
-        let s = v.pop();
+        let s = match want.and_then(|w| v.iter().position(|s| s.holds(w))) {
+            Some(i) => Some(v.remove(i)),
+            None => v.pop(),
+        };
         if v.is_empty() {
             idle.remove(&key);
         }
         s
     }
 
-    /// An idle socket for this account and session that is still alive.
-    pub async fn checkout(&self, account: &str, session: &str) -> Option<UpstreamSocket> {
-        while let Some(mut s) = self.take(account, session) {
+    /// An idle socket for this account and session that is still alive, preferring the one
+    /// that produced `want`.
+    pub async fn checkout(
+        &self,
+        account: &str,
+        session: &str,
+        want: Option<&str>,
+    ) -> Option<UpstreamSocket> {
+        while let Some(mut s) = self.take(account, session, want) {
             if s.opened.elapsed() >= MAX_LIFE {
                 continue;
             }
@@ -265,6 +283,7 @@ impl Upstream {
                 opened: Instant::now(),
                 last_used: Instant::now(),
                 headers: resp.headers().clone(),
+                produced: Vec::new(),
             }),
             Ok(Err(tokio_tungstenite::tungstenite::Error::Http(resp))) => {
                 let status = resp.status().as_u16();
@@ -323,6 +342,16 @@ pub async fn turn(
             match msg {
                 Message::Text(text) => {
                     let kind = json_type(text.as_bytes()).unwrap_or_default();
+                    if kind == "response.created"
+                        && let Ok(v) = serde_json::from_str::<serde_json::Value>(text.as_str())
+                        && let Some(id) = v["response"]["id"].as_str()
+                    {
+                        let produced = &mut t.socket.produced;
+                        produced.push(id.to_string());
+                        if produced.len() > 16 {
+                            produced.remove(0);
+                        }
+                    }
                     let framed = Bytes::from(format!("event: {kind}\ndata: {}\n\n", text.as_str()));
                     let done =
                         matches!(kind.as_str(), "response.completed" | "response.incomplete");
