@@ -494,3 +494,60 @@ async fn a_continuation_that_must_move_carries_its_full_history() {
         "the first input and its output: {body}"
     );
 }
+
+#[tokio::test]
+async fn ws_handshake_429_fails_over() {
+    let gw = Gw::start(2).await;
+    let order = gw.rr_order();
+    gw.fault(
+        &order[0],
+        FaultKind::WsHandshakeError { status: 429 },
+        Some(1),
+    );
+    let (events, rec) = one_turn(&gw).await;
+    assert_eq!(
+        events.last().unwrap()["type"],
+        "response.completed",
+        "{events:?}"
+    );
+    assert_eq!(rec["attempts"][0]["class"], "rate_limited", "{rec}");
+    assert_eq!(rec["attempts"][0]["status"], 429);
+    assert_eq!(rec["account"], order[1].as_str());
+    let a = gw.account(&order[0]).await;
+    assert_eq!(
+        (a["state"].as_str(), a["reason"].as_str()),
+        (Some("cooling"), Some("rate_limited"))
+    );
+    assert_eq!(a["limit"], 1, "the burst halved the adaptive limit");
+}
+
+#[tokio::test]
+async fn ws_dial_failure_fails_over_same_turn() {
+    let gw = Gw::start(2).await;
+    let order = gw.rr_order();
+    gw.fault(
+        &order[0],
+        FaultKind::WsHandshakeError { status: 502 },
+        Some(1),
+    );
+    let mut ws = connect(&gw, Some(&gw.key)).await.unwrap();
+    let text = "the current turn's payload";
+    ws.send(create(json!({"input": [{"type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]}]})))
+        .await
+        .unwrap();
+    let events = turn(&mut ws).await;
+    assert_eq!(
+        events.last().unwrap()["type"],
+        "response.completed",
+        "{events:?}"
+    );
+    let rec = &gw.requests(1).await[0];
+    assert_eq!(rec["attempts"][0]["class"], "transient");
+    assert_eq!(rec["account"], order[1].as_str());
+    let sent = gw.sim.sim.requests(&order[1]);
+    let frame = sent.iter().rev().find(|r| r.method == "WS").unwrap();
+    assert_eq!(
+        frame.body["input"][0]["content"][0]["text"], text,
+        "the same turn went to the other account"
+    );
+}

@@ -302,6 +302,7 @@ pub(crate) fn decide(account: &mut Account, req: &TurnRequest<'_>, ctx: &Ctx<'_>
         Some(
             FaultKind::RefreshFails { .. }
             | FaultKind::WsRefuse426
+            | FaultKind::WsHandshakeError { .. }
             | FaultKind::WsSlowHandshake { .. },
         ) => {}
     }

@@ -43,6 +43,8 @@ pub enum FaultKind {
     RefreshFails { status: u16 },
     /// The WebSocket upgrade is answered 426 Upgrade Required (Codex then uses HTTP at once).
     WsRefuse426,
+    /// The upgrade is answered with this status (429: a burst rate limit; else a server error).
+    WsHandshakeError { status: u16 },
     /// A pause of `ms` before the WebSocket upgrade's 101.
     WsSlowHandshake { ms: u64 },
     /// A normal turn over WebSocket, then a close frame (1011) after `after_deltas` deltas,
@@ -102,9 +104,9 @@ impl FaultKind {
     pub(crate) fn applies_to(&self, endpoint: Endpoint) -> bool {
         match self {
             FaultKind::RefreshFails { .. } => endpoint == Endpoint::Refresh,
-            FaultKind::WsRefuse426 | FaultKind::WsSlowHandshake { .. } => {
-                endpoint == Endpoint::WsHandshake
-            }
+            FaultKind::WsRefuse426
+            | FaultKind::WsSlowHandshake { .. }
+            | FaultKind::WsHandshakeError { .. } => endpoint == Endpoint::WsHandshake,
             FaultKind::WsCloseMidTurn { .. } | FaultKind::WsErrorFrame { .. } => {
                 endpoint == Endpoint::WsTurn
             }

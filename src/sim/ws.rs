@@ -146,6 +146,17 @@ pub(crate) fn handshake(
             return backend::respond(faults::upgrade_required(), Some(account), now, &ray).into();
         }
         Some(FaultKind::WsSlowHandshake { ms }) => delay = Some(Duration::from_millis(ms)),
+        Some(FaultKind::WsHandshakeError { status }) => {
+            let answer = if status == 429 {
+                faults::burst(1)
+            } else {
+                ErrorAnswer::json(
+                    status,
+                    json!({"error": {"type": "server_error", "code": "server_error", "message": "the upgrade was refused"}}),
+                )
+            };
+            return backend::respond(answer, Some(account), now, &ray).into();
+        }
         _ => {}
     }
     account.ws_connections += 1;
