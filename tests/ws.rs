@@ -325,24 +325,6 @@ async fn a_slow_handshake_bridges_the_turn_over_http() {
 }
 
 #[tokio::test]
-async fn breaker_opens_after_degraded_openings() {
-    let gw = Gw::start(1).await;
-    let a = gw.rr_order()[0].clone();
-    gw.fault(&a, FaultKind::WsRefuse426, Some(3));
-    for _ in 0..3 {
-        let (events, rec) = one_turn(&gw).await;
-        assert_eq!(events.last().unwrap()["type"], "response.completed");
-        assert_eq!(rec["transport"], "http_ws_failed");
-    }
-    let (events, rec) = one_turn(&gw).await;
-    assert_eq!(events.last().unwrap()["type"], "response.completed");
-    assert_eq!(
-        rec["transport"], "http_breaker_open",
-        "three degraded openings open the breaker"
-    );
-}
-
-#[tokio::test]
 async fn ws_close_mid_turn_after_commit_marks_account() {
     let gw = Gw::start(2).await;
     let order = gw.rr_order();
@@ -549,5 +531,38 @@ async fn ws_dial_failure_fails_over_same_turn() {
     assert_eq!(
         frame.body["input"][0]["content"][0]["text"], text,
         "the same turn went to the other account"
+    );
+}
+
+#[tokio::test]
+async fn breaker_opens_after_degraded_openings_and_half_opens() {
+    use std::sync::Arc;
+    use switchyard::clock::{Clock, ManualClock, SystemClock};
+    let clock = ManualClock::new(SystemClock.now_ms());
+    let gw = Gw::start_opts(common::gw::GwOptions {
+        accounts: 1,
+        clock: Arc::new(clock.clone()),
+        ..Default::default()
+    })
+    .await;
+    let a = gw.rr_order()[0].clone();
+    gw.fault(&a, FaultKind::WsRefuse426, Some(4));
+    for _ in 0..3 {
+        assert_eq!(one_turn(&gw).await.1["transport"], "http_ws_failed");
+    }
+    let (events, rec) = one_turn(&gw).await;
+    assert_eq!(events.last().unwrap()["type"], "response.completed");
+    assert_eq!(rec["transport"], "http_breaker_open");
+    // After 30 s one probe goes through; it fails (the fourth 426) and the breaker re-opens.
+    clock.advance(std::time::Duration::from_secs(31));
+    assert_eq!(one_turn(&gw).await.1["transport"], "http_ws_failed");
+    assert_eq!(one_turn(&gw).await.1["transport"], "http_breaker_open");
+    // The next probe succeeds and closes it.
+    clock.advance(std::time::Duration::from_secs(31));
+    assert_eq!(one_turn(&gw).await.1["transport"], "ws_connected");
+    let next = one_turn(&gw).await.1;
+    assert!(
+        next["transport"].as_str().unwrap().starts_with("ws_"),
+        "{next}"
     );
 }

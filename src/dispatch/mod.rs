@@ -196,6 +196,7 @@ impl Dispatcher {
         log: RequestLog,
         config: DispatchConfig,
     ) -> Self {
+        let clock = Arc::clone(fleet.clock());
         let turn_states = TtlMap::new(
             TtlConfig {
                 idle: Some(Duration::from_secs(3600)),
@@ -211,7 +212,7 @@ impl Dispatcher {
             config: Arc::new(config),
             metrics: Arc::new(Metrics::default()),
             ws_pool: crate::upstream::ws::WsPool::default(),
-            breaker: Arc::new(crate::upstream::ws::Breaker::default()),
+            breaker: Arc::new(crate::upstream::ws::Breaker::new(Arc::clone(&clock))),
             turn_states,
         }
     }

@@ -19,6 +19,7 @@ use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
 use super::failure::{Facts, Phase};
 use super::sse::json_type;
 use super::{Identity, Upstream};
+use crate::clock::SharedClock;
 
 type Socket = WebSocketStream<MaybeTlsStream<TcpStream>>;
 
@@ -166,15 +167,17 @@ async fn ping(socket: &mut Socket) -> bool {
 }
 
 /// The origin breaker: 3 degraded openings within 30 s open it for 30 s; then one probe.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Breaker {
+    clock: SharedClock,
     inner: Mutex<BreakerState>,
 }
 
 #[derive(Debug, Default)]
 struct BreakerState {
-    degraded: Vec<Instant>,
-    open_until: Option<Instant>,
+    /// Unix ms of recent degraded openings.
+    degraded: Vec<u64>,
+    open_until: Option<u64>,
     probing: bool,
 }
 
@@ -182,13 +185,25 @@ pub const BREAKER_WINDOW: Duration = Duration::from_secs(30);
 pub const BREAKER_OPEN: Duration = Duration::from_secs(30);
 pub const BREAKER_THRESHOLD: usize = 3;
 
+fn ms(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
 impl Breaker {
+    pub fn new(clock: SharedClock) -> Self {
+        Self {
+            clock,
+            inner: Mutex::new(BreakerState::default()),
+        }
+    }
+
     /// Whether this turn may try a socket (a half-open breaker lets one probe through).
     pub fn allow(&self) -> bool {
+        let now = self.clock.now_ms();
         let mut s = self.inner.lock().unwrap_or_else(|e| e.into_inner());
         match s.open_until {
             None => true,
-            Some(t) if Instant::now() < t => false,
+            Some(t) if now < t => false,
             Some(_) if s.probing => false,
             Some(_) => {
                 s.probing = true;
@@ -203,30 +218,31 @@ impl Breaker {
     }
 
     pub fn degraded(&self) {
+        let now = self.clock.now_ms();
         let mut s = self.inner.lock().unwrap_or_else(|e| e.into_inner());
-        let now = Instant::now();
         if s.open_until.is_some() {
             // The probe failed: open again.
-            s.open_until = Some(now + BREAKER_OPEN);
+            s.open_until = Some(now + ms(BREAKER_OPEN));
             s.probing = false;
             return;
         }
         s.degraded
-            .retain(|t| now.duration_since(*t) < BREAKER_WINDOW);
+            .retain(|t| now.saturating_sub(*t) < ms(BREAKER_WINDOW));
         s.degraded.push(now);
         if s.degraded.len() >= BREAKER_THRESHOLD {
             tracing::warn!("WebSocket breaker open: turns go over HTTP for {BREAKER_OPEN:?}");
-            s.open_until = Some(now + BREAKER_OPEN);
+            s.open_until = Some(now + ms(BREAKER_OPEN));
             s.degraded.clear();
         }
     }
 
     /// `closed`, `open` or `half_open`.
     pub fn state(&self) -> &'static str {
+        let now = self.clock.now_ms();
         let s = self.inner.lock().unwrap_or_else(|e| e.into_inner());
         match s.open_until {
             None => "closed",
-            Some(t) if Instant::now() < t => "open",
+            Some(t) if now < t => "open",
             Some(_) => "half_open",
         }
     }
