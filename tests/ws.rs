@@ -566,3 +566,70 @@ async fn breaker_opens_after_degraded_openings_and_half_opens() {
         "{next}"
     );
 }
+
+#[tokio::test]
+async fn ws_budget_resets_after_completed_turn() {
+    // Each turn has its own failover budget: failovers spent by earlier turns of the connection
+    // do not leave later turns without one.
+    let gw = Gw::start(4).await;
+    let order = gw.rr_order();
+    let mut ws = connect(&gw, Some(&gw.key)).await.unwrap();
+    for round in 0..3 {
+        // Whatever account the session is on now fails this turn before the commit.
+        let bound = gw
+            .requests(1)
+            .await
+            .first()
+            .and_then(|r| r["account"].as_str().map(str::to_string))
+            .unwrap_or_else(|| order[0].clone());
+        gw.fault(
+            &bound,
+            FaultKind::WsErrorFrame {
+                status: 500,
+                code: "server_error".into(),
+            },
+            Some(1),
+        );
+        ws.send(create(json!({}))).await.unwrap();
+        let events = turn(&mut ws).await;
+        assert_eq!(
+            events.last().unwrap()["type"],
+            "response.completed",
+            "round {round}: {events:?}"
+        );
+        let rec = &gw.requests(1).await[0];
+        if round > 0 {
+            assert_eq!(
+                rec["attempts"][0]["class"], "transient",
+                "round {round}: {rec}"
+            );
+            assert_eq!(rec["attempts"].as_array().unwrap().len(), 2);
+        }
+    }
+}
+
+#[tokio::test]
+async fn the_current_turns_model_picks_the_accounts() {
+    let gw = Gw::start(2).await;
+    let order = gw.rr_order();
+    gw.sim
+        .sim
+        .set_supported_models(&order[0], vec!["gpt-5.5".into()]);
+    gw.sim
+        .sim
+        .set_supported_models(&order[1], vec!["gpt-5.5".into(), "gpt-5.4".into()]);
+    let mut ws = connect(&gw, Some(&gw.key)).await.unwrap();
+    ws.send(create(json!({}))).await.unwrap();
+    assert_eq!(
+        turn(&mut ws).await.last().unwrap()["type"],
+        "response.completed"
+    );
+    ws.send(create(json!({"model": "gpt-5.4"}))).await.unwrap();
+    assert_eq!(
+        turn(&mut ws).await.last().unwrap()["type"],
+        "response.completed"
+    );
+    let rec = &gw.requests(1).await[0];
+    assert_eq!(rec["model"], "gpt-5.4");
+    assert_eq!(rec["account"], order[1].as_str());
+}
