@@ -1,7 +1,10 @@
 #![allow(clippy::expect_used, clippy::unwrap_used)]
-//! Forwarding cost per SSE event after the commit: splitting the upstream byte stream into
-//! events and reading each event's type (what the gateway does per event), on a realistic
-//! event mix fed in network-sized chunks. Prints ns/event. DESIGN §11 budget: < 2 µs/event.
+//! Forwarding cost per event after the commit, on a realistic event mix:
+//! - SSE: splitting the upstream byte stream into events and reading each event's type, fed in
+//!   network-sized chunks;
+//! - WebSocket relay: an upstream text frame framed as an SSE event (its type scanned), split
+//!   again and turned back into the downstream frame's text — the path a WebSocket turn takes.
+//! Prints ns per event. DESIGN §11 budget: < 2 µs per SSE event.
 //!
 //! `cargo bench --bench sse_forward`
 
@@ -48,6 +51,30 @@ fn main() {
             assert_eq!(seen, events + 2);
             best = best.min(start.elapsed().as_nanos() as f64 / seen as f64);
         }
-        println!("chunk {chunk:>5} B: {best:>7.1} ns/event (best of 5, {events} events)");
+        println!("SSE, chunk {chunk:>5} B: {best:>7.1} ns/event (best of 5, {events} events)");
     }
+
+    // WebSocket relay: one frame in, one frame out.
+    let frames: Vec<String> = (0..events)
+        .map(|i| format!("{{\"type\":\"response.output_text.delta\",\"item_id\":\"msg_1\",\"output_index\":1,\"content_index\":0,\"delta\":\"token {i} \",\"sequence_number\":{i}}}"))
+        .collect();
+    let mut best = f64::MAX;
+    for _ in 0..5 {
+        let start = Instant::now();
+        let mut splitter = SseSplitter::new(16 << 20);
+        let mut out = 0usize;
+        for f in &frames {
+            let kind = switchyard::upstream::sse::json_type(f.as_bytes()).unwrap_or_default();
+            let framed = format!("event: {kind}\ndata: {f}\n\n");
+            splitter.push(framed.as_bytes());
+            while let Ok(Some(ev)) = splitter.next_event() {
+                let text = ev.data();
+                out += text.len();
+                black_box(&text);
+            }
+        }
+        black_box(out);
+        best = best.min(start.elapsed().as_nanos() as f64 / events as f64);
+    }
+    println!("WebSocket relay: {best:>7.1} ns/frame (best of 5, {events} frames)");
 }
