@@ -4,6 +4,7 @@
 //!   network-sized chunks;
 //! - WebSocket relay: an upstream text frame framed as an SSE event (its type scanned), split
 //!   again and turned back into the downstream frame's text — the path a WebSocket turn takes.
+//!
 //! Prints ns per event. DESIGN §11 budget: < 2 µs per SSE event.
 //!
 //! `cargo bench --bench sse_forward`
