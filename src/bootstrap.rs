@@ -300,7 +300,30 @@ fn spawn_background(
         })
     };
     let poller = state.dispatcher.spawn_usage_poller(stop.clone());
-    let mut tasks = vec![refresher, pruner, snapshots, poller];
+    let feed = {
+        let state = Arc::clone(state);
+        let stop = stop.clone();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(crate::telemetry::feed::TICK);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+            let mut seen = state.dispatcher.log.total();
+            loop {
+                tokio::select! {
+                    _ = stop.cancelled() => break,
+                    _ = tick.tick() => {}
+                }
+                if state.feed.subscribers() == 0 {
+                    seen = state.dispatcher.log.total();
+                    continue;
+                }
+                let total = state.dispatcher.log.total();
+                let requests = state.dispatcher.log.newer_than(seen);
+                seen = total;
+                state.feed.publish(&state.feed_state(requests));
+            }
+        })
+    };
+    let mut tasks = vec![refresher, pruner, snapshots, poller, feed];
     tasks.extend(
         state
             .fleet

@@ -37,6 +37,7 @@ pub fn routes() -> Router<Arc<AppState>> {
         .route("/api/admin/accounts/{id}/refresh", post(refresh_account))
         .route("/api/admin/accounts/{id}/probe", post(probe_account))
         .route("/api/admin/requests", get(requests))
+        .route("/api/admin/console", get(console))
         .route("/api/admin/keys", get(list_keys).post(create_key))
         .route("/api/admin/keys/{id}", delete(revoke_key))
 }
@@ -134,6 +135,44 @@ async fn probe_account(
         .get(&id)
         .map(Json)
         .ok_or_else(|| ApiError::not_found("account removed"))
+}
+
+/// The console feed: a snapshot, then updates; closed with 1013 when the subscriber fell
+/// behind (it reconnects to a fresh snapshot).
+async fn console(
+    State(state): State<Arc<AppState>>,
+    ws: axum::extract::ws::WebSocketUpgrade,
+) -> Response {
+    use axum::extract::ws::{CloseFrame, Message};
+    ws.on_upgrade(move |mut socket| async move {
+        let snapshot = state.feed_state(state.dispatcher.log.recent(200));
+        let mut rx = state.feed.subscribe(snapshot);
+        loop {
+            tokio::select! {
+                msg = rx.recv() => match msg {
+                    Some(m) => {
+                        let text = serde_json::to_string(&m).unwrap_or_default();
+                        if socket.send(Message::Text(text.into())).await.is_err() {
+                            break;
+                        }
+                    }
+                    None => {
+                        let _ = socket
+                            .send(Message::Close(Some(CloseFrame {
+                                code: 1013,
+                                reason: "fell behind; reconnect for a fresh snapshot".into(),
+                            })))
+                            .await;
+                        break;
+                    }
+                },
+                incoming = socket.recv() => match incoming {
+                    None | Some(Err(_)) | Some(Ok(Message::Close(_))) => break,
+                    Some(Ok(_)) => {}
+                },
+            }
+        }
+    })
 }
 
 #[derive(serde::Deserialize)]

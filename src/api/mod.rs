@@ -43,6 +43,8 @@ pub struct AppState {
     /// Downstream WebSocket limits and open connections per key.
     pub ws: ws::WsLimits,
     pub ws_connections: ws::ConnectionCounts,
+    /// Console feed subscribers.
+    pub feed: crate::telemetry::feed::FeedHub,
     /// The last fetched model catalog and when (unix ms).
     pub models_cache: std::sync::Mutex<Option<(u64, serde_json::Value)>>,
     draining: AtomicBool,
@@ -72,6 +74,7 @@ impl AppState {
             max_body_bytes,
             ws: ws::WsLimits::default(),
             ws_connections: ws::ConnectionCounts::default(),
+            feed: crate::telemetry::feed::FeedHub::default(),
             models_cache: std::sync::Mutex::new(None),
             draining: AtomicBool::new(false),
         }
@@ -84,6 +87,31 @@ impl AppState {
 
     pub fn is_draining(&self) -> bool {
         self.draining.load(Ordering::SeqCst)
+    }
+
+    /// The state the console shows, with `requests` as its request list.
+    pub fn feed_state(&self, requests: Vec<wire::RequestRecord>) -> wire::Feed {
+        let (ids, counts): (Vec<String>, Vec<usize>) = self
+            .fleet
+            .affinity
+            .sessions_per_account()
+            .into_iter()
+            .unzip();
+        let sessions = self
+            .fleet
+            .chatgpt_account_ids(&ids)
+            .into_iter()
+            .zip(counts)
+            .collect();
+        wire::Feed {
+            status: self.status(),
+            accounts: self.fleet.list(),
+            requests,
+            sessions,
+            ws_pool_idle: self.dispatcher.ws_pool.len(),
+            breaker: self.dispatcher.breaker.state().to_string(),
+            dropped_subscribers: self.feed.dropped(),
+        }
     }
 
     pub fn status(&self) -> wire::Status {

@@ -35,5 +35,6 @@ pub fn init_logging(level: &str, format: LogFormat) {
     };
 }
 
+pub mod feed;
 pub mod metrics;
 pub mod records;

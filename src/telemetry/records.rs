@@ -24,6 +24,8 @@ pub struct RequestLog {
     store: Store,
     clock: SharedClock,
     seq: Arc<AtomicU64>,
+    /// Records pushed since start (for "what is new since").
+    pushed: Arc<AtomicU64>,
 }
 
 impl RequestLog {
@@ -39,6 +41,7 @@ impl RequestLog {
             store,
             clock,
             seq: Arc::new(AtomicU64::new(0)),
+            pushed: Arc::new(AtomicU64::new(0)),
         }
     }
 
@@ -66,6 +69,21 @@ impl RequestLog {
             ring.pop_front();
         }
         ring.push_back(record);
+        self.pushed.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Records pushed since start.
+    pub fn total(&self) -> u64 {
+        self.pushed.load(Ordering::Relaxed)
+    }
+
+    /// The records pushed after the first `seen` (newest first, at most the ring).
+    pub fn newer_than(&self, seen: u64) -> Vec<wire::RequestRecord> {
+        let new = usize::try_from(self.total().saturating_sub(seen)).unwrap_or(usize::MAX);
+        if new == 0 {
+            return Vec::new();
+        }
+        self.recent(new.min(RING))
     }
 
     /// The newest `limit` records, newest first.

@@ -237,3 +237,51 @@ pub struct QueueWait {
     pub outcome: String,
     pub wait_ms: u64,
 }
+
+/// One message of the console feed (`GET /api/admin/console`, WebSocket). The first is always
+/// a snapshot; then updates follow at most 10 times a second.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FeedMessage {
+    /// [`PROTOCOL_VERSION`] of the daemon.
+    pub protocol: u32,
+    /// Messages this subscriber missed so far (always 0 for a live subscriber: one that falls
+    /// behind is disconnected and reconnects to a fresh snapshot; the daemon's total is in
+    /// `Feed::dropped_subscribers`).
+    pub dropped: u64,
+    /// Sequence number of this message on this subscription.
+    pub seq: u64,
+    #[serde(flatten)]
+    pub body: FeedBody,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum FeedBody {
+    /// The whole state.
+    Snapshot(Feed),
+    /// What changed since the previous message: the current status and accounts, and the
+    /// requests finished since.
+    Update(Feed),
+}
+
+/// The state the console shows.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Feed {
+    pub status: Status,
+    pub accounts: Vec<Account>,
+    /// Requests finished (newest first): the recent ones in a snapshot, the new ones in an
+    /// update.
+    pub requests: Vec<RequestRecord>,
+    /// Sessions bound per account (`chatgpt_account_id` -> count).
+    #[serde(default)]
+    pub sessions: std::collections::BTreeMap<String, usize>,
+    /// Idle upstream WebSockets kept for reuse.
+    #[serde(default)]
+    pub ws_pool_idle: usize,
+    /// `closed | open | half_open`.
+    #[serde(default)]
+    pub breaker: String,
+    /// Subscribers the daemon disconnected for falling behind, since it started.
+    #[serde(default)]
+    pub dropped_subscribers: u64,
+}

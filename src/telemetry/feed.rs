@@ -1,0 +1,137 @@
+//! The console feed: a snapshot for each new subscriber, then updates at most 10 times a
+//! second. Each subscriber has a bounded queue fed with `try_send`: the producer never waits,
+//! and a subscriber that falls behind is disconnected (it reconnects to a fresh snapshot) and
+//! counted.
+
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use switchyard_tui::wire::{self, FeedBody, FeedMessage};
+use tokio::sync::mpsc;
+
+/// Messages a subscriber may have queued before it counts as too slow.
+pub const QUEUE: usize = 64;
+/// The update rate's floor: at most 10 updates a second.
+pub const TICK: Duration = Duration::from_millis(100);
+
+struct Subscriber {
+    tx: mpsc::Sender<FeedMessage>,
+    seq: u64,
+}
+
+/// The subscribers of the feed.
+#[derive(Default)]
+pub struct FeedHub {
+    subscribers: Mutex<Vec<Subscriber>>,
+    dropped: AtomicU64,
+}
+
+impl FeedHub {
+    /// A new subscription whose first message is `snapshot`.
+    pub fn subscribe(&self, snapshot: wire::Feed) -> mpsc::Receiver<FeedMessage> {
+        let (tx, rx) = mpsc::channel(QUEUE);
+        let first = FeedMessage {
+            protocol: wire::PROTOCOL_VERSION,
+            dropped: 0,
+            seq: 0,
+            body: FeedBody::Snapshot(snapshot),
+        };
+        if tx.try_send(first).is_ok() {
+            self.lock().push(Subscriber { tx, seq: 1 });
+        }
+        rx
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Subscriber>> {
+        self.subscribers.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub fn subscribers(&self) -> usize {
+        self.lock().len()
+    }
+
+    /// Subscribers disconnected for falling behind.
+    pub fn dropped(&self) -> u64 {
+        self.dropped.load(Ordering::Relaxed)
+    }
+
+    /// Offers an update to every subscriber without waiting; one whose queue is full is
+    /// disconnected.
+    pub fn publish(&self, update: &wire::Feed) {
+        let mut subs = self.lock();
+        subs.retain_mut(|s| {
+            let msg = FeedMessage {
+                protocol: wire::PROTOCOL_VERSION,
+                dropped: 0,
+                seq: s.seq,
+                body: FeedBody::Update(update.clone()),
+            };
+            s.seq += 1;
+            match s.tx.try_send(msg) {
+                Ok(()) => true,
+                Err(mpsc::error::TrySendError::Full(_)) => {
+                    self.dropped.fetch_add(1, Ordering::Relaxed);
+                    tracing::info!("console subscriber fell behind; disconnected");
+                    false
+                }
+                Err(mpsc::error::TrySendError::Closed(_)) => false,
+            }
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn feed() -> wire::Feed {
+        wire::Feed {
+            status: wire::Status {
+                version: "0".into(),
+                protocol: wire::PROTOCOL_VERSION,
+                pid: 1,
+                uptime_s: 0,
+                listen: String::new(),
+                accounts: 0,
+                accounts_by_state: Default::default(),
+                in_flight: 0,
+                waiting: 0,
+                strategy: String::new(),
+            },
+            accounts: Vec::new(),
+            requests: Vec::new(),
+            sessions: Default::default(),
+            ws_pool_idle: 0,
+            breaker: "closed".into(),
+            dropped_subscribers: 0,
+        }
+    }
+
+    #[tokio::test]
+    async fn a_snapshot_comes_first_then_updates_in_order() {
+        let hub = FeedHub::default();
+        let mut rx = hub.subscribe(feed());
+        hub.publish(&feed());
+        hub.publish(&feed());
+        let m0 = rx.recv().await.unwrap();
+        assert!(matches!(m0.body, FeedBody::Snapshot(_)));
+        assert_eq!(m0.protocol, wire::PROTOCOL_VERSION);
+        let (m1, m2) = (rx.recv().await.unwrap(), rx.recv().await.unwrap());
+        assert!(matches!(m1.body, FeedBody::Update(_)));
+        assert_eq!((m1.seq, m2.seq), (1, 2));
+    }
+
+    #[tokio::test]
+    async fn a_slow_subscriber_is_dropped_without_the_producer_waiting() {
+        let hub = FeedHub::default();
+        let _slow = hub.subscribe(feed()); // never read
+        let mut fast = hub.subscribe(feed());
+        for _ in 0..QUEUE * 3 {
+            hub.publish(&feed()); // returns at once, whatever the subscribers do
+            while fast.try_recv().is_ok() {}
+        }
+        assert_eq!(hub.dropped(), 1);
+        assert_eq!(hub.subscribers(), 1, "the fast one stays");
+    }
+}
