@@ -49,6 +49,23 @@ fn codex() -> PathBuf {
     )
 }
 
+/// Runs one of `tests/clients/*.py` against the gateway and returns the JSON it prints.
+async fn python_client(gw: &Gw, script: &str) -> Value {
+    let mut cmd = Command::new(python());
+    cmd.arg(repo().join("tests/clients").join(script))
+        .arg(gw.url("/v1"))
+        .arg(&gw.key)
+        .arg("gpt-5.5");
+    let out = run(cmd).await;
+    assert!(
+        out.status.success(),
+        "{script} failed:\n{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
 async fn run(mut cmd: Command) -> std::process::Output {
     tokio::task::spawn_blocking(move || cmd.output().unwrap())
         .await
@@ -66,19 +83,7 @@ async fn openai_python_sdk_streams_and_not_while_the_first_account_fails_over() 
         },
         None,
     );
-    let mut cmd = Command::new(python());
-    cmd.arg(repo().join("tests/clients/openai_sdk.py"))
-        .arg(gw.url("/v1"))
-        .arg(&gw.key)
-        .arg("gpt-5.5");
-    let out = run(cmd).await;
-    assert!(
-        out.status.success(),
-        "python failed:\n{}\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let v = python_client(&gw, "openai_sdk.py").await;
     assert_eq!(v["json_status"], "completed", "{v}");
     assert!(v["json_text"].as_str().unwrap().contains("sim-acct"), "{v}");
     assert!(v["json_usage_input"].as_u64().unwrap() > 0);
@@ -107,19 +112,7 @@ async fn openai_python_sdk_streams_and_not_while_the_first_account_fails_over() 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn openai_python_sdk_websocket_two_turns_with_previous_response_id() {
     let gw = Gw::start(2).await;
-    let mut cmd = Command::new(python());
-    cmd.arg(repo().join("tests/clients/openai_ws.py"))
-        .arg(gw.url("/v1"))
-        .arg(&gw.key)
-        .arg("gpt-5.5");
-    let out = run(cmd).await;
-    assert!(
-        out.status.success(),
-        "python failed:\n{}\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let v = python_client(&gw, "openai_ws.py").await;
     let turns = v["turns"].as_array().unwrap();
     for t in &turns[..2] {
         assert_eq!(t["status"], "completed", "{v}");

@@ -7,27 +7,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::http::Method;
-use common::gw::{Gw, GwOptions, body, body_plain, read_sse};
+use common::gw::{Gw, GwOptions, body, body_plain, read_sse, until};
 
 use serde_json::{Value, json};
 use switchyard::clock::{Clock, ManualClock, SystemClock};
 use switchyard::sim::FaultKind;
-
-/// Polls the gateway's own state until `check` holds (a real signal, with a deadline).
-async fn until<F, Fut>(what: &str, mut check: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    while !check().await {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out waiting for {what}"
-        );
-        tokio::task::yield_now().await;
-    }
-}
 
 async fn set(gw: &Gw, settings: Value) -> Value {
     gw.admin_call(Method::PUT, "/api/admin/settings", Some(settings))

@@ -398,14 +398,10 @@ async fn ws_turn_waits_for_slot() {
     let a = gw.rr_order()[0].clone();
     gw.fault(&a, FaultKind::SlowFirstToken { ms: 600 }, Some(1));
     let holder = gw.spawn_stream(common::gw::body_plain("gpt-5.5", "slow", true));
-    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(20);
-    while gw.account(&a).await["in_flight"] != 1 {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the slot was never taken"
-        );
-        tokio::task::yield_now().await;
-    }
+    common::gw::until("the slot to be taken", || async {
+        gw.account(&a).await["in_flight"] == 1
+    })
+    .await;
     let (events, rec) = one_turn(&gw).await;
     assert_eq!(events.last().unwrap()["type"], "response.completed");
     assert_eq!(rec["queue"]["outcome"], "acquired", "{rec}");

@@ -426,3 +426,19 @@ pub async fn read_sse(resp: reqwest::Response) -> Sse {
 pub fn path_exists(p: &Path) -> bool {
     p.exists()
 }
+
+/// Polls the gateway's own state until `check` holds (a real signal, with a deadline).
+pub async fn until<F, Fut>(what: &str, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(20);
+    while !check().await {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting for {what}"
+        );
+        tokio::task::yield_now().await;
+    }
+}
