@@ -562,15 +562,7 @@ async fn metrics_expose_requests_attempts_queues_and_accounts() {
     let order = gw.rr_order();
     gw.fault(&order[0], FaultKind::ServerError { status: 500 }, Some(1));
     gw.stream(&body_plain("gpt-5.5", "x", true), &[]).await;
-    let text = gw
-        .http
-        .get(gw.url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = gw.metrics_text().await;
     for needle in [
         "switchyard_requests_total{outcome=\"success\"} 1",
         "switchyard_attempts_total{class=\"transient\"} 1",

@@ -139,14 +139,8 @@ async fn warmup_and_continuation_stay_on_one_account() {
     ws.send(create(json!({"generate": false}))).await.unwrap();
     let warm = turn(&mut ws).await;
     assert_eq!(warm.last().unwrap()["type"], "response.completed");
-    let id = warm.last().unwrap()["response"]["id"]
-        .as_str()
-        .unwrap()
-        .to_string();
-    ws.send(create(json!({"previous_response_id": id, "input": []})))
-        .await
-        .unwrap();
-    let real = turn(&mut ws).await;
+    let id = response_id(&warm);
+    let real = continue_with_empty_input(&mut ws, &id).await;
     assert_eq!(
         real.last().unwrap()["type"],
         "response.completed",
@@ -183,14 +177,8 @@ async fn a_warm_up_over_http_is_answered_by_the_gateway_and_its_continuation_car
     let mut ws = connect(&gw, Some(&gw.key)).await.unwrap();
     ws.send(create(json!({"generate": false}))).await.unwrap();
     let warm = turn(&mut ws).await;
-    let id = warm.last().unwrap()["response"]["id"]
-        .as_str()
-        .unwrap()
-        .to_string();
-    ws.send(create(json!({"previous_response_id": id, "input": []})))
-        .await
-        .unwrap();
-    let real = turn(&mut ws).await;
+    let id = response_id(&warm);
+    let real = continue_with_empty_input(&mut ws, &id).await;
     assert_eq!(
         real.last().unwrap()["type"],
         "response.completed",
@@ -292,6 +280,21 @@ async fn oversized_and_binary_frames_close_cleanly() {
     );
 }
 
+fn response_id(events: &[Value]) -> String {
+    events.last().unwrap()["response"]["id"]
+        .as_str()
+        .unwrap()
+        .to_string()
+}
+
+/// Sends a continuation of `id` with no new input (what Codex sends after a warm-up).
+async fn continue_with_empty_input(ws: &mut Ws, id: &str) -> Vec<Value> {
+    ws.send(create(json!({"previous_response_id": id, "input": []})))
+        .await
+        .unwrap();
+    turn(ws).await
+}
+
 async fn one_turn(gw: &Gw) -> (Vec<Value>, Value) {
     let mut ws = connect(gw, Some(&gw.key)).await.unwrap();
     ws.send(create(json!({}))).await.unwrap();
@@ -373,15 +376,7 @@ async fn ws_error_frame_before_commit_fails_over_invisibly() {
 async fn transport_decisions_show_in_metrics() {
     let gw = Gw::start(1).await;
     one_turn(&gw).await;
-    let text = gw
-        .http
-        .get(gw.url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = gw.metrics_text().await;
     for needle in [
         "switchyard_transport_decisions_total{transport=\"ws_connected\"} 1",
         "switchyard_ws_connect_seconds_count 1",

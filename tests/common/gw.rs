@@ -349,6 +349,18 @@ impl Gw {
         }
     }
 
+    /// The `/metrics` exposition.
+    pub async fn metrics_text(&self) -> String {
+        self.http
+            .get(self.url("/metrics"))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap()
+    }
+
     pub async fn status(&self) -> Value {
         self.admin_call(Method::GET, "/api/admin/status", None)
             .await
