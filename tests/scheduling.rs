@@ -135,6 +135,66 @@ async fn session_sticks_to_account() {
 }
 
 #[tokio::test]
+async fn draining_account_keeps_its_sessions_and_takes_no_new_ones() {
+    let gw = Gw::start(2).await;
+    let bound = [("session-id", "sess-drain")];
+    let sse = gw.stream(&body_plain("gpt-5.5", "hi", true), &bound).await;
+    assert_eq!(sse.last().0, "response.completed");
+    let owner = gw.requests(1).await[0]["account"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let id = gw.ids[&owner].clone();
+    let a = gw
+        .admin_call(
+            Method::POST,
+            &format!("/api/admin/accounts/{id}/drain"),
+            None,
+        )
+        .await;
+    assert_eq!(a["draining"], true, "{a}");
+    let before = gw.served(&owner);
+    // The bound session stays; every new session goes elsewhere, with the reason recorded.
+    for i in 0..4 {
+        let sse = gw
+            .stream(&body_plain("gpt-5.5", "again", true), &bound)
+            .await;
+        assert_eq!(sse.last().0, "response.completed");
+        let fresh = format!("fresh-{i}");
+        let sse = gw
+            .stream(
+                &body_plain("gpt-5.5", "new", true),
+                &[("session-id", &fresh)],
+            )
+            .await;
+        assert_eq!(sse.last().0, "response.completed");
+        let rec = &gw.requests(1).await[0];
+        assert_ne!(rec["account"], owner.as_str(), "{rec}");
+        assert!(
+            rec["skipped"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|s| s["account"] == owner.as_str() && s["reason"] == "draining"),
+            "{rec}"
+        );
+    }
+    assert_eq!(
+        gw.served(&owner),
+        before + 4,
+        "only the bound session's turns"
+    );
+    let a = gw
+        .admin_call(
+            Method::POST,
+            &format!("/api/admin/accounts/{id}/undrain"),
+            None,
+        )
+        .await;
+    assert_eq!(a["draining"], false, "{a}");
+}
+
+#[tokio::test]
 async fn session_rebinds_when_account_cools_and_records_reason() {
     let gw = Gw::start(2).await;
     let s = [("session-id", "sess-b")];

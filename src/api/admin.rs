@@ -30,6 +30,8 @@ pub fn routes() -> Router<Arc<AppState>> {
         .route("/api/admin/settings", get(get_settings).put(put_settings))
         .route("/api/admin/accounts/{id}/enable", post(enable_account))
         .route("/api/admin/accounts/{id}/disable", post(disable_account))
+        .route("/api/admin/accounts/{id}/drain", post(drain_account))
+        .route("/api/admin/accounts/{id}/undrain", post(undrain_account))
         .route(
             "/api/admin/accounts/{id}/clear-cooldown",
             post(clear_cooldown),
@@ -92,6 +94,20 @@ async fn disable_account(
     Path(id): Path<String>,
 ) -> Result<Json<wire::Account>, ApiError> {
     Ok(Json(state.fleet.set_enabled(&id, false).await?))
+}
+
+async fn drain_account(
+    State(state): State<Arc<AppState>>,
+    Path(id): Path<String>,
+) -> Result<Json<wire::Account>, ApiError> {
+    Ok(Json(state.fleet.set_draining(&id, true)?))
+}
+
+async fn undrain_account(
+    State(state): State<Arc<AppState>>,
+    Path(id): Path<String>,
+) -> Result<Json<wire::Account>, ApiError> {
+    Ok(Json(state.fleet.set_draining(&id, false)?))
 }
 
 async fn clear_cooldown(

@@ -103,12 +103,25 @@ impl AppState {
             .into_iter()
             .zip(counts)
             .collect();
+        let per_account = self.dispatcher.ws_pool.per_account();
+        let (ids, counts): (Vec<String>, Vec<usize>) = per_account.into_iter().unzip();
+        let ws_pool = self
+            .fleet
+            .chatgpt_account_ids(&ids)
+            .into_iter()
+            .zip(counts)
+            .collect();
+        let (pool_waiting, pool_oldest_wait_ms) = self.fleet.pool_queue();
         wire::Feed {
             status: self.status(),
             accounts: self.fleet.list(),
             requests,
             sessions,
             ws_pool_idle: self.dispatcher.ws_pool.len(),
+            ws_pool,
+            pool_waiting,
+            pool_oldest_wait_ms,
+            now_ms: self.clock.now_ms(),
             breaker: self.dispatcher.breaker.state().to_string(),
             dropped_subscribers: self.feed.dropped(),
         }

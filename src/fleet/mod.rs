@@ -66,6 +66,8 @@ pub(crate) struct Entry {
     waiters: VecDeque<scheduler::Waiter>,
     /// Models this account answered "not supported" for, until when (unix ms).
     unsupported: HashMap<String, u64>,
+    /// Takes no new sessions (operator action; not persisted).
+    draining: bool,
 }
 
 impl Entry {
@@ -85,6 +87,7 @@ impl Entry {
             limit,
             waiters: VecDeque::new(),
             unsupported: HashMap::new(),
+            draining: false,
         }
     }
 
@@ -295,6 +298,8 @@ impl Fleet {
             max_concurrency: a.max_concurrency,
             priority: a.priority,
             waiting: e.waiters.len(),
+            oldest_wait_ms: e.waiters.front().map(|w| now_ms.saturating_sub(w.since_ms)),
+            draining: e.draining,
             quota: e.quota.as_ref().map(|q| wire::Quota {
                 primary_used_percent: q.primary_used_percent,
                 primary_reset_at: rfc(q.primary_reset_at),
@@ -436,6 +441,21 @@ impl Fleet {
             .write(vec![Store::account_mutation(&record)?])
             .await?;
         tracing::info!(account = %id, enabled, "account {}", if enabled { "enabled" } else { "disabled" });
+        Ok(view)
+    }
+
+    /// Starts or ends draining: a draining account serves the sessions bound to it and takes
+    /// no new ones. It lives in memory only: a restart ends it.
+    pub fn set_draining(
+        &self,
+        selector: &str,
+        draining: bool,
+    ) -> Result<wire::Account, FleetError> {
+        let (id, view) = self.update_entry(selector, |e, now_ms| {
+            e.draining = draining;
+            Self::view(e, now_ms)
+        })?;
+        tracing::info!(account = %id, draining, "account {}", if draining { "draining" } else { "no longer draining" });
         Ok(view)
     }
 

@@ -33,6 +33,8 @@ pub enum SkipReason {
     SessionExcluded,
     /// Every slot is taken.
     Full,
+    /// Draining: it serves only the sessions already bound to it.
+    Draining,
 }
 
 impl SkipReason {
@@ -47,6 +49,7 @@ impl SkipReason {
             SkipReason::QuotaCeiling => "quota_ceiling",
             SkipReason::SessionExcluded => "session_excluded",
             SkipReason::Full => "full",
+            SkipReason::Draining => "draining",
         }
     }
 }
@@ -141,6 +144,8 @@ pub(crate) struct Waiter {
     /// For pool waiters: the accounts it may take.
     accepts: Option<Arc<HashSet<String>>>,
     tx: oneshot::Sender<Lease>,
+    /// When it started waiting (clock ms).
+    pub(crate) since_ms: u64,
 }
 
 /// Removes a waiter from its queue when the wait ends for any reason, and gives back a slot
@@ -250,11 +255,18 @@ impl Fleet {
             .unwrap_or_default();
         let mut eligible: Vec<&Entry> = Vec::with_capacity(inner.accounts.len());
         for e in inner.accounts.values() {
-            let reason = self.skip_reason(e, model, now).or_else(|| {
-                excluded
-                    .contains(&e.record.id)
-                    .then_some(SkipReason::SessionExcluded)
-            });
+            let reason = self
+                .skip_reason(e, model, now)
+                .or_else(|| {
+                    excluded
+                        .contains(&e.record.id)
+                        .then_some(SkipReason::SessionExcluded)
+                })
+                .or_else(|| {
+                    // A draining account keeps the sessions bound to it and takes no others.
+                    (e.draining && bound.as_deref() != Some(e.record.id.as_str()))
+                        .then_some(SkipReason::Draining)
+                });
             match reason {
                 None => eligible.push(e),
                 Some(r) => plan.skipped.push((e.record.id.clone(), r)),
@@ -433,6 +445,7 @@ impl Fleet {
                 model: model.to_string(),
                 accepts: accepts.clone(),
                 tx,
+                since_ms: self.clock.now_ms(),
             };
             let queue = match account {
                 Some(a) => match inner.accounts.get_mut(a) {
@@ -562,6 +575,16 @@ impl Fleet {
         let before = e.limit.floor();
         e.limit = (e.limit + 1.0 / e.limit).min(max);
         e.limit.floor() > before
+    }
+
+    /// The pool-wide queue now: how many wait, and for how long the oldest has (ms).
+    pub fn pool_queue(&self) -> (usize, Option<u64>) {
+        let now = self.clock.now_ms();
+        let inner = self.read();
+        (
+            inner.pool.len(),
+            inner.pool.front().map(|w| now.saturating_sub(w.since_ms)),
+        )
     }
 
     /// Requests waiting now: pool-wide and on accounts.

@@ -103,6 +103,10 @@ mod tests {
             requests: Vec::new(),
             sessions: Default::default(),
             ws_pool_idle: 0,
+            ws_pool: Default::default(),
+            pool_waiting: 0,
+            pool_oldest_wait_ms: None,
+            now_ms: 0,
             breaker: "closed".into(),
             dropped_subscribers: 0,
         }

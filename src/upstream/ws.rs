@@ -132,6 +132,15 @@ impl WsPool {
             .sum()
     }
 
+    /// Idle sockets held per account.
+    pub fn per_account(&self) -> std::collections::BTreeMap<String, usize> {
+        let mut m = std::collections::BTreeMap::new();
+        for ((account, _), v) in self.idle.lock().unwrap_or_else(|e| e.into_inner()).iter() {
+            *m.entry(account.clone()).or_insert(0) += v.len();
+        }
+        m
+    }
+
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }

@@ -1,5 +1,5 @@
 //! The admin API's JSON shapes, shared by the daemon (which fills them) and the console and
-//! CLI (which read them). The console's live feed will extend this module.
+//! CLI (which read them), and the console feed.
 
 use serde::{Deserialize, Serialize};
 
@@ -71,6 +71,12 @@ pub struct Account {
     /// Sessions waiting for this account's slot.
     #[serde(default)]
     pub waiting: usize,
+    /// How long the oldest of them has waited (ms).
+    #[serde(default)]
+    pub oldest_wait_ms: Option<u64>,
+    /// Takes no new sessions; serves the ones bound to it.
+    #[serde(default)]
+    pub draining: bool,
     /// The last usage windows the backend reported.
     #[serde(default)]
     pub quota: Option<Quota>,
@@ -278,6 +284,19 @@ pub struct Feed {
     /// Idle upstream WebSockets kept for reuse.
     #[serde(default)]
     pub ws_pool_idle: usize,
+    /// The same per account (`chatgpt_account_id` -> idle sockets).
+    #[serde(default)]
+    pub ws_pool: std::collections::BTreeMap<String, usize>,
+    /// Requests waiting for a slot on any of their candidates.
+    #[serde(default)]
+    pub pool_waiting: usize,
+    /// How long the oldest of them has waited (ms).
+    #[serde(default)]
+    pub pool_oldest_wait_ms: Option<u64>,
+    /// The daemon's clock when it sent this (unix ms): the console measures windows and
+    /// countdowns against it.
+    #[serde(default)]
+    pub now_ms: u64,
     /// `closed | open | half_open`.
     #[serde(default)]
     pub breaker: String,

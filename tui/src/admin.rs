@@ -1,0 +1,233 @@
+//! A small client for the admin API: HTTP/1.1 over the daemon's Unix socket, or over TCP with
+//! the admin token; and the console feed's WebSocket on the same transports. Used by the
+//! management commands and by the console.
+
+use std::path::{Path, PathBuf};
+
+use http_body_util::{BodyExt, Full};
+use hyper::body::Bytes;
+use hyper::{Method, Request, StatusCode, header};
+use hyper_util::rt::TokioIo;
+use serde::de::DeserializeOwned;
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::{TcpStream, UnixStream};
+use tokio_tungstenite::WebSocketStream;
+use tokio_tungstenite::tungstenite;
+
+use crate::wire::ErrorBody;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    #[error("cannot reach the daemon at {at}: {source}")]
+    Connect {
+        at: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("admin API request failed: {0}")]
+    Http(String),
+    /// The daemon answered with an error; `message` is its own words.
+    #[error("{message}")]
+    Api { status: StatusCode, message: String },
+    #[error("unexpected answer from the daemon: {0}")]
+    Decode(String),
+    #[error(
+        "bad admin URL `{0}`: expected http://HOST:PORT (TLS is not spoken; use an SSH tunnel)"
+    )]
+    BadUrl(String),
+}
+
+/// Where the daemon's admin API is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Target {
+    /// Its Unix socket (no token: file permissions are the access control).
+    Socket(PathBuf),
+    /// Its TCP listener, `host:port`, with the admin token.
+    Tcp { addr: String, token: String },
+}
+
+impl Target {
+    /// A TCP target from `http://host:port[/]` (or `ws://`, or a bare `host:port`).
+    pub fn from_url(url: &str, token: &str) -> Result<Target, ClientError> {
+        let rest = url
+            .strip_prefix("http://")
+            .or_else(|| url.strip_prefix("ws://"))
+            .unwrap_or(url);
+        if rest.contains("://") {
+            return Err(ClientError::BadUrl(url.to_string()));
+        }
+        let addr = rest.trim_end_matches('/');
+        if addr.is_empty() || addr.contains('/') || !addr.contains(':') {
+            return Err(ClientError::BadUrl(url.to_string()));
+        }
+        Ok(Target::Tcp {
+            addr: addr.to_string(),
+            token: token.to_string(),
+        })
+    }
+
+    fn token(&self) -> Option<&str> {
+        match self {
+            Target::Socket(_) => None,
+            Target::Tcp { token, .. } => Some(token),
+        }
+    }
+}
+
+impl std::fmt::Display for Target {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Target::Socket(p) => write!(f, "{}", p.display()),
+            Target::Tcp { addr, .. } => write!(f, "http://{addr}"),
+        }
+    }
+}
+
+/// A byte stream to the daemon.
+pub trait Io: AsyncRead + AsyncWrite + Unpin + Send {}
+impl<T: AsyncRead + AsyncWrite + Unpin + Send> Io for T {}
+
+/// The console feed's socket.
+pub type FeedSocket = WebSocketStream<Box<dyn Io>>;
+
+#[derive(Debug, Clone)]
+pub struct AdminClient {
+    target: Target,
+}
+
+impl AdminClient {
+    pub fn new(target: Target) -> AdminClient {
+        AdminClient { target }
+    }
+
+    /// A client for `socket` if a daemon answers there.
+    pub async fn connect(socket: &Path) -> Result<AdminClient, ClientError> {
+        let client = AdminClient::new(Target::Socket(socket.to_path_buf()));
+        client.stream().await?;
+        Ok(client)
+    }
+
+    pub fn target(&self) -> &Target {
+        &self.target
+    }
+
+    async fn stream(&self) -> Result<Box<dyn Io>, ClientError> {
+        let connect_error = |source| ClientError::Connect {
+            at: self.target.to_string(),
+            source,
+        };
+        Ok(match &self.target {
+            Target::Socket(path) => {
+                Box::new(UnixStream::connect(path).await.map_err(connect_error)?)
+            }
+            Target::Tcp { addr, .. } => {
+                let s = TcpStream::connect(addr.as_str())
+                    .await
+                    .map_err(connect_error)?;
+                let _ = s.set_nodelay(true);
+                Box::new(s)
+            }
+        })
+    }
+
+    /// Sends one request; returns the decoded JSON of a 2xx answer, or the daemon's error.
+    pub async fn call<T: DeserializeOwned>(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<Vec<u8>>,
+    ) -> Result<T, ClientError> {
+        let stream = self.stream().await?;
+        let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+            .await
+            .map_err(|e| ClientError::Http(e.to_string()))?;
+        let conn = tokio::spawn(conn);
+        let mut req = Request::builder()
+            .method(method)
+            .uri(path)
+            .header(header::HOST, "switchyard");
+        if let Some(token) = self.target.token() {
+            req = req.header(header::AUTHORIZATION, format!("Bearer {token}"));
+        }
+        if body.is_some() {
+            req = req.header(header::CONTENT_TYPE, "application/json");
+        }
+        let req = req
+            .body(Full::new(Bytes::from(body.unwrap_or_default())))
+            .map_err(|e| ClientError::Http(e.to_string()))?;
+        let resp = sender
+            .send_request(req)
+            .await
+            .map_err(|e| ClientError::Http(e.to_string()))?;
+        let status = resp.status();
+        let bytes = resp
+            .into_body()
+            .collect()
+            .await
+            .map_err(|e| ClientError::Http(e.to_string()))?
+            .to_bytes();
+        conn.abort();
+        if !status.is_success() {
+            return Err(api_error(status, &bytes));
+        }
+        serde_json::from_slice(&bytes).map_err(|e| ClientError::Decode(e.to_string()))
+    }
+
+    /// Opens the console feed (`GET /api/admin/console`, WebSocket).
+    pub async fn feed(&self) -> Result<FeedSocket, ClientError> {
+        use tungstenite::client::IntoClientRequest;
+        let stream = self.stream().await?;
+        let mut req = "ws://switchyard/api/admin/console"
+            .into_client_request()
+            .map_err(|e| ClientError::Http(e.to_string()))?;
+        if let Some(token) = self.target.token() {
+            let value = format!("Bearer {token}")
+                .parse()
+                .map_err(|_| ClientError::Http("the admin token is not a valid header".into()))?;
+            req.headers_mut().insert(header::AUTHORIZATION, value);
+        }
+        match tokio_tungstenite::client_async(req, stream).await {
+            Ok((socket, _)) => Ok(socket),
+            Err(tungstenite::Error::Http(resp)) => {
+                let status = resp.status();
+                let body = resp.body().clone().unwrap_or_default();
+                Err(match status {
+                    StatusCode::NOT_FOUND => ClientError::Api {
+                        status,
+                        message: "the daemon has no console feed (an older version?)".into(),
+                    },
+                    _ => api_error(status, &body),
+                })
+            }
+            Err(e) => Err(ClientError::Http(e.to_string())),
+        }
+    }
+}
+
+fn api_error(status: StatusCode, bytes: &[u8]) -> ClientError {
+    let message = serde_json::from_slice::<ErrorBody>(bytes)
+        .map(|e| e.error.message)
+        .unwrap_or_else(|_| format!("HTTP {status}: {}", String::from_utf8_lossy(bytes)));
+    ClientError::Api { status, message }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_name_a_tcp_listener() {
+        let t = Target::from_url("http://127.0.0.1:8080/", "tok").unwrap();
+        assert_eq!(
+            t,
+            Target::Tcp {
+                addr: "127.0.0.1:8080".into(),
+                token: "tok".into()
+            }
+        );
+        assert!(Target::from_url("localhost:9", "t").is_ok());
+        for bad in ["https://host:443", "http://host", "http://host:1/x", ""] {
+            assert!(Target::from_url(bad, "t").is_err(), "{bad}");
+        }
+    }
+}

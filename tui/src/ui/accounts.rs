@@ -1,0 +1,188 @@
+//! Accounts: state with reason and time left, slots, waiting, quota gauges with reset
+//! countdowns, success rate and p50 time to first token over the last 5 minutes, last error.
+
+use ratatui::Frame;
+use ratatui::layout::{Constraint, Layout, Rect};
+use ratatui::style::{Color, Modifier, Style};
+use ratatui::text::{Line, Span};
+use ratatui::widgets::{Cell, Paragraph, Row, Table, TableState};
+
+use super::{bar, colored, human_ms, human_secs, pane_block, state_color};
+use crate::app::{App, Pane};
+use crate::state::stats::parse_ms;
+use crate::wire::Account;
+
+/// `cooling quota 41m`, `half-open`, `needs re-login`, `disabled`, `ready`, plus `draining`.
+pub fn state_text(a: &Account) -> String {
+    let mut s = match a.state.as_str() {
+        "cooling" => {
+            let mut s = "cooling".to_string();
+            if let Some(r) = &a.reason {
+                s.push(' ');
+                s.push_str(r);
+            }
+            if let Some(left) = a.cooldown_remaining_s {
+                s.push(' ');
+                s.push_str(&human_secs(left));
+            }
+            s
+        }
+        "half_open" => "half-open".to_string(),
+        "needs_reauth" => "needs re-login".to_string(),
+        other => other.to_string(),
+    };
+    if a.draining {
+        s.push_str(" draining");
+    }
+    s
+}
+
+/// A quota window: `██░░ 62% 2h10m` (used share, and time to its reset).
+fn gauge(used: Option<f64>, reset_at: Option<&str>, now_ms: u64, width: usize) -> String {
+    let Some(used) = used else {
+        return "–".to_string();
+    };
+    let mut s = format!("{} {:>3.0}%", bar(used / 100.0, width), used);
+    if let Some(at) = reset_at.and_then(parse_ms) {
+        s.push(' ');
+        s.push_str(&human_secs(at.saturating_sub(now_ms) / 1000));
+    }
+    s
+}
+
+pub fn render(frame: &mut Frame, area: Rect, app: &App) {
+    let s = &app.state;
+    let wide = area.width >= 110;
+    let block = pane_block(
+        app,
+        Pane::Accounts,
+        &format!("{} accounts · 5 min window", s.accounts.len()),
+    );
+    let inner = block.inner(area);
+    frame.render_widget(block, area);
+    let [table_area, error_area] =
+        Layout::vertical([Constraint::Min(2), Constraint::Length(1)]).areas(inner);
+
+    let bar_w = if wide { 8 } else { 2 };
+    let rows = s.accounts.iter().map(|a| {
+        let stats = s.account_stats(&a.chatgpt_account_id);
+        let quota = a.quota.as_ref();
+        let ok = stats
+            .success_rate()
+            .map_or("–".to_string(), |r| format!("{:.0}%", r * 100.0));
+        let ttft = stats.ttft.map_or("–".to_string(), |p| human_ms(p.p50));
+        let name = if wide {
+            match &a.email {
+                Some(e) if e != &a.label => format!("{} <{e}>", a.label),
+                _ => a.label.clone(),
+            }
+        } else {
+            a.label.clone()
+        };
+        let state = Cell::from(state_text(a)).style(Style::new().fg(state_color(&a.state)));
+        let mut cells = vec![Cell::from(name)];
+        if wide {
+            cells.push(Cell::from(a.plan.clone().unwrap_or_default()));
+        }
+        cells.extend([
+            state,
+            Cell::from(format!("{}/{}", a.in_flight, a.limit)),
+            Cell::from(a.waiting.to_string()),
+            Cell::from(gauge(
+                quota.and_then(|q| q.primary_used_percent),
+                quota.and_then(|q| q.primary_reset_at.as_deref()),
+                s.now_ms,
+                bar_w,
+            )),
+            Cell::from(gauge(
+                quota.and_then(|q| q.secondary_used_percent),
+                quota.and_then(|q| q.secondary_reset_at.as_deref()),
+                s.now_ms,
+                bar_w,
+            )),
+            Cell::from(ok),
+            Cell::from(ttft),
+        ]);
+        if wide {
+            cells.push(
+                Cell::from(a.last_error.clone().unwrap_or_default())
+                    .style(Style::new().fg(Color::DarkGray)),
+            );
+        }
+        Row::new(cells)
+    });
+    let (header, widths): (Vec<&str>, Vec<Constraint>) = if wide {
+        (
+            vec![
+                "Account",
+                "Plan",
+                "State",
+                "Slots",
+                "Wait",
+                "5h quota",
+                "Weekly",
+                "OK",
+                "TTFT",
+                "Last error",
+            ],
+            vec![
+                Constraint::Length(32),
+                Constraint::Length(5),
+                Constraint::Length(22),
+                Constraint::Length(5),
+                Constraint::Length(4),
+                Constraint::Length(20),
+                Constraint::Length(20),
+                Constraint::Length(4),
+                Constraint::Length(6),
+                Constraint::Min(10),
+            ],
+        )
+    } else {
+        (
+            vec![
+                "Account", "State", "Slots", "Wt", "5h", "Week", "OK", "TTFT",
+            ],
+            vec![
+                Constraint::Length(11),
+                Constraint::Length(17),
+                Constraint::Length(5),
+                Constraint::Length(2),
+                Constraint::Length(13),
+                Constraint::Length(13),
+                Constraint::Length(4),
+                Constraint::Length(5),
+            ],
+        )
+    };
+    let table = Table::new(rows, widths)
+        .header(Row::new(header).style(Style::new().add_modifier(Modifier::BOLD)))
+        .row_highlight_style(Style::new().add_modifier(Modifier::REVERSED))
+        .highlight_symbol("›");
+    let mut state = TableState::default()
+        .with_selected((!s.accounts.is_empty()).then(|| app.selected_account_index()));
+    frame.render_stateful_widget(table, table_area, &mut state);
+
+    let line = match app.selected_account() {
+        Some(a) => {
+            let mut spans = vec![Span::styled(
+                format!("{} ", a.label),
+                Style::new().add_modifier(Modifier::BOLD),
+            )];
+            if let Some(e) = a.email.as_ref().filter(|e| **e != a.label) {
+                spans.push(Span::raw(format!("{e} ")));
+            }
+            spans.push(colored(format!("id {} · ", a.id), Color::DarkGray));
+            match &a.last_error {
+                Some(err) => spans.push(colored(format!("last error: {err}"), Color::Red)),
+                None => spans.push(colored("no error", Color::DarkGray)),
+            }
+            Line::from(spans)
+        }
+        None if s.status.is_some() => {
+            Line::from("no accounts: import one with `switchyard account import`")
+        }
+        None => Line::from("waiting for the daemon…"),
+    };
+    frame.render_widget(Paragraph::new(line), error_area);
+}

@@ -1,0 +1,155 @@
+//! One request's full record: candidates, skips, affinity, queue, every attempt.
+
+use ratatui::Frame;
+use ratatui::layout::Rect;
+use ratatui::style::{Color, Modifier, Style};
+use ratatui::text::{Line, Span};
+use ratatui::widgets::{Block, Clear, Paragraph, Wrap};
+
+use super::{centered, colored, human_ms};
+use crate::app::App;
+
+pub fn render(frame: &mut Frame, area: Rect, app: &App, id: &str) {
+    let s = &app.state;
+    let popup = centered(
+        area,
+        area.width.saturating_sub(4).min(110),
+        area.height.saturating_sub(2),
+    );
+    frame.render_widget(Clear, popup);
+    let block = Block::bordered().title(format!(" Request {id} · Esc closes "));
+    let Some(r) = s.requests.iter().map(|f| &f.record).find(|r| r.id == id) else {
+        frame.render_widget(
+            Paragraph::new("this request is no longer in the console's memory").block(block),
+            popup,
+        );
+        return;
+    };
+    let field = |name: &str, value: String| {
+        Line::from(vec![
+            Span::styled(
+                format!("{name:<12}"),
+                Style::new().add_modifier(Modifier::BOLD),
+            ),
+            Span::raw(value),
+        ])
+    };
+    let names = |ids: &[String]| {
+        ids.iter()
+            .map(|a| s.account_name(a).to_string())
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let mut lines = vec![
+        field("started", r.started_at.clone()),
+        field(
+            "client",
+            format!(
+                "key {} · {} {} · model {}",
+                r.key,
+                if r.ws { "WS" } else { "HTTP" },
+                r.path,
+                r.model
+            ),
+        ),
+        field(
+            "outcome",
+            format!(
+                "{} · status {} · ttft {} · duration {}",
+                r.outcome,
+                r.status,
+                r.ttft_ms.map_or("–".to_string(), human_ms),
+                human_ms(r.duration_ms)
+            ),
+        ),
+        field(
+            "transport",
+            match r.ws_connect_ms {
+                Some(ms) => format!(
+                    "{} (upstream socket opened in {})",
+                    r.transport,
+                    human_ms(ms)
+                ),
+                None => r.transport.clone(),
+            },
+        ),
+        field(
+            "session",
+            format!(
+                "{} · affinity {}",
+                r.session.as_deref().unwrap_or("none"),
+                if r.affinity.is_empty() {
+                    "none"
+                } else {
+                    &r.affinity
+                }
+            ),
+        ),
+        field(
+            "queue",
+            r.queue.as_ref().map_or("no wait".to_string(), |q| {
+                format!(
+                    "{} queue · {} after {}",
+                    q.queue,
+                    q.outcome,
+                    human_ms(q.wait_ms)
+                )
+            }),
+        ),
+        field("candidates", names(&r.candidate_pool)),
+        field(
+            "skipped",
+            if r.skipped.is_empty() {
+                "none".to_string()
+            } else {
+                r.skipped
+                    .iter()
+                    .map(|k| format!("{} ({})", s.account_name(&k.account), k.reason))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            },
+        ),
+        field(
+            "tokens",
+            r.usage.as_ref().map_or("–".to_string(), |u| {
+                format!(
+                    "input {} (cached {}) · output {} (reasoning {})",
+                    u.input_tokens, u.cached_tokens, u.output_tokens, u.reasoning_tokens
+                )
+            }),
+        ),
+        Line::from(""),
+        Line::from(Span::styled(
+            "attempts",
+            Style::new().add_modifier(Modifier::BOLD),
+        )),
+    ];
+    for (i, a) in r.attempts.iter().enumerate() {
+        let ok = a.class == "success";
+        lines.push(Line::from(vec![
+            Span::raw(format!("{}. {} ", i + 1, s.account_name(&a.account))),
+            colored(a.class.clone(), if ok { Color::Green } else { Color::Red }),
+            Span::raw(format!(
+                " · status {} · {} · {}",
+                a.status.map_or("–".to_string(), |c| c.to_string()),
+                a.phase.as_deref().unwrap_or("–"),
+                human_ms(a.ms)
+            )),
+            colored(
+                a.error
+                    .as_ref()
+                    .map_or(String::new(), |e| format!(" · {e}")),
+                Color::DarkGray,
+            ),
+        ]));
+    }
+    if r.attempts.is_empty() {
+        lines.push(Line::from("none: no account was tried"));
+    }
+    frame.render_widget(
+        Paragraph::new(lines)
+            .block(block)
+            .wrap(Wrap { trim: false }),
+        popup,
+    );
+}

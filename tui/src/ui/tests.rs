@@ -1,0 +1,503 @@
+//! Every pane drawn from fixture state on ratatui's test backend, at 160×48 (all panes at once)
+//! and at 80×24 (one pane per tab), and asserted on its text; and the key handling.
+
+use crossterm::event::{KeyCode, KeyEvent, KeyModifiers};
+use ratatui::Terminal;
+use ratatui::backend::TestBackend;
+
+use crate::app::{AccountAction, App, Command, Overlay, Pane};
+use crate::state::Link;
+use crate::wire::*;
+
+/// 2026-11-30T12:00:00Z.
+const NOW_MS: u64 = 1_795_003_200_000;
+
+fn rfc(ms: u64) -> String {
+    let t = std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms);
+    humantime::format_rfc3339_millis(t).to_string()
+}
+
+fn account(n: u32, state: &str) -> Account {
+    Account {
+        id: format!("id{n:06}"),
+        label: format!("sim-acct-{n}"),
+        email: Some(format!("acct{n}@example.com")),
+        plan: Some("plus".into()),
+        chatgpt_account_id: format!("chatgpt-{n}"),
+        enabled: state != "disabled",
+        state: state.into(),
+        created_at: rfc(NOW_MS - 86_400_000),
+        reason: None,
+        cooldown_until: None,
+        cooldown_remaining_s: None,
+        level: 0,
+        last_error: None,
+        in_flight: 0,
+        limit: 4,
+        limit_exact: 4.0,
+        max_concurrency: None,
+        priority: 0,
+        waiting: 0,
+        oldest_wait_ms: None,
+        draining: false,
+        quota: None,
+    }
+}
+
+fn attempt(account: &str, class: &str, status: u16) -> Attempt {
+    Attempt {
+        account: account.into(),
+        class: class.into(),
+        status: Some(status),
+        phase: (class != "success").then(|| "pre_headers".to_string()),
+        ms: 40,
+        error: (class != "success").then(|| format!("{class} from upstream")),
+    }
+}
+
+fn record(n: u64, ago_ms: u64) -> RequestRecord {
+    RequestRecord {
+        id: format!("req_{n:04}"),
+        started_at: rfc(NOW_MS - ago_ms - 900),
+        key: "laptop".into(),
+        model: "gpt-5.1-codex".into(),
+        stream: true,
+        outcome: "success".into(),
+        status: 200,
+        account: Some("chatgpt-2".into()),
+        attempts: vec![attempt("chatgpt-2", "success", 200)],
+        ttft_ms: Some(420),
+        duration_ms: 900,
+        usage: Some(Usage {
+            input_tokens: 1000,
+            cached_tokens: 800,
+            output_tokens: 120,
+            reasoning_tokens: 40,
+        }),
+        path: "/v1/responses".into(),
+        session: Some(format!("s{n:03}")),
+        candidate_pool: vec!["chatgpt-2".into(), "chatgpt-3".into()],
+        skipped: vec![Skip {
+            account: "chatgpt-1".into(),
+            reason: "cooling".into(),
+        }],
+        affinity: "reused".into(),
+        queue: None,
+        cached_tokens: Some(800),
+        transport: "http".into(),
+        ws: false,
+        ws_connect_ms: None,
+    }
+}
+
+/// Five accounts in every state, three requests: a failover, a plain success, a dropped
+/// stream.
+fn fixture() -> App {
+    let mut a1 = account(1, "cooling");
+    a1.reason = Some("quota".into());
+    a1.cooldown_remaining_s = Some(41 * 60 + 5);
+    a1.last_error = Some("usage limit reached".into());
+    a1.quota = Some(Quota {
+        primary_used_percent: Some(100.0),
+        primary_reset_at: Some(rfc(NOW_MS + 41 * 60_000)),
+        secondary_used_percent: Some(62.0),
+        secondary_reset_at: Some(rfc(NOW_MS + 3 * 86_400_000)),
+        plan: Some("plus".into()),
+        observed_at: Some(rfc(NOW_MS)),
+    });
+    let mut a2 = account(2, "ready");
+    a2.in_flight = 2;
+    a2.waiting = 1;
+    a2.oldest_wait_ms = Some(1200);
+    let a3 = account(3, "half_open");
+    let mut a4 = account(4, "needs_reauth");
+    a4.last_error = Some("refresh token revoked".into());
+    let mut a5 = account(5, "disabled");
+    a5.draining = true;
+
+    let mut failover = record(1, 1000);
+    failover.attempts = vec![
+        attempt("chatgpt-1", "quota", 429),
+        attempt("chatgpt-2", "success", 200),
+    ];
+    failover.transport = "ws_connected".into();
+    failover.ws = true;
+    failover.ws_connect_ms = Some(12);
+    failover.affinity = "rebound(quota)".into();
+    failover.queue = Some(QueueWait {
+        queue: "pool".into(),
+        outcome: "acquired".into(),
+        wait_ms: 1200,
+    });
+    let plain = record(2, 2000);
+    let mut dropped = record(3, 3000);
+    dropped.outcome = "stream_error".into();
+    dropped.account = Some("chatgpt-3".into());
+    dropped.attempts = vec![attempt("chatgpt-3", "transient", 200)];
+    dropped.affinity = "new_bind".into();
+
+    let feed = Feed {
+        status: Status {
+            version: "0.1.0".into(),
+            protocol: PROTOCOL_VERSION,
+            pid: 42,
+            uptime_s: 3725,
+            listen: "127.0.0.1:8080".into(),
+            accounts: 5,
+            accounts_by_state: Default::default(),
+            in_flight: 2,
+            waiting: 2,
+            strategy: "quota_aware".into(),
+        },
+        accounts: vec![a1, a2, a3, a4, a5],
+        requests: vec![failover, plain, dropped],
+        sessions: [("chatgpt-2".to_string(), 3), ("chatgpt-3".to_string(), 1)]
+            .into_iter()
+            .collect(),
+        ws_pool_idle: 2,
+        ws_pool: [("chatgpt-2".to_string(), 2)].into_iter().collect(),
+        breaker: "closed".into(),
+        dropped_subscribers: 0,
+        pool_waiting: 1,
+        pool_oldest_wait_ms: Some(2500),
+        now_ms: NOW_MS,
+    };
+    let mut app = App::new("/run/switchyard/admin.sock".into());
+    app.state.apply(FeedMessage {
+        protocol: PROTOCOL_VERSION,
+        dropped: 0,
+        seq: 0,
+        body: FeedBody::Snapshot(feed),
+    });
+    app.state.link = Link::Connected;
+    app
+}
+
+fn screen(app: &App, w: u16, h: u16) -> String {
+    let mut t = Terminal::new(TestBackend::new(w, h)).unwrap();
+    t.draw(|f| super::draw(f, app)).unwrap();
+    let buf = t.backend().buffer();
+    let mut out = String::new();
+    for y in 0..h {
+        for x in 0..w {
+            out.push_str(buf[(x, y)].symbol());
+        }
+        out.push('\n');
+    }
+    out
+}
+
+fn has(screen: &str, text: &str) {
+    assert!(screen.contains(text), "`{text}` not on screen:\n{screen}");
+}
+
+fn key(code: KeyCode) -> KeyEvent {
+    KeyEvent::new(code, KeyModifiers::NONE)
+}
+
+fn ch(c: char) -> KeyEvent {
+    key(KeyCode::Char(c))
+}
+
+#[test]
+fn header_shows_version_uptime_link_and_rates() {
+    let mut app = fixture();
+    for (w, h) in [(160, 48), (80, 24)] {
+        let s = screen(&app, w, h);
+        has(
+            &s,
+            "Switchyard 0.1.0 · up 1h02m · quota_aware · ● connected",
+        );
+        has(&s, "req/s ");
+        has(&s, "in-flight 2 waiting 2 dropped 0");
+    }
+    app.state.link = Link::Reconnecting {
+        in_s: 3,
+        reason: "connection refused".into(),
+    };
+    has(
+        &screen(&app, 160, 48),
+        "● reconnecting in 3s (connection refused)",
+    );
+}
+
+#[test]
+fn accounts_pane_shows_state_slots_quota_and_rates() {
+    let app = fixture();
+    let wide = screen(&app, 160, 48);
+    for text in [
+        "sim-acct-1 <acct1@example.com>",
+        "cooling quota 41m",
+        "half-open",
+        "needs re-login",
+        "disabled draining",
+        "2/4",
+        "100% 41m",
+        "62% 3d00h",
+        "usage limit reached",
+    ] {
+        has(&wide, text);
+    }
+    // chatgpt-2 served two requests with 420 ms TTFT, all attempts succeeded.
+    has(&wide, "100% 420ms");
+    let narrow = screen(&app, 80, 24);
+    has(&narrow, "1 Accounts");
+    for text in [
+        "cooling quota 41m",
+        "half-open",
+        "needs re-login",
+        "2/4",
+        "sim-acct-5",
+    ] {
+        has(&narrow, text);
+    }
+    has(
+        &narrow,
+        "sim-acct-1 acct1@example.com id id000001 · last error: usage limit reached",
+    );
+}
+
+#[test]
+fn affinity_pane_shows_sessions_cache_and_decisions() {
+    let mut app = fixture();
+    let check = |s: &str| {
+        has(s, "sessions");
+        has(s, "reused 1 · new 1 · rebound 1 · none 0");
+        has(s, "rebound(quota)");
+        // chatgpt-2 served two requests of 1000 input tokens, 800 cached each.
+        has(s, "80%");
+    };
+    check(&screen(&app, 160, 48));
+    app.focus = Pane::Affinity;
+    let narrow = screen(&app, 80, 24);
+    check(&narrow);
+    has(&narrow, "sim-acct-2            3        80%");
+}
+
+#[test]
+fn queues_pane_shows_waiting_now_and_outcomes() {
+    let mut app = fixture();
+    let check = |s: &str| {
+        has(s, "pool                 1     2.5s");
+        has(s, "sim-acct-2           1     1.2s");
+        has(s, "acquired 1 · timeout 0");
+        has(s, "wait p50 1.2s · p95 1.2s (n=1)");
+    };
+    check(&screen(&app, 160, 48));
+    app.focus = Pane::Queues;
+    check(&screen(&app, 80, 24));
+}
+
+#[test]
+fn transport_pane_shows_decisions_pool_and_breaker() {
+    let mut app = fixture();
+    let check = |s: &str| {
+        has(s, "ws_connected");
+        has(s, "breaker closed · WS pool idle 2");
+        has(s, "sim-acct-2 2");
+    };
+    let wide = screen(&app, 160, 48);
+    check(&wide);
+    app.focus = Pane::Transport;
+    let narrow = screen(&app, 80, 24);
+    check(&narrow);
+    // One ws_connected and two http turns in the last minute.
+    let line = narrow.lines().find(|l| l.contains("│http ")).unwrap();
+    assert!(
+        line.trim_end_matches('│').trim_end().ends_with('2'),
+        "{line}"
+    );
+}
+
+#[test]
+fn requests_pane_shows_the_attempt_chain() {
+    let mut app = fixture();
+    let wide = screen(&app, 160, 48);
+    has(&wide, "sim-acct-1 ✗ quota → sim-acct-2 ✓");
+    has(&wide, "ws_connected");
+    has(&wide, "laptop");
+    has(&wide, "1000/120");
+    has(&wide, "sim-acct-3 ✗ transient");
+    app.focus = Pane::Requests;
+    let narrow = screen(&app, 80, 24);
+    has(&narrow, "5 Requests");
+    has(&narrow, "sim-acct-1 ✗ quota → sim-acct-2 ✓");
+    has(&narrow, "420ms");
+}
+
+#[test]
+fn enter_opens_the_full_record() {
+    let mut app = fixture();
+    app.on_key(ch('5'));
+    assert_eq!(app.on_key(key(KeyCode::Enter)), None);
+    assert_eq!(app.overlay, Overlay::Detail("req_0001".into()));
+    for (w, h) in [(160, 48), (80, 24)] {
+        let s = screen(&app, w, h);
+        has(&s, "Request req_0001");
+        has(&s, "candidates  sim-acct-2, sim-acct-3");
+        has(&s, "skipped     sim-acct-1 (cooling)");
+        has(&s, "pool queue · acquired after 1.2s");
+        has(&s, "rebound(quota)");
+        has(&s, "1. sim-acct-1 quota · status 429 · pre_headers");
+    }
+    app.on_key(key(KeyCode::Esc));
+    assert_eq!(app.overlay, Overlay::None);
+    // Down then Enter opens the second newest.
+    app.on_key(key(KeyCode::Down));
+    app.on_key(key(KeyCode::Enter));
+    assert_eq!(app.overlay, Overlay::Detail("req_0002".into()));
+}
+
+#[test]
+fn help_lists_the_keys() {
+    let mut app = fixture();
+    app.on_key(ch('?'));
+    assert_eq!(app.overlay, Overlay::Help);
+    for (w, h) in [(160, 48), (80, 24)] {
+        let s = screen(&app, w, h);
+        has(&s, "drain the account (no new sessions)");
+        has(&s, "q  Ctrl-C");
+    }
+    app.on_key(key(KeyCode::Esc));
+    assert_eq!(app.overlay, Overlay::None);
+}
+
+#[test]
+fn actions_ask_first_and_name_the_account() {
+    let mut app = fixture();
+    // Select the second account, then disable it.
+    app.on_key(key(KeyCode::Down));
+    assert_eq!(app.on_key(ch('d')), None);
+    let s = screen(&app, 80, 24);
+    has(&s, "Disable sim-acct-2 (id000002)?");
+    has(&s, "y confirm · n cancel");
+    let Some(Command::Send(p)) = app.on_key(ch('y')) else {
+        panic!("y sends the action");
+    };
+    assert_eq!(
+        (p.action, p.account.as_str()),
+        (AccountAction::Disable, "id000002")
+    );
+    assert_eq!(app.overlay, Overlay::None);
+
+    // `n` cancels a confirmation; outside one it drains, or ends draining.
+    app.on_key(ch('c'));
+    assert_eq!(app.on_key(ch('n')), None);
+    assert_eq!(app.overlay, Overlay::None);
+    app.on_key(ch('n'));
+    assert!(matches!(&app.overlay, Overlay::Confirm(p) if p.action == AccountAction::Drain));
+    app.on_key(key(KeyCode::Esc));
+    app.on_key(ch('G')); // the last account is draining
+    app.on_key(ch('n'));
+    assert!(
+        matches!(&app.overlay, Overlay::Confirm(p) if p.action == AccountAction::Undrain && p.label == "sim-acct-5")
+    );
+    app.on_key(ch('N'));
+    for (c, action) in [
+        ('e', AccountAction::Enable),
+        ('r', AccountAction::Refresh),
+        ('p', AccountAction::Probe),
+        ('c', AccountAction::ClearCooldown),
+    ] {
+        app.on_key(ch(c));
+        let Some(Command::Send(p)) = app.on_key(ch('y')) else {
+            panic!("{c}");
+        };
+        assert_eq!(p.action, action);
+    }
+}
+
+#[test]
+fn panes_cycle_and_quit_keys_quit() {
+    let mut app = fixture();
+    assert_eq!(app.focus, Pane::Accounts);
+    for expected in [
+        Pane::Affinity,
+        Pane::Queues,
+        Pane::Transport,
+        Pane::Requests,
+        Pane::Accounts,
+    ] {
+        app.on_key(key(KeyCode::Tab));
+        assert_eq!(app.focus, expected);
+    }
+    app.on_key(key(KeyCode::BackTab));
+    assert_eq!(app.focus, Pane::Requests);
+    app.on_key(ch('3'));
+    assert_eq!(app.focus, Pane::Queues);
+    assert_eq!(app.on_key(ch('q')), Some(Command::Quit));
+    assert_eq!(
+        app.on_key(KeyEvent::new(KeyCode::Char('c'), KeyModifiers::CONTROL)),
+        Some(Command::Quit)
+    );
+    // Quit works from inside a confirmation too.
+    app.on_key(ch('d'));
+    assert_eq!(app.on_key(ch('q')), Some(Command::Quit));
+}
+
+#[test]
+fn selection_stays_on_its_account_and_request_as_data_moves() {
+    let mut app = fixture();
+    app.on_key(key(KeyCode::Down));
+    app.on_key(key(KeyCode::Down));
+    assert_eq!(app.selected_account().unwrap().label, "sim-acct-3");
+    app.on_key(ch('5'));
+    app.on_key(key(KeyCode::Down));
+    assert_eq!(app.selected_request_index(), 1);
+    // A new request arrives: the selection stays on the same record.
+    let mut feed = Feed {
+        requests: vec![record(9, 0)],
+        now_ms: NOW_MS + 100,
+        ..feed_of(&app)
+    };
+    feed.accounts.reverse();
+    app.state.apply(FeedMessage {
+        protocol: PROTOCOL_VERSION,
+        dropped: 0,
+        seq: 1,
+        body: FeedBody::Update(feed),
+    });
+    assert_eq!(app.state.requests.len(), 4);
+    assert_eq!(
+        app.state.requests[app.selected_request_index()].record.id,
+        "req_0002"
+    );
+    assert_eq!(app.selected_account().unwrap().label, "sim-acct-3");
+    let s = screen(&app, 160, 48);
+    has(&s, "4 seen");
+}
+
+#[test]
+fn a_snapshot_after_a_reconnection_replaces_the_requests() {
+    let mut app = fixture();
+    assert_eq!(app.state.snapshots, 1);
+    let feed = Feed {
+        requests: vec![record(7, 0)],
+        ..feed_of(&app)
+    };
+    app.state.apply(FeedMessage {
+        protocol: PROTOCOL_VERSION,
+        dropped: 0,
+        seq: 0,
+        body: FeedBody::Snapshot(feed),
+    });
+    assert_eq!(app.state.snapshots, 2);
+    assert_eq!(app.state.requests.len(), 1);
+}
+
+fn feed_of(app: &App) -> Feed {
+    let s = &app.state;
+    Feed {
+        status: s.status.clone().unwrap(),
+        accounts: s.accounts.clone(),
+        requests: Vec::new(),
+        sessions: s.sessions.clone(),
+        ws_pool_idle: s.ws_pool_idle,
+        ws_pool: s.ws_pool.clone(),
+        breaker: s.breaker.clone(),
+        dropped_subscribers: s.dropped_subscribers,
+        pool_waiting: s.pool_waiting,
+        pool_oldest_wait_ms: s.pool_oldest_wait_ms,
+        now_ms: s.now_ms,
+    }
+}
