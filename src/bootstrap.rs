@@ -218,6 +218,8 @@ pub async fn run(
     tracing::info!(?kind, "shutting down");
     notifier.notify_or_log("STOPPING=1");
     state.start_draining();
+    // Consoles are told at once; they reconnect to the next daemon.
+    state.feed.close();
     stop_accepting.cancel();
     let grace = match kind {
         ShutdownKind::Graceful => config.server.shutdown_grace,

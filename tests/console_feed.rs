@@ -73,3 +73,66 @@ async fn snapshot_then_updates_show_requests_and_an_account_going_to_cooling() {
         });
     }
 }
+
+/// A console that stops reading is dropped once its queue is full, while requests keep being
+/// served and a console that reads keeps its feed; the dropped one reconnects to a snapshot.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_console_is_dropped_while_requests_and_other_consoles_go_on() {
+    // Many accounts make every update large, so the stalled socket's buffers fill quickly.
+    let gw = Gw::start(60).await;
+    let mut live = subscribe(&gw).await;
+    assert!(matches!(next(&mut live).await.body, FeedBody::Snapshot(_)));
+    // Subscribes and then never reads.
+    let stalled = subscribe(&gw).await;
+
+    let mut served = 0;
+    let mut updates = 0;
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the stalled console was never dropped ({served} requests, {updates} updates)"
+        );
+        // Requests go on, every one of them served...
+        let sse = gw.stream(&body_plain("gpt-5.5", "x", true), &[]).await;
+        assert_eq!(sse.last().0, "response.completed");
+        served += 1;
+        // ...and the live console keeps receiving updates, in order.
+        let m = next(&mut live).await;
+        assert_eq!(m.seq, updates + 1, "no gap in the live console's feed");
+        updates += 1;
+        let FeedBody::Update(u) = m.body else {
+            panic!("the live console got a second snapshot")
+        };
+        if u.dropped_subscribers == 1 {
+            break;
+        }
+    }
+    assert!(served > 0);
+
+    // The stalled console, once it reads, finds the end of its feed: a close saying it fell
+    // behind, after no more than what its queue and the socket held.
+    let mut stalled = stalled;
+    let mut held = 0;
+    let close = loop {
+        match stalled.next().await {
+            Some(Ok(Message::Text(_))) => held += 1,
+            Some(Ok(Message::Close(c))) => break c,
+            Some(Ok(_)) => {}
+            other => panic!("the stalled feed ended without a close: {other:?}"),
+        }
+    };
+    let close = close.expect("a close frame with a reason");
+    assert_eq!(u16::from(close.code), 1013, "{close:?}");
+    assert!(close.reason.contains("fell behind"), "{close:?}");
+    assert!(held > 0);
+
+    // It reconnects to a fresh snapshot.
+    let mut again = subscribe(&gw).await;
+    let m = next(&mut again).await;
+    let FeedBody::Snapshot(snap) = m.body else {
+        panic!("a reconnection starts with a snapshot")
+    };
+    assert_eq!(snap.accounts.len(), 60);
+    assert_eq!(snap.dropped_subscribers, 1);
+}

@@ -173,12 +173,18 @@ async fn console(
                         }
                     }
                     None => {
-                        let _ = socket
-                            .send(Message::Close(Some(CloseFrame {
+                        let close = if state.feed.is_closed() {
+                            CloseFrame {
+                                code: 1001,
+                                reason: "the daemon is stopping".into(),
+                            }
+                        } else {
+                            CloseFrame {
                                 code: 1013,
                                 reason: "fell behind; reconnect for a fresh snapshot".into(),
-                            })))
-                            .await;
+                            }
+                        };
+                        let _ = socket.send(Message::Close(Some(close))).await;
                         break;
                     }
                 },

@@ -25,6 +25,7 @@ struct Subscriber {
 pub struct FeedHub {
     subscribers: Mutex<Vec<Subscriber>>,
     dropped: AtomicU64,
+    closed: std::sync::atomic::AtomicBool,
 }
 
 impl FeedHub {
@@ -37,10 +38,23 @@ impl FeedHub {
             seq: 0,
             body: FeedBody::Snapshot(snapshot),
         };
-        if tx.try_send(first).is_ok() {
-            self.lock().push(Subscriber { tx, seq: 1 });
+        let mut subs = self.lock();
+        if !self.is_closed() && tx.try_send(first).is_ok() {
+            subs.push(Subscriber { tx, seq: 1 });
         }
         rx
+    }
+
+    /// Ends every subscription (the daemon is stopping): each subscriber's queue closes after
+    /// what it holds, and new subscriptions end at once.
+    pub fn close(&self) {
+        let mut subs = self.lock();
+        self.closed.store(true, Ordering::SeqCst);
+        subs.clear();
+    }
+
+    pub fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::SeqCst)
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Subscriber>> {
@@ -137,5 +151,23 @@ mod tests {
         }
         assert_eq!(hub.dropped(), 1);
         assert_eq!(hub.subscribers(), 1, "the fast one stays");
+    }
+
+    #[tokio::test]
+    async fn closing_ends_every_subscription() {
+        let hub = FeedHub::default();
+        let mut rx = hub.subscribe(feed());
+        hub.close();
+        assert!(matches!(
+            rx.recv().await.unwrap().body,
+            FeedBody::Snapshot(_)
+        ));
+        assert!(rx.recv().await.is_none(), "ended after what it held");
+        let mut late = hub.subscribe(feed());
+        assert!(
+            late.recv().await.is_none(),
+            "a subscription after close ends at once"
+        );
+        assert_eq!(hub.dropped(), 0, "not counted as falling behind");
     }
 }
