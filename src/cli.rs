@@ -39,6 +39,51 @@ pub enum Command {
     Config(ConfigCommand),
     /// Run the simulated Codex backend on loopback (to try switchyard without real accounts).
     Sim(SimArgs),
+    /// Try switchyard with nothing to set up: a simulated backend with failing accounts, the
+    /// gateway, synthetic clients and the console, all in a temporary directory.
+    Demo(DemoArgs),
+    /// Watch and act on a running daemon: accounts, affinity, queues, transports, requests.
+    Console(ConsoleArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct ConsoleArgs {
+    /// The daemon's admin socket (default: the configured `[admin] socket`).
+    #[arg(
+        long,
+        env = "SWITCHYARD_CONSOLE_SOCKET",
+        value_name = "PATH",
+        conflicts_with = "url"
+    )]
+    pub socket: Option<PathBuf>,
+    /// The daemon's admin API over TCP, `http://HOST:PORT` (needs --token).
+    #[arg(
+        long,
+        env = "SWITCHYARD_CONSOLE_URL",
+        value_name = "URL",
+        requires = "token"
+    )]
+    pub url: Option<String>,
+    /// The daemon's `[admin] token`, for --url.
+    #[arg(
+        long,
+        env = "SWITCHYARD_CONSOLE_TOKEN",
+        value_name = "TOKEN",
+        hide_env_values = true
+    )]
+    pub token: Option<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct DemoArgs {
+    /// Do not open the console: print the endpoints (`gateway URL`, `admin SOCKET`, `key KEY`,
+    /// `state DIR`, `log FILE`), one per line, and run until SIGINT, SIGTERM or SIGHUP.
+    #[arg(long, env = "SWITCHYARD_DEMO_NO_CONSOLE")]
+    pub no_console: bool,
+    /// Stop by itself after this long, e.g. "5m" (default: until the console is closed or a
+    /// signal arrives).
+    #[arg(long, env = "SWITCHYARD_DEMO_DURATION", value_parser = humantime::parse_duration, value_name = "DURATION")]
+    pub duration: Option<std::time::Duration>,
 }
 
 #[derive(Debug, Args)]

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use axum::http::Method;
 use switchyard_tui::wire;
 
-use crate::admin_client::{AdminClient, ClientError};
+use crate::admin_client::{AdminClient, ClientError, Target};
 use crate::bootstrap::{self, BootError};
 use crate::cli::{AccountCommand, Cli, Command, ConfigCommand, KeyCommand};
 use crate::clock::{self, SharedClock};
@@ -35,6 +35,8 @@ pub enum CommandError {
     Key(#[from] KeyError),
     #[error(transparent)]
     Client(#[from] ClientError),
+    #[error(transparent)]
+    Console(#[from] switchyard_tui::Error),
     #[error("{path}: {source}")]
     AuthFile {
         path: String,
@@ -56,6 +58,8 @@ pub enum CommandError {
     UnknownProfile(String),
     #[error("simulator: {0}")]
     Sim(std::io::Error),
+    #[error(transparent)]
+    Demo(#[from] crate::demo::DemoError),
     #[error("cannot start the runtime: {0}")]
     Runtime(std::io::Error),
 }
@@ -100,6 +104,10 @@ pub fn run(cli: Cli) -> Result<(), CommandError> {
             telemetry::init_logging(&config.log.level, config.log.format);
             runtime()?.block_on(sim(args))
         }
+        // No logging: the console owns the terminal.
+        Command::Console(args) => runtime()?.block_on(console(args, &config)),
+        // Logs go to a file in the demo's directory (the console owns the terminal).
+        Command::Demo(args) => runtime()?.block_on(demo(args, &config)),
     }
 }
 
@@ -159,6 +167,27 @@ async fn sim(args: crate::cli::SimArgs) -> Result<(), CommandError> {
     crate::sim::run_standalone(args.listen, opts, args.write_auth, stop)
         .await
         .map_err(CommandError::Sim)
+}
+
+/// `switchyard demo`: everything in a temporary directory; of the configuration only the log
+/// level applies (upstream, listener, socket and state directory are the demo's own).
+async fn demo(args: crate::cli::DemoArgs, config: &Config) -> Result<(), CommandError> {
+    let opts = crate::demo::DemoOptions {
+        console: !args.no_console,
+        duration: args.duration,
+        log_level: config.log.level.clone(),
+    };
+    Ok(crate::demo::run(opts).await?)
+}
+
+/// `switchyard console`: on the admin socket unless a URL is given.
+async fn console(args: crate::cli::ConsoleArgs, config: &Config) -> Result<(), CommandError> {
+    let target = match (args.url, args.socket) {
+        (Some(url), _) => Target::from_url(&url, args.token.as_deref().unwrap_or_default())?,
+        (None, Some(socket)) => Target::Socket(socket),
+        (None, None) => Target::Socket(admin_socket(config)),
+    };
+    Ok(switchyard_tui::run(target).await?)
 }
 
 /// Where management commands send their work.

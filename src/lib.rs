@@ -8,6 +8,7 @@ pub mod cli;
 pub mod clock;
 pub mod commands;
 pub mod config;
+pub mod demo;
 pub mod dispatch;
 pub mod fleet;
 pub mod keys;

@@ -128,7 +128,7 @@ pub fn render(frame: &mut Frame, area: Rect, app: &App) {
             vec![
                 Constraint::Length(32),
                 Constraint::Length(5),
-                Constraint::Length(22),
+                Constraint::Length(26),
                 Constraint::Length(5),
                 Constraint::Length(4),
                 Constraint::Length(20),
