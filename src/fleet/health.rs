@@ -265,6 +265,12 @@ impl Health {
         let before = self.clone();
         let from = self.effective(now_ms).name();
         match class {
+            // A success while a cooldown runs comes from an attempt that began before it (no
+            // new attempt reaches a cooling account): it does not end the cooldown. Only one
+            // after it — the half-open probe — does.
+            Class::Success if matches!(self.effective(now_ms), Effective::Cooling { .. }) => {
+                return None;
+            }
             Class::Success => {
                 if self.state == State::Cooling {
                     self.state = State::Ready;
@@ -529,6 +535,28 @@ mod tests {
         );
         h.apply(Class::Success, None, now + 1);
         assert_eq!(h.level(), 0, "two do");
+    }
+
+    #[test]
+    fn a_success_from_before_the_cooldown_does_not_end_it() {
+        let mut h = Health::default();
+        let f = Facts {
+            resets_in_seconds: Some(3600),
+            ..facts(429, "usage_limit_reached")
+        };
+        h.apply(Class::Quota, Some(&f), T0);
+        // Another stream on the account, begun before the quota answer, completes.
+        assert_eq!(h.apply(Class::Success, None, T0 + 500), None);
+        assert_eq!(
+            h.effective(T0 + 500),
+            Effective::Cooling {
+                until_ms: T0 + 3_600_000
+            }
+        );
+        // Once it half-opens, a success (the probe) ends it.
+        let back = h.cooldown_until_ms;
+        h.apply(Class::Success, None, back);
+        assert_eq!(h.effective(back), Effective::Ready);
     }
 
     #[test]
