@@ -171,9 +171,19 @@ async fn console_shows_cooling_and_disables_an_account_from_the_keyboard() {
 
     // `q` quits with status 0 and leaves the alternate screen.
     tmux.keys(&["q"]);
-    tmux.wait_for("the console to exit", |_| tmux.pane("#{pane_dead}") == "1")
-        .await;
-    assert_eq!(tmux.pane("#{pane_dead_status}"), "0");
+    // tmux can mark the pane dead (its terminal closed) before it has reaped the process, so
+    // wait for the exit status (or the signal) itself.
+    tmux.wait_for("the console to exit", |_| {
+        tmux.pane("#{pane_dead}") == "1"
+            && !tmux
+                .pane("#{pane_dead_status}#{pane_dead_signal}")
+                .is_empty()
+    })
+    .await;
+    assert_eq!(
+        tmux.pane("status [#{pane_dead_status}] signal [#{pane_dead_signal}]"),
+        "status [0] signal []"
+    );
     let after = tmux.screen();
     assert!(
         !after.contains("● connected"),
