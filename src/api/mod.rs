@@ -91,33 +91,31 @@ impl AppState {
 
     /// The state the console shows, with `requests` as its request list.
     pub fn feed_state(&self, requests: Vec<wire::RequestRecord>) -> wire::Feed {
-        let (ids, counts): (Vec<String>, Vec<usize>) = self
-            .fleet
-            .affinity
-            .sessions_per_account()
-            .into_iter()
-            .unzip();
-        let sessions = self
-            .fleet
-            .chatgpt_account_ids(&ids)
-            .into_iter()
-            .zip(counts)
-            .collect();
-        let per_account = self.dispatcher.ws_pool.per_account();
-        let (ids, counts): (Vec<String>, Vec<usize>) = per_account.into_iter().unzip();
-        let ws_pool = self
-            .fleet
-            .chatgpt_account_ids(&ids)
-            .into_iter()
-            .zip(counts)
-            .collect();
+        // Counts keyed by account id, re-keyed by `chatgpt_account_id` (what the console shows).
+        let by_chatgpt_id = |counts: Vec<(String, usize)>| {
+            let (ids, counts): (Vec<String>, Vec<usize>) = counts.into_iter().unzip();
+            self.fleet
+                .chatgpt_account_ids(&ids)
+                .into_iter()
+                .zip(counts)
+                .collect::<std::collections::BTreeMap<_, _>>()
+        };
+        let sessions = by_chatgpt_id(
+            self.fleet
+                .affinity
+                .sessions_per_account()
+                .into_iter()
+                .collect(),
+        );
+        let ws_pool = by_chatgpt_id(self.dispatcher.ws_pool.per_account().into_iter().collect());
+        let ws_pool_idle = ws_pool.values().sum();
         let (pool_waiting, pool_oldest_wait_ms) = self.fleet.pool_queue();
         wire::Feed {
             status: self.status(),
             accounts: self.fleet.list(),
             requests,
             sessions,
-            ws_pool_idle: self.dispatcher.ws_pool.len(),
+            ws_pool_idle,
             ws_pool,
             pool_waiting,
             pool_oldest_wait_ms,
