@@ -321,7 +321,7 @@ fn spawn_background(
                 let total = state.dispatcher.log.total();
                 let requests = state.dispatcher.log.newer_than(seen);
                 seen = total;
-                state.feed.publish(&state.feed_state(requests));
+                state.feed.publish(&state.feed_state(&requests));
             }
         })
     };

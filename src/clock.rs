@@ -84,6 +84,13 @@ pub fn rfc3339_ms(unix_ms: u64) -> String {
         .to_string()
 }
 
+/// Reads an RFC 3339 time (as [`rfc3339`] and [`rfc3339_ms`] write it) as unix milliseconds.
+pub fn parse_rfc3339_ms(s: &str) -> Option<u64> {
+    let t = humantime::parse_rfc3339(s).ok()?;
+    let d = t.duration_since(UNIX_EPOCH).ok()?;
+    u64::try_from(d.as_millis()).ok()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -102,5 +109,16 @@ mod tests {
     fn rfc3339_formats_utc_seconds() {
         assert_eq!(rfc3339(0), "1970-01-01T00:00:00Z");
         assert_eq!(rfc3339(1_767_225_600), "2026-01-01T00:00:00Z");
+    }
+
+    #[test]
+    fn rfc3339_reads_back_what_it_writes() {
+        let ms = 1_767_225_600_123;
+        assert_eq!(parse_rfc3339_ms(&rfc3339_ms(ms)), Some(ms));
+        assert_eq!(
+            parse_rfc3339_ms(&rfc3339(1_767_225_600)),
+            Some(1_767_225_600_000)
+        );
+        assert_eq!(parse_rfc3339_ms("yesterday"), None);
     }
 }

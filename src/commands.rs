@@ -10,6 +10,7 @@ use axum::http::Method;
 use switchyard_tui::wire;
 
 use crate::admin_client::{AdminClient, ClientError, Target};
+use crate::api::view;
 use crate::bootstrap::{self, BootError};
 use crate::cli::{AccountCommand, Cli, Command, ConfigCommand, KeyCommand};
 use crate::clock::{self, SharedClock};
@@ -227,7 +228,7 @@ impl Backend {
     async fn list_accounts(&self) -> Result<Vec<wire::Account>, CommandError> {
         match self {
             Backend::Daemon(c) => Ok(c.call(Method::GET, "/api/admin/accounts", None).await?),
-            Backend::Direct { fleet, .. } => Ok(fleet.list()),
+            Backend::Direct { fleet, .. } => Ok(view::accounts(&fleet.list())),
         }
     }
 
@@ -236,7 +237,9 @@ impl Backend {
             Backend::Daemon(c) => Ok(c
                 .call(Method::POST, "/api/admin/accounts", Some(raw.to_vec()))
                 .await?),
-            Backend::Direct { fleet, .. } => Ok(fleet.import(fleet.parse_auth(raw)?).await?),
+            Backend::Direct { fleet, .. } => {
+                Ok(view::imported(&fleet.import(fleet.parse_auth(raw)?).await?))
+            }
         }
     }
 
@@ -251,7 +254,9 @@ impl Backend {
                 )
                 .await?)
             }
-            Backend::Direct { fleet, .. } => Ok(fleet.set_enabled(id, enabled).await?),
+            Backend::Direct { fleet, .. } => {
+                Ok(view::account(&fleet.set_enabled(id, enabled).await?))
+            }
         }
     }
 
@@ -264,7 +269,7 @@ impl Backend {
                     None,
                 )
                 .await?),
-            Backend::Direct { fleet, .. } => Ok(fleet.remove(id).await?),
+            Backend::Direct { fleet, .. } => Ok(view::account(&fleet.remove(id).await?)),
         }
     }
 
@@ -277,14 +282,14 @@ impl Backend {
                 .map_err(|e| ClientError::Decode(e.to_string()))?;
                 Ok(c.call(Method::POST, "/api/admin/keys", Some(body)).await?)
             }
-            Backend::Direct { keys, .. } => Ok(keys.create(name).await?),
+            Backend::Direct { keys, .. } => Ok(view::created_key(&keys.create(name).await?)),
         }
     }
 
     async fn list_keys(&self) -> Result<Vec<wire::Key>, CommandError> {
         match self {
             Backend::Daemon(c) => Ok(c.call(Method::GET, "/api/admin/keys", None).await?),
-            Backend::Direct { keys, .. } => Ok(keys.list()),
+            Backend::Direct { keys, .. } => Ok(view::keys(&keys.list())),
         }
     }
 
@@ -297,7 +302,7 @@ impl Backend {
                     None,
                 )
                 .await?),
-            Backend::Direct { keys, .. } => Ok(keys.revoke(id).await?),
+            Backend::Direct { keys, .. } => Ok(view::key(&keys.revoke(id).await?)),
         }
     }
 }

@@ -5,9 +5,8 @@ use std::collections::HashMap;
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use sha2::{Digest, Sha256};
-use switchyard_tui::wire;
 
-use crate::clock::{self, SharedClock};
+use crate::clock::SharedClock;
 use crate::store::records::ClientKeyRecord;
 use crate::store::{Store, StoreError};
 
@@ -28,6 +27,13 @@ pub enum KeyError {
     Random(String),
     #[error(transparent)]
     Store(#[from] StoreError),
+}
+
+/// A new key: its record, and the key itself, known only now (no `Debug`: it is a secret).
+#[derive(Clone)]
+pub struct CreatedKey {
+    pub info: ClientKeyRecord,
+    pub key: String,
 }
 
 /// Who a request authenticated as.
@@ -96,27 +102,16 @@ impl KeyRing {
         self.inner.write().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn view(k: &ClientKeyRecord) -> wire::Key {
-        wire::Key {
-            id: k.id.clone(),
-            name: k.name.clone(),
-            prefix: k.prefix.clone(),
-            enabled: k.enabled,
-            created_at: clock::rfc3339(k.created_at),
-            revoked_at: k.revoked_at.map(clock::rfc3339),
-        }
-    }
-
     /// Every key, oldest first.
-    pub fn list(&self) -> Vec<wire::Key> {
+    pub fn list(&self) -> Vec<ClientKeyRecord> {
         let inner = self.read();
-        let mut v: Vec<&ClientKeyRecord> = inner.by_id.values().collect();
+        let mut v: Vec<ClientKeyRecord> = inner.by_id.values().cloned().collect();
         v.sort_by(|a, b| a.created_at.cmp(&b.created_at).then(a.id.cmp(&b.id)));
-        v.into_iter().map(Self::view).collect()
+        v
     }
 
     /// Creates a key; the returned value carries the key itself, the only time it is known.
-    pub async fn create(&self, name: &str) -> Result<wire::CreatedKey, KeyError> {
+    pub async fn create(&self, name: &str) -> Result<CreatedKey, KeyError> {
         let name = name.trim();
         if name.is_empty() || name.len() > MAX_NAME_LEN || name.chars().any(char::is_control) {
             return Err(KeyError::BadName(format!(
@@ -142,19 +137,18 @@ impl KeyRing {
             revoked_at: None,
         };
         self.store.put_key(&record).await?;
-        let view = Self::view(&record);
         let mut inner = self.write();
         inner.by_hash.insert(record.sha256, record.id.clone());
-        inner.by_id.insert(record.id.clone(), record);
-        Ok(wire::CreatedKey {
-            info: view,
+        inner.by_id.insert(record.id.clone(), record.clone());
+        Ok(CreatedKey {
+            info: record,
             key: secret,
         })
     }
 
     /// Revokes a key: it stops authenticating at once and stays listed as revoked. Revoking a
     /// revoked key changes nothing.
-    pub async fn revoke(&self, id: &str) -> Result<wire::Key, KeyError> {
+    pub async fn revoke(&self, id: &str) -> Result<ClientKeyRecord, KeyError> {
         let record = {
             let mut inner = self.write();
             let k = inner
@@ -162,7 +156,7 @@ impl KeyRing {
                 .get_mut(id)
                 .ok_or_else(|| KeyError::NotFound(id.to_string()))?;
             if !k.enabled {
-                return Ok(Self::view(k));
+                return Ok(k.clone());
             }
             k.enabled = false;
             k.revoked_at = Some(self.clock.now_secs());
@@ -171,7 +165,7 @@ impl KeyRing {
             record
         };
         self.store.put_key(&record).await?;
-        Ok(Self::view(&record))
+        Ok(record)
     }
 
     /// The key a presented secret belongs to, if it is known and active.

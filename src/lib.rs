@@ -12,6 +12,7 @@ pub mod demo;
 pub mod dispatch;
 pub mod fleet;
 pub mod keys;
+mod names;
 pub mod sim;
 pub mod store;
 pub mod systemd;

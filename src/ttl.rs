@@ -13,10 +13,10 @@ use std::hash::Hash;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use serde::{Deserialize, Serialize, de::DeserializeOwned};
 use tokio_util::sync::CancellationToken;
 
 use crate::clock::SharedClock;
+use crate::store::records::{SnapshotRecord, SnapshotRow};
 use crate::store::{Store, StoreError};
 
 /// Limits of one map.
@@ -31,7 +31,7 @@ pub struct TtlConfig {
 }
 
 /// One entry as carried through a snapshot, in least-recently-used-first order.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct SnapshotEntry<K, V> {
     pub key: K,
     pub value: V,
@@ -327,23 +327,37 @@ where
     }
 }
 
-impl<K, V> TtlMap<K, V>
-where
-    K: Eq + Hash + Clone + Serialize + DeserializeOwned,
-    V: Clone + Serialize + DeserializeOwned,
-{
+impl TtlMap<String, String> {
     /// Persists the live entries under `name` (waits for the commit).
     pub async fn save_to(&self, store: &Store, name: &str) -> Result<usize, StoreError> {
-        let entries = self.snapshot();
-        let n = entries.len();
-        store.put_snapshot(name, &entries).await?;
+        let rows: Vec<SnapshotRow> = self
+            .snapshot()
+            .into_iter()
+            .map(|e| SnapshotRow {
+                key: e.key,
+                value: e.value,
+                created_ms: e.created_ms,
+                touched_ms: e.touched_ms,
+            })
+            .collect();
+        let n = rows.len();
+        store.put_snapshot(name, &SnapshotRecord(rows)).await?;
         Ok(n)
     }
 
     /// Restores the entries saved under `name`, if any.
     pub fn load_from(&self, store: &Store, name: &str) -> Result<usize, StoreError> {
-        match store.get_snapshot::<Vec<SnapshotEntry<K, V>>>(name)? {
-            Some(entries) => Ok(self.restore(entries)),
+        match store.get_snapshot(name)? {
+            Some(SnapshotRecord(rows)) => Ok(self.restore(
+                rows.into_iter()
+                    .map(|r| SnapshotEntry {
+                        key: r.key,
+                        value: r.value,
+                        created_ms: r.created_ms,
+                        touched_ms: r.touched_ms,
+                    })
+                    .collect(),
+            )),
             None => Ok(0),
         }
     }
@@ -495,13 +509,19 @@ mod tests {
     #[tokio::test]
     async fn snapshots_round_trip_through_the_store() {
         let store = Store::open_in_memory().unwrap();
-        let (m, clock) = map(Some(100), None, 10);
-        m.insert("a".into(), 1);
-        m.insert("b".into(), 2);
+        let clock = ManualClock::new(1_000_000);
+        let config = TtlConfig {
+            idle: Some(Duration::from_secs(100)),
+            absolute: None,
+            max_entries: 10,
+        };
+        let m: TtlMap<String, String> = TtlMap::new(config, Arc::new(clock.clone()));
+        m.insert("a".into(), "1".into());
+        m.insert("b".into(), "2".into());
         assert_eq!(m.save_to(&store, "affinity").await.unwrap(), 2);
-        let m2: TtlMap<String, u32> = TtlMap::new(m.config(), Arc::new(clock.clone()));
+        let m2: TtlMap<String, String> = TtlMap::new(config, Arc::new(clock.clone()));
         assert_eq!(m2.load_from(&store, "affinity").unwrap(), 2);
-        assert_eq!(m2.peek(&"b".into()), Some(2));
+        assert_eq!(m2.peek(&"b".into()), Some("2".into()));
         assert_eq!(m2.load_from(&store, "nothing-saved").unwrap(), 0);
     }
 

@@ -15,6 +15,8 @@ use switchyard_tui::wire;
 
 use super::AppState;
 use super::error::ApiError;
+use super::view;
+use crate::fleet::health::AccountState;
 
 pub fn routes() -> Router<Arc<AppState>> {
     Router::new()
@@ -55,7 +57,7 @@ async fn status(State(state): State<Arc<AppState>>) -> Json<wire::Status> {
 }
 
 async fn list_accounts(State(state): State<Arc<AppState>>) -> Json<Vec<wire::Account>> {
-    Json(state.fleet.list())
+    Json(view::accounts(&state.fleet.list()))
 }
 
 async fn import_account(
@@ -70,7 +72,7 @@ async fn import_account(
     } else {
         StatusCode::OK
     };
-    Ok((status, Json(imported)).into_response())
+    Ok((status, Json(view::imported(&imported))).into_response())
 }
 
 async fn remove_account(
@@ -79,42 +81,46 @@ async fn remove_account(
 ) -> Result<Json<wire::Account>, ApiError> {
     let a = state.fleet.remove(&id).await?;
     tracing::info!(account = %a.id, "account removed");
-    Ok(Json(a))
+    Ok(Json(view::account(&a)))
 }
 
 async fn enable_account(
     State(state): State<Arc<AppState>>,
     Path(id): Path<String>,
 ) -> Result<Json<wire::Account>, ApiError> {
-    Ok(Json(state.fleet.set_enabled(&id, true).await?))
+    Ok(Json(view::account(
+        &state.fleet.set_enabled(&id, true).await?,
+    )))
 }
 
 async fn disable_account(
     State(state): State<Arc<AppState>>,
     Path(id): Path<String>,
 ) -> Result<Json<wire::Account>, ApiError> {
-    Ok(Json(state.fleet.set_enabled(&id, false).await?))
+    Ok(Json(view::account(
+        &state.fleet.set_enabled(&id, false).await?,
+    )))
 }
 
 async fn drain_account(
     State(state): State<Arc<AppState>>,
     Path(id): Path<String>,
 ) -> Result<Json<wire::Account>, ApiError> {
-    Ok(Json(state.fleet.set_draining(&id, true)?))
+    Ok(Json(view::account(&state.fleet.set_draining(&id, true)?)))
 }
 
 async fn undrain_account(
     State(state): State<Arc<AppState>>,
     Path(id): Path<String>,
 ) -> Result<Json<wire::Account>, ApiError> {
-    Ok(Json(state.fleet.set_draining(&id, false)?))
+    Ok(Json(view::account(&state.fleet.set_draining(&id, false)?)))
 }
 
 async fn clear_cooldown(
     State(state): State<Arc<AppState>>,
     Path(id): Path<String>,
 ) -> Result<Json<wire::Account>, ApiError> {
-    Ok(Json(state.fleet.clear_cooldown(&id).await?))
+    Ok(Json(view::account(&state.fleet.clear_cooldown(&id).await?)))
 }
 
 async fn refresh_account(
@@ -122,9 +128,9 @@ async fn refresh_account(
     Path(id): Path<String>,
 ) -> Result<Json<wire::Account>, ApiError> {
     let upstream = std::sync::Arc::clone(&state.dispatcher.upstream);
-    Ok(Json(
-        state.fleet.refresh_account(&id, upstream.as_ref()).await?,
-    ))
+    Ok(Json(view::account(
+        &state.fleet.refresh_account(&id, upstream.as_ref()).await?,
+    )))
 }
 
 /// Probes an account now: its usage (which refreshes its quota), and for a half-open account
@@ -135,7 +141,10 @@ async fn probe_account(
 ) -> Result<Json<wire::Account>, ApiError> {
     let id = state.fleet.resolve(&id)?;
     let d = &state.dispatcher;
-    let half_open = state.fleet.get(&id).is_some_and(|a| a.state == "half_open");
+    let half_open = state
+        .fleet
+        .get(&id)
+        .is_some_and(|a| a.state == AccountState::HalfOpen);
     if half_open {
         d.probe(&id).await;
     } else if let Err(f) = d.poll_usage(&id).await {
@@ -149,7 +158,7 @@ async fn probe_account(
     state
         .fleet
         .get(&id)
-        .map(Json)
+        .map(|a| Json(view::account(&a)))
         .ok_or_else(|| ApiError::not_found("account removed"))
 }
 
@@ -161,7 +170,7 @@ async fn console(
 ) -> Response {
     use axum::extract::ws::{CloseFrame, Message};
     ws.on_upgrade(move |mut socket| async move {
-        let snapshot = state.feed_state(state.dispatcher.log.recent(200));
+        let snapshot = state.feed_state(&state.dispatcher.log.recent(200));
         let mut rx = state.feed.subscribe(snapshot);
         loop {
             tokio::select! {
@@ -210,7 +219,7 @@ async fn requests(
         .limit
         .unwrap_or(50)
         .clamp(1, crate::telemetry::records::RING);
-    Json(state.dispatcher.log.recent(limit))
+    Json(view::requests(&state.dispatcher.log.recent(limit)))
 }
 
 async fn update_account(
@@ -256,12 +265,12 @@ async fn update_account(
                 })?,
         )),
     };
-    Ok(Json(
-        state
+    Ok(Json(view::account(
+        &state
             .fleet
             .set_account_limits(&id, priority, max_concurrency)
             .await?,
-    ))
+    )))
 }
 
 async fn get_settings(
@@ -281,14 +290,14 @@ async fn put_settings(
 }
 
 async fn list_keys(State(state): State<Arc<AppState>>) -> Json<Vec<wire::Key>> {
-    Json(state.keys.list())
+    Json(view::keys(&state.keys.list()))
 }
 
 async fn create_key(State(state): State<Arc<AppState>>, body: Bytes) -> Result<Response, ApiError> {
     let req: wire::CreateKey = json_body(&body)?;
     let created = state.keys.create(&req.name).await?;
     tracing::info!(key = %created.info.id, name = %created.info.name, "client key created");
-    Ok((StatusCode::CREATED, Json(created)).into_response())
+    Ok((StatusCode::CREATED, Json(view::created_key(&created))).into_response())
 }
 
 async fn revoke_key(
@@ -297,5 +306,5 @@ async fn revoke_key(
 ) -> Result<Json<wire::Key>, ApiError> {
     let k = state.keys.revoke(&id).await?;
     tracing::info!(key = %k.id, "client key revoked");
-    Ok(Json(k))
+    Ok(Json(view::key(&k)))
 }

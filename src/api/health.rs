@@ -41,7 +41,7 @@ pub async fn readyz(State(state): State<Arc<AppState>>) -> (StatusCode, Json<Val
             Json(json!({"status": "error", "error": e})),
         );
     }
-    let by_state = state.fleet.count_by_state();
+    let by_state = super::view::by_state(state.fleet.count_by_state());
     (
         StatusCode::OK,
         Json(

@@ -6,6 +6,7 @@ pub mod error;
 pub mod health;
 pub mod models;
 pub mod responses;
+pub mod view;
 pub mod ws;
 
 use std::sync::Arc;
@@ -90,7 +91,7 @@ impl AppState {
     }
 
     /// The state the console shows, with `requests` as its request list.
-    pub fn feed_state(&self, requests: Vec<wire::RequestRecord>) -> wire::Feed {
+    pub fn feed_state(&self, requests: &[crate::telemetry::records::RequestRecord]) -> wire::Feed {
         // Counts keyed by account id, re-keyed by `chatgpt_account_id` (what the console shows).
         let by_chatgpt_id = |counts: Vec<(String, usize)>| {
             let (ids, counts): (Vec<String>, Vec<usize>) = counts.into_iter().unzip();
@@ -112,15 +113,15 @@ impl AppState {
         let (pool_waiting, pool_oldest_wait_ms) = self.fleet.pool_queue();
         wire::Feed {
             status: self.status(),
-            accounts: self.fleet.list(),
-            requests,
+            accounts: view::accounts(&self.fleet.list()),
+            requests: view::requests(requests),
             sessions,
             ws_pool_idle,
             ws_pool,
             pool_waiting,
             pool_oldest_wait_ms,
             now_ms: self.clock.now_ms(),
-            breaker: self.dispatcher.breaker.state().to_string(),
+            breaker: self.dispatcher.breaker.state().as_str().into(),
             dropped_subscribers: self.feed.dropped(),
         }
     }
@@ -133,7 +134,7 @@ impl AppState {
             uptime_s: self.clock.now_ms().saturating_sub(self.started_at_ms) / 1000,
             listen: self.listen.clone(),
             accounts: self.fleet.len(),
-            accounts_by_state: self.fleet.count_by_state(),
+            accounts_by_state: view::by_state(self.fleet.count_by_state()),
             in_flight: self.fleet.in_flight(),
             waiting: {
                 let (pool, sticky) = self.fleet.waiting();

@@ -10,15 +10,17 @@ use axum::body::{Body, Bytes};
 use axum::extract::State;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
+use bytes::BytesMut;
 use futures_util::stream;
 use serde_json::{Map, Value};
 use tokio::sync::mpsc;
 
 use super::AppState;
 use super::error::ApiError;
-use crate::dispatch::attempt::PASS_THROUGH;
 use crate::dispatch::{ErrorReply, Frame, Mode, RequestCtx};
 use crate::keys::KeyIdentity;
+use crate::upstream::PASS_THROUGH;
+use crate::upstream::event::Event;
 
 /// Interval of `: keep-alive` comments while an SSE client waits.
 const KEEPALIVE_EVERY: Duration = Duration::from_secs(10);
@@ -245,10 +247,47 @@ async fn respond(mut rx: mpsc::Receiver<Frame>, sse: bool, keepalive_after: Dura
             resp
         }
         Some(Frame::Error(reply)) => error_response(reply),
-        Some(Frame::Data(b)) => (StatusCode::OK, b).into_response(),
+        Some(other) => match encode(other) {
+            Some(b) => (StatusCode::OK, b).into_response(),
+            None => ApiError::internal("the request ended without an answer").into_response(),
+        },
         None => ApiError::internal("the request ended without an answer").into_response(),
     }
 }
+
+/// Frames events as SSE, all in one buffer: an `event:` line with the type, then the data
+/// (one `data:` line per line of it).
+pub fn sse(events: &[Event]) -> Bytes {
+    let len: usize = events.iter().map(|e| e.len() + 18).sum();
+    let mut out = BytesMut::with_capacity(len);
+    for e in events {
+        if !e.kind().is_empty() {
+            out.extend_from_slice(b"event: ");
+            out.extend_from_slice(e.kind().as_bytes());
+            out.extend_from_slice(b"\n");
+        }
+        for line in e.data().split(|b| *b == b'\n') {
+            out.extend_from_slice(b"data: ");
+            out.extend_from_slice(line);
+            out.extend_from_slice(b"\n");
+        }
+        out.extend_from_slice(b"\n");
+    }
+    out.freeze()
+}
+
+/// The bytes of a frame after the head; `None` for the head itself.
+fn encode(frame: Frame) -> Option<Bytes> {
+    match frame {
+        Frame::Head { .. } => None,
+        Frame::Events(events) => Some(sse(&events)),
+        Frame::Body(b) => Some(b),
+        Frame::KeepAlive => Some(Bytes::from_static(KEEPALIVE)),
+        Frame::Error(reply) => Some(sse(&[reply.as_failed_event()])),
+    }
+}
+
+const KEEPALIVE: &[u8] = b": keep-alive\n\n";
 
 fn error_response(reply: ErrorReply) -> Response {
     let mut resp = Response::new(Body::from(reply.body));
@@ -268,10 +307,8 @@ fn data_stream(
 ) -> impl futures_util::Stream<Item = Result<Bytes, Infallible>> {
     stream::unfold(rx, |mut rx| async move {
         loop {
-            match rx.recv().await? {
-                Frame::Data(b) => return Some((Ok(b), rx)),
-                Frame::Error(reply) => return Some((Ok(reply.as_failed_event()), rx)),
-                Frame::Head { .. } => continue,
+            if let Some(b) = encode(rx.recv().await?) {
+                return Some((Ok(b), rx));
             }
         }
     })
@@ -299,15 +336,15 @@ fn keepalive_response(rx: mpsc::Receiver<Frame>) -> Response {
         loop {
             tokio::select! {
                 f = s.rx.recv() => match f {
-                    Some(Frame::Data(b)) => return Some((Ok::<Bytes, Infallible>(b), s)),
-                    Some(Frame::Head { .. }) => continue,
-                    Some(Frame::Error(reply)) => {
-                        s.done = true;
-                        return Some((Ok(reply.as_failed_event()), s));
+                    Some(frame) => {
+                        s.done = matches!(frame, Frame::Error(_));
+                        if let Some(b) = encode(frame) {
+                            return Some((Ok::<Bytes, Infallible>(b), s));
+                        }
                     }
                     None => return None,
                 },
-                _ = s.tick.tick() => return Some((Ok(Bytes::from_static(b": keep-alive\n\n")), s)),
+                _ = s.tick.tick() => return Some((Ok(Bytes::from_static(KEEPALIVE)), s)),
             }
         }
     });

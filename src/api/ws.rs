@@ -28,12 +28,9 @@ use super::error::ApiError;
 use super::responses::{Turn, authenticate, request_ctx};
 use crate::dispatch::{Frame, WsTurn};
 use crate::keys::KeyIdentity;
-use crate::upstream::sse::SseSplitter;
+use crate::upstream::event::Event;
+use crate::upstream::ws::{MAX_FRAME, SOCKET_BUFFER};
 
-/// Largest frame or message accepted (close 1009 beyond it).
-pub const MAX_FRAME: usize = 16 * 1024 * 1024;
-/// Read and write buffer of each WebSocket (they grow only while a large message passes).
-pub const SOCKET_BUFFER: usize = 4 * 1024;
 /// Responses remembered per connection for continuations.
 const MAX_HISTORY: usize = 64;
 
@@ -83,6 +80,14 @@ struct Connection {
 enum End {
     Closed,
     Close(u16, &'static str),
+}
+
+/// An event as a text frame: its data, as received.
+fn text_frame(ev: &Event) -> Message {
+    match axum::extract::ws::Utf8Bytes::try_from(ev.data().clone()) {
+        Ok(text) => Message::Text(text),
+        Err(_) => Message::Text(String::from_utf8_lossy(ev.data()).into_owned().into()),
+    }
 }
 
 fn error_frame(status: u16, error: Value) -> Message {
@@ -241,14 +246,14 @@ impl Connection {
         });
         let (tx, mut rx) = mpsc::channel(64);
         self.state.dispatcher.spawn(ctx, tx);
-        let mut splitter = SseSplitter::new(MAX_FRAME);
         let mut output: Vec<Value> = Vec::new();
         let mut completed_id: Option<String> = None;
         loop {
             tokio::select! {
                 frame = rx.recv() => match frame {
                     None => break,
-                    Some(Frame::Head { .. }) => {}
+                    // Keep-alives and heads have no WebSocket form; a turn is always streamed.
+                    Some(Frame::Head { .. } | Frame::KeepAlive | Frame::Body(_)) => {}
                     Some(Frame::Error(reply)) => {
                         let error = serde_json::from_slice::<Value>(&reply.body)
                             .ok()
@@ -256,20 +261,15 @@ impl Connection {
                             .unwrap_or_else(|| json!({"code": reply.code, "message": reply.message}));
                         self.send(socket, error_frame(reply.status, error)).await?;
                     }
-                    Some(Frame::Data(bytes)) => {
-                        splitter.push(&bytes);
-                        while let Ok(Some(ev)) = splitter.next_event() {
-                            if ev.kind.is_empty() {
-                                continue; // keep-alive comments have no WebSocket form
-                            }
-                            let data = ev.data();
-                            if ev.kind == "response.completed"
-                                && let Ok(v) = serde_json::from_str::<Value>(&data)
+                    Some(Frame::Events(events)) => {
+                        for ev in events {
+                            if ev.kind() == "response.completed"
+                                && let Some(v) = ev.json()
                             {
                                 completed_id = v["response"]["id"].as_str().map(str::to_string);
                                 output = v["response"]["output"].as_array().cloned().unwrap_or_default();
                             }
-                            self.send(socket, Message::Text(data.into())).await?;
+                            self.send(socket, text_frame(&ev)).await?;
                         }
                     }
                 },

@@ -1,64 +1,202 @@
-//! One attempt on one account: build the upstream request with the account's identity, send
-//! it, and turn the result into facts and a decision.
+//! One attempt: a try of a request on one account. [`Attempt`] owns what the try needs — the
+//! slot's lease, the account's identity, the client's channel, its start time and its part of
+//! the request's trace — and ends in a typed [`End`]. It ensures a fresh token, sends over HTTP
+//! or an upstream WebSocket, has every failure judged by the fleet (the one classifier), and
+//! hands the answer to its commit boundary (`stream.rs`).
 
 use std::time::Instant;
 
-use futures_util::StreamExt;
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
-use switchyard_tui::wire;
 use tokio::sync::mpsc;
 
-use super::request::{AttemptEnd, Trace, ms_since};
 use super::{Dispatcher, ErrorReply, Frame, Mode, RequestCtx};
 use crate::fleet::Lease;
-use crate::fleet::health::{Class, classify};
-use crate::upstream::failure::Facts;
+use crate::fleet::affinity::Rebound;
+use crate::fleet::health::Class;
+use crate::fleet::refresh::TokenError;
+use crate::fleet::scheduler::SkipReason;
+use crate::telemetry::records::{AttemptRecord, Outcome, QueueRecord, Usage};
+use crate::upstream::event::Event;
+use crate::upstream::failure::{Endpoint, Facts, Phase};
 use crate::upstream::quota::QuotaSnapshot;
-use crate::upstream::{Identity, MAX_ERROR_BODY, read_limited};
+use crate::upstream::stream::EventStream;
+use crate::upstream::ws::{DIAL_BUDGET, DialError, TurnSocket, turn};
+use crate::upstream::{Identity, MAX_ERROR_BODY, Transport, read_limited, relayed};
 
-/// Client headers passed through to the backend (session topology, telemetry, routing).
-pub const PASS_THROUGH: [&str; 14] = [
-    "session-id",
-    "session_id",
-    "thread-id",
-    "conversation_id",
-    "x-client-request-id",
-    "originator",
-    "user-agent",
-    "version",
-    "x-codex-window-id",
-    "x-codex-turn-metadata",
-    "x-codex-beta-features",
-    "x-openai-subagent",
-    "x-codex-parent-thread-id",
-    "openai-beta",
-];
-
-/// Upstream response headers relayed to the client.
-pub fn relayed(h: &HeaderMap) -> Vec<(HeaderName, HeaderValue)> {
-    h.iter()
-        .filter(|(k, _)| {
-            let k = k.as_str();
-            k.starts_with("x-codex-") || k == "openai-model" || k == "x-models-etag"
-        })
-        .map(|(k, v)| (k.clone(), v.clone()))
-        .collect()
+/// How an attempt ended.
+#[derive(Debug)]
+pub(crate) enum End {
+    /// The request is answered: its outcome, the status the client got, and the frames still
+    /// to send (they go out after the record is kept).
+    Done {
+        outcome: Outcome,
+        status: u16,
+        tail: Vec<Frame>,
+    },
+    /// Nothing reached the client; the failure was applied to the account: try the next one.
+    Next,
+    /// Answer the client with this error (nothing was committed).
+    Reply(ErrorReply, Outcome),
+    /// The client went away.
+    ClientGone,
 }
 
-impl Dispatcher {
-    /// Headers for an attempt on `account_id`: the client's pass-through headers, and the
-    /// turn-state token only when this account issued it.
-    fn attempt_headers(
-        &self,
-        ctx: &RequestCtx,
-        account_id: &str,
-    ) -> Vec<(HeaderName, HeaderValue)> {
-        let mut h = ctx.pass_headers.clone();
-        if let Some(ts) = &ctx.turn_state {
+/// The account that answered a request.
+#[derive(Debug, Clone)]
+pub(crate) struct Served {
+    pub id: String,
+    pub chatgpt_account_id: String,
+    pub response_id: Option<String>,
+}
+
+/// What is known about a request while it runs; each attempt adds to it.
+#[derive(Debug)]
+pub(crate) struct Trace {
+    pub key: u64,
+    pub started_ms: u64,
+    pub attempts: Vec<AttemptRecord>,
+    pub served: Option<Served>,
+    pub ttft_ms: Option<u64>,
+    pub usage: Option<Usage>,
+    /// Accounts left out (`chatgpt_account_id`) and why.
+    pub skipped: Vec<(String, SkipReason)>,
+    pub queue: Option<QueueRecord>,
+    /// Why the session left its bound account, if it did.
+    pub rebound: Option<Rebound>,
+    /// How the last attempt reached the backend.
+    pub transport: Option<Transport>,
+    pub ws_connect_ms: Option<u64>,
+}
+
+impl Trace {
+    pub fn new(key: u64, started_ms: u64) -> Trace {
+        Trace {
+            key,
+            started_ms,
+            attempts: Vec::new(),
+            served: None,
+            ttft_ms: None,
+            usage: None,
+            skipped: Vec::new(),
+            queue: None,
+            rebound: None,
+            transport: None,
+            ws_connect_ms: None,
+        }
+    }
+}
+
+/// What sending ended in.
+enum Sent {
+    End(End),
+    /// The backend refused the access token as expired.
+    TokenRefused(String),
+}
+
+pub(crate) fn ms_since(t: Instant) -> u64 {
+    u64::try_from(t.elapsed().as_millis()).unwrap_or(u64::MAX)
+}
+
+/// One try of a request on one account.
+pub(crate) struct Attempt<'a> {
+    pub(super) d: &'a Dispatcher,
+    pub(super) ctx: &'a RequestCtx,
+    pub(super) tx: &'a mpsc::Sender<Frame>,
+    pub(super) trace: &'a mut Trace,
+    pub(super) lease: Lease,
+    identity: Identity,
+    /// When the current try began (a refused token makes a second one).
+    pub(super) started: Instant,
+    /// The backend endpoint this try talks to (for the facts of its failures).
+    pub(super) endpoint: Endpoint,
+}
+
+impl<'a> Attempt<'a> {
+    /// Runs an attempt on the leased account to its end.
+    pub(crate) async fn run(
+        d: &'a Dispatcher,
+        ctx: &'a RequestCtx,
+        tx: &'a mpsc::Sender<Frame>,
+        trace: &'a mut Trace,
+        lease: Lease,
+    ) -> End {
+        let started = Instant::now();
+        let identity = match d
+            .fleet
+            .ensure_fresh(&lease.id, None, d.upstream.as_ref())
+            .await
+        {
+            Ok(i) => i,
+            Err(e) => return token_failed(d, trace, &lease, e, started),
+        };
+        let mut a = Attempt {
+            d,
+            ctx,
+            tx,
+            trace,
+            lease,
+            identity,
+            started,
+            endpoint: Endpoint::Responses,
+        };
+        tracing::debug!(account = %a.lease.id, "attempt_start");
+        let rejected = match a.send().await {
+            Sent::End(end) => return end,
+            Sent::TokenRefused(token) => token,
+        };
+        // The access token was refused as expired: one refresh, one more try.
+        a.started = Instant::now();
+        match d
+            .fleet
+            .ensure_fresh(&a.lease.id, Some(&rejected), d.upstream.as_ref())
+            .await
+        {
+            Ok(i) => a.identity = i,
+            Err(e) => return token_failed(d, a.trace, &a.lease, e, a.started),
+        }
+        match a.send().await {
+            Sent::End(end) => end,
+            Sent::TokenRefused(_) => End::Next,
+        }
+    }
+
+    async fn send(&mut self) -> Sent {
+        let headers = self.headers();
+        if self.ctx.ws && self.ctx.mode == Mode::Stream {
+            match self.over_websocket(&headers).await {
+                Ok(sent) => return sent,
+                Err(fallback) => {
+                    self.via(fallback);
+                    if self.ctx.ws_turn.as_ref().is_some_and(|t| t.warmup) {
+                        return Sent::End(self.local_warmup());
+                    }
+                }
+            }
+        } else {
+            self.via(Transport::Http);
+        }
+        self.over_http(&headers).await
+    }
+
+    /// Records how this try reaches the backend.
+    fn via(&mut self, transport: Transport) {
+        self.trace.transport = Some(transport);
+        self.endpoint = match transport {
+            Transport::WsReused | Transport::WsConnected => Endpoint::WebSocket,
+            _ => Endpoint::Responses,
+        };
+    }
+
+    /// The client's pass-through headers, and the turn-state token only when this account
+    /// issued it.
+    fn headers(&self) -> Vec<(HeaderName, HeaderValue)> {
+        let mut h = self.ctx.pass_headers.clone();
+        if let Some(ts) = &self.ctx.turn_state {
             let same_account = self
+                .d
                 .turn_states
                 .get(ts)
-                .is_some_and(|owner| owner == account_id);
+                .is_some_and(|owner| owner == self.lease.id);
             if same_account && let Ok(v) = HeaderValue::from_str(ts) {
                 h.push((HeaderName::from_static("x-codex-turn-state"), v));
             }
@@ -66,164 +204,120 @@ impl Dispatcher {
         h
     }
 
-    pub(crate) async fn attempt(
-        &self,
-        ctx: &RequestCtx,
-        lease: &Lease,
-        identity: Identity,
-        tx: &mpsc::Sender<Frame>,
-        trace: &mut Trace,
-    ) -> AttemptEnd {
-        let started = Instant::now();
-        tracing::debug!(account = %lease.id, "attempt_start");
-        let headers = self.attempt_headers(ctx, &lease.id);
-        if ctx.ws && ctx.mode == Mode::Stream {
-            // `Err` means this turn goes over HTTP.
-            if let Ok(end) = self
-                .ws_attempt(ctx, lease, &identity, &headers, tx, trace, started)
-                .await
-            {
-                return end;
-            }
-            if ctx.ws_turn.as_ref().is_some_and(|t| t.warmup) {
-                return self.local_warmup(ctx, lease, trace, started);
-            }
-        } else {
-            trace.transport = Some("http");
+    /// What the backend's answer headers say: the account's usage windows, and the turn-state
+    /// token this account issued.
+    fn observe(&self, h: &HeaderMap) {
+        if let Some(q) = QuotaSnapshot::from_headers(h, self.d.fleet.clock().now_ms()) {
+            self.d.fleet.update_quota(&self.lease.id, q);
         }
-        let path = if ctx.mode == Mode::Compact {
+        if let Some(ts) = h.get("x-codex-turn-state").and_then(|v| v.to_str().ok()) {
+            self.d
+                .turn_states
+                .insert(ts.to_string(), self.lease.id.clone());
+        }
+    }
+
+    async fn over_http(&mut self, headers: &[(HeaderName, HeaderValue)]) -> Sent {
+        let compact = self.ctx.mode == Mode::Compact;
+        let path = if compact {
             "/responses/compact"
         } else {
             "/responses"
         };
-        let send = self.upstream.post(
+        let send = self.d.upstream.post(
             path,
-            &identity,
-            &headers,
-            ctx.body.clone(),
-            ctx.mode != Mode::Compact,
+            &self.identity,
+            headers,
+            self.ctx.body.clone(),
+            !compact,
         );
         let resp = tokio::select! {
             r = send => r,
-            _ = tx.closed() => return self.client_gone(lease, started, trace, None),
+            _ = self.tx.closed() => return Sent::End(self.client_gone(None)),
         };
         let resp = match resp {
             Ok(r) => r,
-            Err(facts) => return self.attempt_failed(ctx, lease, &identity, facts, started, trace),
+            Err(facts) => return self.failed(facts),
         };
-        self.metrics.upstream_headers(started.elapsed());
-        let now_ms = self.fleet.clock().now_ms();
-        if let Some(q) = QuotaSnapshot::from_headers(resp.headers(), now_ms) {
-            self.fleet.update_quota(&lease.id, q);
-        }
+        self.d.metrics.upstream_headers(self.started.elapsed());
+        self.observe(resp.headers());
         let status = resp.status().as_u16();
         let resp_headers = resp.headers().clone();
         if !(200..300).contains(&status) {
             let body = tokio::select! {
                 b = read_limited(resp, MAX_ERROR_BODY) => b.unwrap_or_default(),
-                _ = tx.closed() => return self.client_gone(lease, started, trace, Some(status)),
+                _ = self.tx.closed() => return Sent::End(self.client_gone(Some(status))),
             };
-            let facts = Facts::from_response(status, &resp_headers, body);
-            return self.attempt_failed(ctx, lease, &identity, facts, started, trace);
+            return self.failed(Facts::from_response(status, &resp_headers, body));
         }
-        if let Some(ts) = resp_headers
-            .get("x-codex-turn-state")
-            .and_then(|v| v.to_str().ok())
-        {
-            self.turn_states.insert(ts.to_string(), lease.id.clone());
+        if compact {
+            return Sent::End(self.finish_unary(resp, &resp_headers).await);
         }
-        if ctx.mode == Mode::Compact {
-            return self
-                .finish_unary(ctx, lease, resp, &resp_headers, started, trace)
-                .await;
-        }
-        let body = resp
-            .bytes_stream()
-            .map(|r| r.map_err(|e| crate::upstream::describe(&e)))
-            .boxed();
-        self.pump(ctx, lease, body, relayed(&resp_headers), tx, trace, started)
-            .await
+        let events = EventStream::sse(resp, self.d.config.max_event_bytes);
+        Sent::End(self.pump(events, relayed(&resp_headers)).await)
     }
 
     /// A downstream WebSocket turn over an upstream socket: reused from the pool, or dialled
-    /// within the budget. `Err(())` sends the turn over HTTP instead (breaker open, no socket
-    /// in time, 426); a rejected handshake or a failed dial is classified and fails over like
-    /// an HTTP answer.
-    #[allow(clippy::too_many_arguments)]
-    async fn ws_attempt(
-        &self,
-        ctx: &RequestCtx,
-        lease: &Lease,
-        identity: &Identity,
+    /// within the budget. `Err` sends the turn over HTTP instead, with the reason (breaker
+    /// open, no socket in time, 426, a pooled socket that died); a rejected handshake or a
+    /// failed dial is judged and fails over like an HTTP answer.
+    async fn over_websocket(
+        &mut self,
         headers: &[(HeaderName, HeaderValue)],
-        tx: &mpsc::Sender<Frame>,
-        trace: &mut Trace,
-        started: Instant,
-    ) -> Result<AttemptEnd, ()> {
-        use crate::upstream::ws::{DIAL_BUDGET, DialError, TurnSocket, turn};
-        if !self.breaker.allow() {
-            trace.transport = Some("http_breaker_open");
-            return Err(());
+    ) -> Result<Sent, Transport> {
+        let d = self.d;
+        if !d.breaker.allow() {
+            return Err(Transport::HttpBreakerOpen);
         }
-        let want = ctx
+        let want = self
+            .ctx
             .ws_turn
             .as_ref()
             .and_then(|t| t.previous_response_id.as_deref());
-        let pooled = match &ctx.session {
-            Some(s) => self.ws_pool.checkout(&lease.id, s, want).await,
+        let pooled = match &self.ctx.session {
+            Some(s) => d.ws_pool.checkout(&self.lease.id, s, want).await,
             None => None,
         };
         let socket = match pooled {
             Some(s) => {
-                trace.transport = Some("ws_reused");
+                self.via(Transport::WsReused);
                 s
             }
             None => {
                 let t0 = Instant::now();
-                match self.upstream.dial(identity, headers, DIAL_BUDGET).await {
+                match d.upstream.dial(&self.identity, headers, DIAL_BUDGET).await {
                     Ok(s) => {
-                        self.breaker.success();
-                        trace.transport = Some("ws_connected");
-                        trace.ws_connect_ms = Some(ms_since(t0));
+                        d.breaker.success();
+                        self.via(Transport::WsConnected);
+                        self.trace.ws_connect_ms = Some(ms_since(t0));
                         s
                     }
                     Err(DialError::Budget) => {
-                        self.breaker.degraded();
-                        trace.transport = Some("http_ws_budget_exhausted");
-                        return Err(());
+                        d.breaker.degraded();
+                        return Err(Transport::HttpWsBudgetExhausted);
                     }
                     Err(DialError::Refused) => {
-                        self.breaker.degraded();
-                        trace.transport = Some("http_ws_failed");
-                        return Err(());
+                        d.breaker.degraded();
+                        return Err(Transport::HttpWsFailed);
                     }
                     Err(DialError::Rejected(facts)) => {
-                        trace.transport = Some("ws_connected");
-                        return Ok(self.attempt_failed(ctx, lease, identity, facts, started, trace));
+                        self.via(Transport::WsConnected);
+                        return Ok(self.failed(facts));
                     }
                     Err(DialError::Transport(facts)) => {
-                        self.breaker.degraded();
-                        trace.transport = Some("http_ws_failed");
-                        return Ok(self.attempt_failed(ctx, lease, identity, facts, started, trace));
+                        d.breaker.degraded();
+                        self.via(Transport::HttpWsFailed);
+                        return Ok(self.failed(facts));
                     }
                 }
             }
         };
-        self.metrics.upstream_headers(started.elapsed());
-        if let Some(q) = QuotaSnapshot::from_headers(&socket.headers, self.fleet.clock().now_ms()) {
-            self.fleet.update_quota(&lease.id, q);
-        }
-        if let Some(ts) = socket
-            .headers
-            .get("x-codex-turn-state")
-            .and_then(|v| v.to_str().ok())
-        {
-            self.turn_states.insert(ts.to_string(), lease.id.clone());
-        }
+        d.metrics.upstream_headers(self.started.elapsed());
+        self.observe(&socket.headers);
         let relay = relayed(&socket.headers);
         // The socket that produced the previous response holds its state: the frame goes as
         // sent. Anywhere else the turn carries its full history.
-        let body = match &ctx.ws_turn {
+        let body = match &self.ctx.ws_turn {
             Some(t)
                 if t.previous_response_id
                     .as_deref()
@@ -232,230 +326,195 @@ impl Dispatcher {
                 t.frame.clone()
             }
             Some(t) if t.warmup => {
-                with_field(&ctx.body, "generate", serde_json::Value::Bool(false))
+                with_field(&self.ctx.body, "generate", serde_json::Value::Bool(false))
             }
-            _ => ctx.body.clone(),
+            _ => self.ctx.body.clone(),
         };
         let t = TurnSocket {
             socket,
-            pool: self.ws_pool.clone(),
-            account: lease.id.clone(),
-            session: ctx.session.clone(),
+            pool: d.ws_pool.clone(),
+            account: self.lease.id.clone(),
+            session: self.ctx.session.clone(),
         };
         match turn(t, &body).await {
-            Ok(stream) => Ok(self
-                .pump(ctx, lease, stream, relay, tx, trace, started)
-                .await),
-            Err(_) => {
-                // A pooled socket that died while idle: this turn goes over HTTP.
-                trace.transport = Some("http_ws_failed");
-                Err(())
-            }
+            Ok(frames) => Ok(Sent::End(self.pump(EventStream::ws(frames), relay).await)),
+            // A pooled socket that died while idle: this turn goes over HTTP.
+            Err(_) => Err(Transport::HttpWsFailed),
         }
     }
 
     /// A warm-up that could not reach an upstream socket: over HTTP there is nothing to prime,
     /// so it is answered here (the connection remembers its input for the real turn).
-    fn local_warmup(
-        &self,
-        ctx: &RequestCtx,
-        lease: &Lease,
-        trace: &mut Trace,
-        started: Instant,
-    ) -> AttemptEnd {
+    fn local_warmup(&mut self) -> End {
         let id = format!(
             "resp_{}",
             crate::keys::random_base62(24)
                 .unwrap_or_default()
                 .to_lowercase()
         );
+        let created_at = self.d.fleet.clock().now_secs();
         let response = |status: &str| {
-            serde_json::json!({"id": id, "object": "response", "created_at": self.fleet.clock().now_secs(),
-                "status": status, "model": ctx.model, "output": [],
+            serde_json::json!({"id": id, "object": "response", "created_at": created_at,
+                "status": status, "model": self.ctx.model, "output": [],
                 "usage": {"input_tokens": 0, "input_tokens_details": {"cached_tokens": 0}, "output_tokens": 0,
                           "output_tokens_details": {"reasoning_tokens": 0}, "total_tokens": 0}})
         };
         let created = serde_json::json!({"type": "response.created", "sequence_number": 0, "response": response("in_progress")});
         let completed = serde_json::json!({"type": "response.completed", "sequence_number": 1, "response": response("completed")});
-        self.push_attempt(
-            trace,
-            lease,
+        self.record(
             Class::Success,
             None,
             None,
-            started,
             Some("warm-up answered by the gateway".into()),
         );
-        trace.account = Some(lease.chatgpt_account_id.clone());
-        trace.served_by = Some(lease.id.clone());
-        trace.response_id = Some(id.clone());
-        let events = format!(
-            "event: response.created\ndata: {created}\n\nevent: response.completed\ndata: {completed}\n\n"
-        );
-        AttemptEnd::Done {
-            outcome: "success",
+        self.serve(Some(id.clone()));
+        End::Done {
+            outcome: Outcome::Success,
             status: 200,
             tail: vec![
                 Frame::Head {
                     status: 200,
                     headers: Vec::new(),
                 },
-                Frame::Data(bytes::Bytes::from(events)),
+                Frame::Events(vec![
+                    Event::from_value(&created),
+                    Event::from_value(&completed),
+                ]),
             ],
         }
     }
 
-    async fn finish_unary(
-        &self,
-        ctx: &RequestCtx,
-        lease: &Lease,
-        resp: reqwest::Response,
-        resp_headers: &HeaderMap,
-        started: Instant,
-        trace: &mut Trace,
-    ) -> AttemptEnd {
+    /// A unary answer (`/responses/compact`), relayed as it is.
+    async fn finish_unary(&mut self, resp: reqwest::Response, resp_headers: &HeaderMap) -> End {
         let status = resp.status().as_u16();
-        match read_limited(resp, self.config.max_event_bytes).await {
+        match read_limited(resp, self.d.config.max_event_bytes).await {
             Ok(body) => {
-                self.fleet
-                    .report(&lease.id, Class::Success, None, &ctx.model);
-                self.push_attempt(
-                    trace,
-                    lease,
-                    Class::Success,
-                    Some(status),
-                    None,
-                    started,
-                    None,
-                );
-                trace.account = Some(lease.chatgpt_account_id.clone());
+                self.d
+                    .fleet
+                    .report(&self.lease.id, Class::Success, None, &self.ctx.model);
+                self.record(Class::Success, Some(status), None, None);
+                self.serve(None);
                 let mut headers = relayed(resp_headers);
                 headers.push((
                     HeaderName::from_static("content-type"),
                     HeaderValue::from_static("application/json"),
                 ));
-                AttemptEnd::Done {
-                    outcome: "success",
+                End::Done {
+                    outcome: Outcome::Success,
                     status,
-                    tail: vec![Frame::Head { status, headers }, Frame::Data(body)],
+                    tail: vec![Frame::Head { status, headers }, Frame::Body(body)],
                 }
             }
-            Err(facts) => self.report_and_next(ctx, lease, facts, started, trace),
+            Err(facts) => self.fail_over(facts),
         }
     }
 
-    /// Classifies a failure before commit and decides what happens next.
-    pub(crate) fn attempt_failed(
-        &self,
-        ctx: &RequestCtx,
-        lease: &Lease,
-        identity: &Identity,
-        facts: Facts,
-        started: Instant,
-        trace: &mut Trace,
-    ) -> AttemptEnd {
-        let class = classify(&facts);
-        if matches!(class, Class::AuthExpired | Class::Caller) {
-            self.push_failed(trace, lease, class, &facts, started);
-        }
-        match class {
-            Class::AuthExpired => AttemptEnd::RetrySame {
-                rejected_token: identity.access_token.clone(),
-            },
-            Class::Caller => {
-                trace.account = Some(lease.chatgpt_account_id.clone());
-                trace.served_by = Some(lease.id.clone());
-                AttemptEnd::Reply(caller_reply(&facts), "caller_error")
-            }
-            _ => self.report_and_next(ctx, lease, facts, started, trace),
-        }
+    /// Has the fleet judge a failure (and apply it to the account), records it, and returns
+    /// its class.
+    pub(super) fn judge(&mut self, facts: &Facts) -> Class {
+        let class = self
+            .d
+            .fleet
+            .report_failure(&self.lease.id, facts, &self.ctx.model);
+        self.judged(class, facts);
+        class
     }
 
-    /// Applies the failure to the account and moves on.
-    pub(crate) fn report_and_next(
-        &self,
-        ctx: &RequestCtx,
-        lease: &Lease,
-        facts: Facts,
-        started: Instant,
-        trace: &mut Trace,
-    ) -> AttemptEnd {
-        let class = classify(&facts);
-        self.fleet
-            .report(&lease.id, class, Some(&facts), &ctx.model);
+    /// Logs and records a failure the fleet judged as `class`.
+    pub(super) fn judged(&mut self, class: Class, facts: &Facts) {
         tracing::info!(
-            account = %lease.id,
+            account = %self.lease.id,
             class = class.as_str(),
             status = facts.status.unwrap_or(0),
-            phase = facts.phase.map_or("", |p| p.as_str()),
+            phase = facts.phase.map_or("", Phase::as_str),
             error = %facts.summary(),
             "attempt_result"
         );
-        self.push_failed(trace, lease, class, &facts, started);
-        AttemptEnd::Next
+        self.record(class, facts.status, facts.phase, Some(facts.summary()));
     }
 
-    pub(crate) fn client_gone(
-        &self,
-        lease: &Lease,
-        started: Instant,
-        trace: &mut Trace,
-        status: Option<u16>,
-    ) -> AttemptEnd {
-        tracing::info!(account = %lease.id, "client went away");
-        self.push_attempt(
-            trace,
-            lease,
-            Class::ClientCancelled,
-            status,
-            None,
-            started,
-            None,
-        );
-        AttemptEnd::ClientGone
+    /// A failure while sending (a transport error, a non-2xx answer, a rejected handshake):
+    /// a refused token is refreshed and tried again, a caller error goes back as it is, and
+    /// anything else moves on.
+    fn failed(&mut self, facts: Facts) -> Sent {
+        match self.judge(&facts) {
+            Class::AuthExpired => Sent::TokenRefused(self.identity.access_token.clone()),
+            Class::Caller => {
+                self.serve(None);
+                Sent::End(End::Reply(caller_reply(&facts), Outcome::CallerError))
+            }
+            _ => Sent::End(End::Next),
+        }
     }
 
-    /// Records a failed attempt from its facts.
-    pub(crate) fn push_failed(
-        &self,
-        trace: &mut Trace,
-        lease: &Lease,
-        class: Class,
-        facts: &Facts,
-        started: Instant,
-    ) {
-        self.push_attempt(
-            trace,
-            lease,
-            class,
-            facts.status,
-            facts.phase,
-            started,
-            Some(facts.summary()),
-        );
+    /// A failure before anything reached the client: judged, then the next candidate.
+    pub(super) fn fail_over(&mut self, facts: Facts) -> End {
+        self.judge(&facts);
+        End::Next
     }
 
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn push_attempt(
-        &self,
-        trace: &mut Trace,
-        lease: &Lease,
+    pub(super) fn client_gone(&mut self, status: Option<u16>) -> End {
+        tracing::info!(account = %self.lease.id, "client went away");
+        self.record(Class::ClientCancelled, status, None, None);
+        End::ClientGone
+    }
+
+    /// Adds this try to the request's attempt chain.
+    pub(super) fn record(
+        &mut self,
         class: Class,
         status: Option<u16>,
-        phase: Option<crate::upstream::failure::Phase>,
-        started: Instant,
+        phase: Option<Phase>,
         error: Option<String>,
     ) {
-        self.metrics.attempt(class.as_str());
-        trace.attempts.push(wire::Attempt {
-            account: lease.chatgpt_account_id.clone(),
-            class: class.as_str().into(),
+        self.d.metrics.attempt(class);
+        self.trace.attempts.push(AttemptRecord {
+            account: self.lease.chatgpt_account_id.clone(),
+            class,
             status,
-            phase: phase.map(|p| p.as_str().to_string()),
-            ms: ms_since(started),
+            phase,
+            ms: ms_since(self.started),
             error,
         });
     }
+
+    /// This attempt answers the request.
+    pub(super) fn serve(&mut self, response_id: Option<String>) {
+        self.trace.served = Some(Served {
+            id: self.lease.id.clone(),
+            chatgpt_account_id: self.lease.chatgpt_account_id.clone(),
+            response_id,
+        });
+    }
+}
+
+/// No usable token: the refresh failure was applied to the account by the fleet; the attempt
+/// is recorded with its class and the request moves on.
+fn token_failed(
+    d: &Dispatcher,
+    trace: &mut Trace,
+    lease: &Lease,
+    e: TokenError,
+    started: Instant,
+) -> End {
+    match e {
+        TokenError::Failed { class, why } => {
+            d.metrics.attempt(class);
+            trace.attempts.push(AttemptRecord {
+                account: lease.chatgpt_account_id.clone(),
+                class,
+                status: None,
+                phase: Some(Phase::Connect),
+                ms: ms_since(started),
+                error: Some(why),
+            });
+        }
+        // Removed (or its tokens gone) since the plan was made.
+        TokenError::Missing => trace
+            .skipped
+            .push((lease.chatgpt_account_id.clone(), SkipReason::NoTokens)),
+    }
+    End::Next
 }
 
 /// A JSON object body with one field set.

@@ -1,11 +1,11 @@
 //! One `/v1` request's lifecycle: Request -> Attempt -> Stream (DESIGN §4).
 //!
-//! `request.rs` freezes the candidates and walks them; `attempt.rs` runs one attempt on one
-//! account and turns its result into a decision; `stream.rs` holds pre-commit events, decides
-//! the commit, forwards after it and records the terminal outcome. The HTTP layer receives
-//! [`Frame`]s over a channel: a response head, body chunks, or an error reply it renders as a
-//! status (before any header was sent) or as a `response.failed` event (after keep-alive
-//! headers went out).
+//! `request.rs` freezes the candidates and walks them; `attempt.rs` holds [`attempt::Attempt`],
+//! the value that owns one try on one account (its lease, identity, channel, clock and its
+//! part of the trace) and ends in a typed [`attempt::End`]; `stream.rs` is the attempt's commit
+//! boundary: it holds pre-commit events, commits, forwards and records the terminal outcome.
+//! The edge receives [`Frame`]s over a channel — a head, events, a whole body, or an error — and
+//! encodes them once: as SSE (`api::responses`) or as WebSocket text frames (`api::ws`).
 
 pub mod attempt;
 pub mod probe;
@@ -26,6 +26,7 @@ use crate::telemetry::metrics::Metrics;
 use crate::telemetry::records::RequestLog;
 use crate::ttl::{TtlConfig, TtlMap};
 use crate::upstream::Upstream;
+use crate::upstream::event::Event;
 
 /// Tunables of the lifecycle.
 #[derive(Debug, Clone)]
@@ -142,34 +143,25 @@ impl ErrorReply {
     }
 
     /// The `response.failed` event carrying this error.
-    pub fn as_failed_event(&self) -> Bytes {
-        failed_event(None, &self.code, &self.message)
+    pub fn as_failed_event(&self) -> Event {
+        Event::failed(None, &self.code, &self.message)
     }
 }
 
-/// A synthetic `response.failed` event.
-pub fn failed_event(response_id: Option<&str>, code: &str, message: &str) -> Bytes {
-    let data = json!({
-        "type": "response.failed",
-        "response": {
-            "id": response_id,
-            "object": "response",
-            "status": "failed",
-            "error": {"code": code, "message": message},
-        },
-    });
-    Bytes::from(format!("event: response.failed\ndata: {data}\n\n"))
-}
-
-/// What the dispatcher sends to the HTTP layer.
+/// What the dispatcher sends to the edge.
 #[derive(Debug)]
 pub enum Frame {
-    /// The response head; body chunks follow.
+    /// The response head; events or a body follow.
     Head {
         status: u16,
         headers: Vec<(HeaderName, HeaderValue)>,
     },
-    Data(Bytes),
+    /// Events of the stream, in order (those of one upstream read together).
+    Events(Vec<Event>),
+    /// A whole body: a JSON client's final `response`, or a unary upstream answer.
+    Body(Bytes),
+    /// The upstream's keep-alive comment after the commit.
+    KeepAlive,
     /// The request failed before anything was committed.
     Error(ErrorReply),
 }

@@ -9,9 +9,29 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use super::Dispatcher;
-use crate::fleet::health::{Class, classify};
+use crate::fleet::health::{AccountState, Class};
+use crate::fleet::refresh::TokenError;
 use crate::upstream::failure::Facts;
 use crate::upstream::quota::QuotaSnapshot;
+
+/// Why a usage poll failed.
+#[derive(Debug)]
+pub enum PollError {
+    /// No usable token (the refresh failure was already applied to the account).
+    Token(TokenError),
+    /// The usage endpoint's answer, or the transport's failure.
+    Upstream(Facts),
+}
+
+impl PollError {
+    pub fn summary(&self) -> String {
+        match self {
+            PollError::Token(TokenError::Failed { why, .. }) => why.clone(),
+            PollError::Token(TokenError::Missing) => "the account has no tokens".into(),
+            PollError::Upstream(f) => f.summary(),
+        }
+    }
+}
 
 /// How often the poller looks for work.
 const TICK: Duration = Duration::from_secs(5);
@@ -24,15 +44,17 @@ fn jittered(base: Duration) -> Duration {
 
 impl Dispatcher {
     /// Fetches an account's usage and records it.
-    pub async fn poll_usage(&self, id: &str) -> Result<QuotaSnapshot, Facts> {
+    pub async fn poll_usage(&self, id: &str) -> Result<QuotaSnapshot, PollError> {
         let identity = self
             .fleet
             .ensure_fresh(id, None, self.upstream.as_ref())
             .await
-            .map_err(|e| {
-                Facts::transport(crate::upstream::failure::Phase::Connect, format!("{e:?}"))
-            })?;
-        let v = self.upstream.usage(&identity).await?;
+            .map_err(PollError::Token)?;
+        let v = self
+            .upstream
+            .usage(&identity)
+            .await
+            .map_err(PollError::Upstream)?;
         let snap = QuotaSnapshot::from_usage(&v, self.fleet.clock().now_ms());
         self.fleet.update_quota(id, snap.clone());
         Ok(snap)
@@ -43,33 +65,17 @@ impl Dispatcher {
     pub async fn probe(&self, id: &str) -> Option<Class> {
         let lease = self.fleet.try_lease(id, "").ok()?;
         let class = match self.poll_usage(id).await {
-            Ok(snap) => {
-                let exhausted = |p: Option<f64>| p.is_some_and(|p| p >= 100.0);
-                if exhausted(snap.primary_used_percent) || exhausted(snap.secondary_used_percent) {
-                    let resets_at = if exhausted(snap.primary_used_percent) {
-                        snap.primary_reset_at
-                    } else {
-                        snap.secondary_reset_at
-                    };
-                    let facts = Facts {
-                        status: Some(429),
-                        error_type: Some("usage_limit_reached".into()),
-                        resets_at,
-                        message: Some("usage still exhausted at probe".into()),
-                        ..Facts::default()
-                    };
-                    self.fleet.report(id, Class::Quota, Some(&facts), "");
-                    Class::Quota
-                } else {
+            // A window still used up: the quota stays exhausted until it resets.
+            Ok(snap) => match snap.exhaustion() {
+                Some(facts) => self.fleet.report_failure(id, &facts, ""),
+                None => {
                     self.fleet.report(id, Class::Success, None, "");
                     Class::Success
                 }
-            }
-            Err(facts) => {
-                let class = classify(&facts);
-                self.fleet.report(id, class, Some(&facts), "");
-                class
-            }
+            },
+            Err(PollError::Upstream(facts)) => self.fleet.report_failure(id, &facts, ""),
+            Err(PollError::Token(TokenError::Failed { class, .. })) => class,
+            Err(PollError::Token(TokenError::Missing)) => return None,
         };
         drop(lease);
         tracing::info!(account = %id, class = class.as_str(), "half-open probe");
@@ -90,13 +96,13 @@ impl Dispatcher {
                 }
                 let interval = d.fleet.settings().usage_poll_interval;
                 for a in d.fleet.list() {
-                    if !a.enabled || a.state == "needs_reauth" {
+                    if !a.enabled || a.state == AccountState::NeedsReauth {
                         continue;
                     }
                     // A quota cooldown is judged by the usage document itself; other cooldowns
                     // (5xx, resets, challenges) by the next real request, since the usage
                     // endpoint answering says little about the responses endpoint.
-                    if a.state == "half_open" && a.reason.as_deref() == Some("quota") {
+                    if a.state == AccountState::HalfOpen && a.reason == Some(Class::Quota) {
                         d.probe(&a.id).await;
                         continue;
                     }
@@ -106,8 +112,8 @@ impl Dispatcher {
                         .or_insert_with(|| now + jittered(Duration::from_secs(3)));
                     if now >= *due {
                         *due = now + jittered(interval);
-                        if let Err(f) = d.poll_usage(&a.id).await {
-                            tracing::debug!(account = %a.id, error = %f.summary(), "usage poll failed");
+                        if let Err(e) = d.poll_usage(&a.id).await {
+                            tracing::debug!(account = %a.id, error = %e.summary(), "usage poll failed");
                         }
                     }
                 }

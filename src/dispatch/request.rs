@@ -1,63 +1,20 @@
-//! The request level: freeze the candidates, walk them, and answer for the whole request —
-//! including when every candidate is gone (no fail-open: a known-bad account is never tried).
-
-use std::time::Instant;
+//! The request level: freeze the candidates, walk them with one [`Attempt`] each, and answer
+//! for the whole request — including when every candidate is gone (no fail-open: a known-bad
+//! account is never tried) — then keep its record.
 
 use reqwest::header::{HeaderName, HeaderValue};
 use serde_json::{Map, json};
-use switchyard_tui::wire;
 use tokio::sync::mpsc;
 use tracing::Instrument;
 
-use super::{Dispatcher, ErrorReply, Frame, RequestCtx};
-use crate::clock;
-use crate::fleet::affinity::Decision;
-use crate::fleet::health::Class;
+use super::attempt::{Attempt, End, Trace};
+use super::{Dispatcher, ErrorReply, Frame, Mode, RequestCtx};
+use crate::fleet::affinity::{Decision, Rebound};
 use crate::fleet::human_duration;
-use crate::fleet::refresh::TokenError;
 use crate::fleet::scheduler::{QueueOutcome, Wait};
 use crate::fleet::{Lease, Plan, SkipReason};
-use crate::telemetry::records::RequestLog;
-use crate::upstream::failure::{Facts, Phase};
-
-/// How an attempt ended.
-pub enum AttemptEnd {
-    /// The request is finished; `tail` is sent after the record is kept.
-    Done {
-        outcome: &'static str,
-        status: u16,
-        tail: Vec<Frame>,
-    },
-    /// Try the next candidate.
-    Next,
-    /// The access token was refused as expired: refresh it and try this account once more.
-    RetrySame { rejected_token: String },
-    /// Answer the client with this error (a caller error, returned as it is).
-    Reply(ErrorReply, &'static str),
-    /// The client went away.
-    ClientGone,
-}
-
-/// What is known about a request while it runs.
-pub struct Trace {
-    pub key: u64,
-    pub started_ms: u64,
-    pub attempts: Vec<wire::Attempt>,
-    /// The `chatgpt_account_id` that served it.
-    pub account: Option<String>,
-    /// The gateway id of the account that served it.
-    pub served_by: Option<String>,
-    pub response_id: Option<String>,
-    pub ttft_ms: Option<u64>,
-    pub usage: Option<wire::Usage>,
-    pub skipped: Vec<wire::Skip>,
-    pub queue: Option<wire::QueueWait>,
-    /// Why the session left its bound account, if it did.
-    pub rebound: Option<String>,
-    /// How the last attempt reached the backend.
-    pub transport: Option<&'static str>,
-    pub ws_connect_ms: Option<u64>,
-}
+use crate::telemetry::records::{Outcome, QueueRecord, RequestLog, RequestRecord};
+use crate::upstream::Transport;
 
 /// How the search for a slot ended.
 enum Acquire {
@@ -76,29 +33,171 @@ impl Dispatcher {
         self.run_traced(ctx, tx, key).instrument(span).await;
     }
 
-    fn chatgpt_id(&self, id: &str) -> String {
-        self.fleet
-            .chatgpt_account_id(id)
-            .unwrap_or_else(|| id.to_string())
+    async fn run_traced(&self, ctx: RequestCtx, tx: mpsc::Sender<Frame>, key: u64) {
+        let mut trace = Trace::new(key, self.fleet.clock().now_ms());
+        let (plan, refused) = match &ctx.previous_response_id {
+            None => (self.fleet.plan(&ctx.model, ctx.session.as_deref()), None),
+            Some(prev) => match self
+                .fleet
+                .plan_owner(&ctx.model, ctx.session.as_deref(), prev)
+            {
+                Ok(p) => (p, None),
+                Err(message) => (Plan::default(), Some(previous_response_not_found(message))),
+            },
+        };
+        for (id, reason) in &plan.skipped {
+            self.skip(&mut trace, id, *reason);
+        }
+        if plan.bound.is_some() && plan.sticky.is_none() {
+            let why = plan
+                .skipped
+                .iter()
+                .find(|(id, _)| Some(id) == plan.bound.as_ref())
+                .map_or(Rebound::Gone, |(_, r)| Rebound::Skipped(*r));
+            trace.rebound = Some(why);
+        }
+        let candidate_pool = self.fleet.chatgpt_account_ids(&plan.order);
+        tracing::info!(candidates = ?candidate_pool, skipped = trace.skipped.len(), "candidate_pool");
+        let end = match refused {
+            Some(end) => end,
+            None => self.walk(&ctx, &plan, &tx, &mut trace).await,
+        };
+        let tail = self.finish(&ctx, &plan, trace, candidate_pool, end);
+        for frame in tail {
+            if tx.send(frame).await.is_err() {
+                break;
+            }
+        }
+    }
+
+    /// Tries the candidates in order, one attempt each, until one answers.
+    async fn walk(
+        &self,
+        ctx: &RequestCtx,
+        plan: &Plan,
+        tx: &mpsc::Sender<Frame>,
+        trace: &mut Trace,
+    ) -> End {
+        let mut remaining = plan.order.clone();
+        let mut sticky_waited = false;
+        loop {
+            let lease = match self
+                .acquire(plan, &mut remaining, &mut sticky_waited, tx, trace)
+                .await
+            {
+                Acquire::Lease(l) => *l,
+                Acquire::Busy => return End::Reply(self.pool_busy(plan), Outcome::PoolBusy),
+                Acquire::ClientLeft => return End::ClientGone,
+                Acquire::Exhausted => {
+                    let (reply, outcome) = self.exhausted(&ctx.model);
+                    return End::Reply(reply, outcome);
+                }
+            };
+            let id = lease.id.clone();
+            match Attempt::run(self, ctx, tx, trace, lease).await {
+                End::Next => {}
+                end => return end,
+            }
+            if plan.sticky.as_deref() == Some(id.as_str()) {
+                let why = trace
+                    .attempts
+                    .last()
+                    .map_or(Rebound::Failover, |a| Rebound::Failed(a.class));
+                trace.rebound.get_or_insert(why);
+            }
+            if plan.owner_only {
+                // A continuation cannot move: its history lives on the owner.
+                return previous_response_not_found(
+                    "Previous response not found: its account failed; resend the full request."
+                        .into(),
+                );
+            }
+            self.metrics.failover();
+        }
+    }
+
+    /// Turns the request's end into its record (kept before the last frames go out, so a
+    /// client that read its whole answer finds it) and returns those frames.
+    fn finish(
+        &self,
+        ctx: &RequestCtx,
+        plan: &Plan,
+        trace: Trace,
+        candidate_pool: Vec<String>,
+        end: End,
+    ) -> Vec<Frame> {
+        let (outcome, status, tail) = match end {
+            End::Done {
+                outcome,
+                status,
+                tail,
+            } => (outcome, status, tail),
+            End::Reply(reply, outcome) => (outcome, reply.status, vec![Frame::Error(reply)]),
+            End::ClientGone => (Outcome::ClientCancelled, 499, Vec::new()),
+            End::Next => (Outcome::NoAccount, 503, Vec::new()),
+        };
+        let affinity = self.settle_affinity(ctx, plan, &trace, outcome);
+        let duration_ms = self.fleet.clock().now_ms().saturating_sub(trace.started_ms);
+        let transport = trace.transport.unwrap_or(Transport::Http);
+        self.metrics.request(outcome, &affinity);
+        self.metrics.transport(transport);
+        if let Some(ms) = trace.ws_connect_ms {
+            self.metrics
+                .ws_connect(std::time::Duration::from_millis(ms));
+        }
+        let account = trace.served.map(|s| s.chatgpt_account_id);
+        tracing::info!(
+            outcome = outcome.as_str(),
+            status,
+            account = account.as_deref().unwrap_or(""),
+            attempts = trace.attempts.len(),
+            affinity = %affinity.label(),
+            duration_ms,
+            "request_final"
+        );
+        self.log.push(RequestRecord {
+            key: trace.key,
+            started_ms: trace.started_ms,
+            key_name: ctx.key_name.clone(),
+            model: ctx.model.clone(),
+            path: ctx.path.to_string(),
+            stream: ctx.mode == Mode::Stream,
+            ws: ctx.ws,
+            outcome,
+            status,
+            account,
+            attempts: trace.attempts,
+            ttft_ms: trace.ttft_ms,
+            duration_ms,
+            usage: trace.usage,
+            session: ctx.session.as_deref().map(session_hash),
+            candidate_pool,
+            skipped: trace.skipped,
+            affinity,
+            queue: trace.queue,
+            transport,
+            ws_connect_ms: trace.ws_connect_ms,
+        });
+        tail
     }
 
     fn skip(&self, trace: &mut Trace, id: &str, reason: SkipReason) {
-        let account = self.chatgpt_id(id);
+        let account = self
+            .fleet
+            .chatgpt_account_id(id)
+            .unwrap_or_else(|| id.to_string());
         tracing::debug!(account = %account, reason = reason.as_str(), "candidate_skip");
         if !trace
             .skipped
             .iter()
-            .any(|s| s.account == account && s.reason == reason.as_str())
+            .any(|(a, r)| *a == account && *r == reason)
         {
-            trace.skipped.push(wire::Skip {
-                account,
-                reason: reason.as_str().into(),
-            });
+            trace.skipped.push((account, reason));
         }
     }
 
     fn note_wait(&self, trace: &mut Trace, w: Wait) {
-        let total = trace.queue.as_ref().map_or(0, |q| q.wait_ms)
+        let total = trace.queue.map_or(0, |q| q.wait_ms)
             + u64::try_from(w.waited.as_millis()).unwrap_or(u64::MAX);
         self.metrics.queue_wait(w.kind, w.outcome, w.waited);
         tracing::info!(
@@ -107,9 +206,9 @@ impl Dispatcher {
             wait_ms = total,
             "queue_wait"
         );
-        trace.queue = Some(wire::QueueWait {
-            queue: w.kind.as_str().into(),
-            outcome: w.outcome.as_str().into(),
+        trace.queue = Some(QueueRecord {
+            kind: w.kind,
+            outcome: w.outcome,
             wait_ms: total,
         });
     }
@@ -178,7 +277,7 @@ impl Dispatcher {
                     (None, _) if plan.owner_only => return Acquire::Busy,
                     (None, _) => {
                         // Busy for too long: the session moves on.
-                        trace.rebound.get_or_insert_with(|| "busy".into());
+                        trace.rebound.get_or_insert(Rebound::Busy);
                         remaining.retain(|id| id != sticky);
                         continue;
                     }
@@ -206,260 +305,41 @@ impl Dispatcher {
         }
     }
 
-    async fn run_traced(&self, ctx: RequestCtx, tx: mpsc::Sender<Frame>, key: u64) {
-        let mut trace = Trace {
-            key,
-            started_ms: self.fleet.clock().now_ms(),
-            attempts: Vec::new(),
-            account: None,
-            served_by: None,
-            response_id: None,
-            ttft_ms: None,
-            usage: None,
-            skipped: Vec::new(),
-            queue: None,
-            rebound: None,
-            transport: None,
-            ws_connect_ms: None,
-        };
-        let plan = match &ctx.previous_response_id {
-            None => Ok(self.fleet.plan(&ctx.model, ctx.session.as_deref())),
-            Some(prev) => self
-                .fleet
-                .plan_owner(&ctx.model, ctx.session.as_deref(), prev),
-        };
-        let (plan, mut end) = match plan {
-            Ok(p) => (p, None),
-            Err(message) => {
-                let mut extra = Map::new();
-                extra.insert("param".into(), json!("previous_response_id"));
-                let reply = ErrorReply::openai(
-                    400,
-                    "invalid_request_error",
-                    "previous_response_not_found",
-                    message,
-                    extra,
-                );
-                (
-                    Plan::default(),
-                    Some(AttemptEnd::Reply(reply, "previous_response_not_found")),
-                )
-            }
-        };
-        for (id, reason) in &plan.skipped {
-            self.skip(&mut trace, id, *reason);
-        }
-        if plan.bound.is_some() && plan.sticky.is_none() {
-            let why = plan
-                .skipped
-                .iter()
-                .find(|(id, _)| Some(id) == plan.bound.as_ref())
-                .map_or("gone", |(_, r)| r.as_str());
-            trace.rebound = Some(why.to_string());
-        }
-        let candidate_pool: Vec<String> = self.fleet.chatgpt_account_ids(&plan.order);
-        tracing::info!(candidates = ?candidate_pool, skipped = trace.skipped.len(), "candidate_pool");
-
-        let mut remaining = plan.order.clone();
-        let mut sticky_waited = false;
-        while end.is_none() {
-            let lease = match self
-                .acquire(&plan, &mut remaining, &mut sticky_waited, &tx, &mut trace)
-                .await
-            {
-                Acquire::Lease(l) => *l,
-                Acquire::Busy => {
-                    end = Some(AttemptEnd::Reply(self.pool_busy(&plan), "pool_busy"));
-                    break;
-                }
-                Acquire::ClientLeft => {
-                    end = Some(AttemptEnd::ClientGone);
-                    break;
-                }
-                Acquire::Exhausted => break,
-            };
-            let id = lease.id.clone();
-            let mut rejected: Option<String> = None;
-            let mut retried = false;
-            loop {
-                let started = Instant::now();
-                let identity = match self
-                    .fleet
-                    .ensure_fresh(&id, rejected.as_deref(), self.upstream.as_ref())
-                    .await
-                {
-                    Ok(i) => i,
-                    Err(e) => {
-                        let (class, why) = match &e {
-                            TokenError::Dead(w) => ("auth_dead", w.clone()),
-                            TokenError::Unavailable(w) => ("transient", w.clone()),
-                            TokenError::Missing => ("auth_dead", "no tokens".to_string()),
-                        };
-                        if let TokenError::Unavailable(_) = e {
-                            let facts = Facts::transport(
-                                Phase::Connect,
-                                format!("token refresh failed: {why}"),
-                            );
-                            self.fleet
-                                .report(&id, Class::Transient, Some(&facts), &ctx.model);
-                        }
-                        self.metrics.attempt(class);
-                        trace.attempts.push(wire::Attempt {
-                            account: lease.chatgpt_account_id.clone(),
-                            class: class.into(),
-                            status: None,
-                            phase: Some("connect".into()),
-                            ms: ms_since(started),
-                            error: Some(why),
-                        });
-                        if plan.sticky.as_deref() == Some(id.as_str()) {
-                            trace.rebound.get_or_insert_with(|| class.to_string());
-                        }
-                        break;
-                    }
-                };
-                match self.attempt(&ctx, &lease, identity, &tx, &mut trace).await {
-                    AttemptEnd::Next => {
-                        if plan.sticky.as_deref() == Some(id.as_str()) {
-                            let class = trace
-                                .attempts
-                                .last()
-                                .map_or("failed".to_string(), |a| a.class.clone());
-                            trace.rebound.get_or_insert(class);
-                        }
-                        break;
-                    }
-                    AttemptEnd::RetrySame { rejected_token } if !retried => {
-                        retried = true;
-                        rejected = Some(rejected_token);
-                    }
-                    AttemptEnd::RetrySame { .. } => break,
-                    other => {
-                        end = Some(other);
-                        break;
-                    }
-                }
-            }
-            if plan.owner_only && end.is_none() {
-                // A continuation cannot move: its history lives on the owner.
-                let reply = ErrorReply::openai(
-                    400,
-                    "invalid_request_error",
-                    "previous_response_not_found",
-                    "Previous response not found: its account failed; resend the full request.",
-                    Map::new(),
-                );
-                end = Some(AttemptEnd::Reply(reply, "previous_response_not_found"));
-            }
-            if end.is_none() {
-                self.metrics.failover();
-            }
-        }
-        let end = end.unwrap_or_else(|| AttemptEnd::Reply(self.exhausted(&ctx.model), ""));
-        let (outcome, status, tail) = match end {
-            AttemptEnd::Done {
-                outcome,
-                status,
-                tail,
-            } => (outcome, status, tail),
-            AttemptEnd::Reply(reply, outcome) => {
-                let outcome = if outcome.is_empty() {
-                    exhaustion_outcome(&reply)
-                } else {
-                    outcome
-                };
-                (outcome, reply.status, vec![Frame::Error(reply)])
-            }
-            AttemptEnd::ClientGone => ("client_cancelled", 499, Vec::new()),
-            AttemptEnd::Next | AttemptEnd::RetrySame { .. } => ("no_account", 503, Vec::new()),
-        };
-        let affinity = self.settle_affinity(&ctx, &plan, &trace, outcome);
-        let duration_ms = self.fleet.clock().now_ms().saturating_sub(trace.started_ms);
-        self.metrics.request(outcome, &affinity);
-        tracing::info!(
-            outcome,
-            status,
-            account = trace.account.as_deref().unwrap_or(""),
-            attempts = trace.attempts.len(),
-            affinity = %affinity.label(),
-            duration_ms,
-            "request_final"
-        );
-        let cached_tokens = trace.usage.as_ref().map(|u| u.cached_tokens);
-        self.metrics.transport(trace.transport.unwrap_or("http"));
-        if let Some(ms) = trace.ws_connect_ms {
-            self.metrics
-                .ws_connect(std::time::Duration::from_millis(ms));
-        }
-        self.log.push(
-            trace.key,
-            wire::RequestRecord {
-                id: RequestLog::id_of(trace.key),
-                started_at: clock::rfc3339_ms(trace.started_ms),
-                key: ctx.key_name.clone(),
-                model: ctx.model.clone(),
-                stream: ctx.mode == super::Mode::Stream,
-                outcome: outcome.to_string(),
-                status,
-                account: trace.account.clone(),
-                attempts: trace.attempts,
-                ttft_ms: trace.ttft_ms,
-                duration_ms,
-                usage: trace.usage,
-                path: ctx.path.to_string(),
-                session: ctx.session.as_deref().map(session_hash),
-                candidate_pool,
-                skipped: trace.skipped,
-                affinity: affinity.label(),
-                queue: trace.queue,
-                cached_tokens,
-                transport: trace.transport.unwrap_or("http").into(),
-                ws: ctx.ws,
-                ws_connect_ms: trace.ws_connect_ms,
-            },
-        );
-        for frame in tail {
-            if tx.send(frame).await.is_err() {
-                break;
-            }
-        }
-    }
-
     /// Binds the session to the account that served it and says what the affinity did.
     fn settle_affinity(
         &self,
         ctx: &RequestCtx,
         plan: &Plan,
         trace: &Trace,
-        outcome: &str,
+        outcome: Outcome,
     ) -> Decision {
-        if let (Some(resp), Some(owner)) = (&trace.response_id, &trace.served_by) {
-            self.fleet.affinity.own(resp, owner);
+        if let Some(served) = &trace.served
+            && let Some(resp) = &served.response_id
+        {
+            self.fleet.affinity.own(resp, &served.id);
         }
         let Some(session) = &ctx.session else {
             return Decision::None;
         };
-        if outcome == "stream_error"
-            && let Some(last) = trace.attempts.last()
-            && let Some(id) = self.fleet.resolve(&last.account).ok()
+        if outcome == Outcome::StreamError
+            && let Some(served) = &trace.served
         {
-            self.fleet.affinity.exclude(session, &id);
+            // The account broke this session's stream: the session avoids it for a while.
+            self.fleet.affinity.exclude(session, &served.id);
         }
-        let Some(served) = &trace.served_by else {
-            return match (&plan.bound, &trace.rebound) {
+        let Some(served) = &trace.served else {
+            return match (&plan.bound, trace.rebound) {
                 (None, _) => Decision::NewBind,
-                (Some(_), Some(why)) => Decision::Rebound(why.clone()),
+                (Some(_), Some(why)) => Decision::Rebound(why),
                 (Some(_), None) => Decision::Reused,
             };
         };
         let decision = match &plan.bound {
             None => Decision::NewBind,
-            Some(b) if b == served => Decision::Reused,
-            Some(_) => {
-                Decision::Rebound(trace.rebound.clone().unwrap_or_else(|| "failover".into()))
-            }
+            Some(b) if *b == served.id => Decision::Reused,
+            Some(_) => Decision::Rebound(trace.rebound.unwrap_or(Rebound::Failover)),
         };
-        self.fleet.affinity.bind(session, served);
+        self.fleet.affinity.bind(session, &served.id);
         decision
     }
 
@@ -489,21 +369,22 @@ impl Dispatcher {
         reply
     }
 
-    /// The answer when no candidate is left.
-    pub fn exhausted(&self, model: &str) -> ErrorReply {
+    /// The answer when no candidate is left, and its outcome.
+    pub fn exhausted(&self, model: &str) -> (ErrorReply, Outcome) {
         if self.fleet.model_marked_everywhere(model) {
-            return ErrorReply::openai(
+            let reply = ErrorReply::openai(
                 404,
                 "invalid_request_error",
                 "model_not_found",
                 format!("The model `{model}` is not supported by any account in the pool"),
                 Map::new(),
             );
+            return (reply, Outcome::ModelNotFound);
         }
         let (all_quota, earliest, summary) = self.fleet.exhaustion_summary();
         let now = self.fleet.clock().now_ms();
         let wait_s = earliest.map(|u| u.saturating_sub(now).div_ceil(1000).max(1));
-        let mut reply = if all_quota {
+        let (mut reply, outcome) = if all_quota {
             let mut extra = Map::new();
             if let Some(s) = wait_s {
                 extra.insert("resets_in_seconds".into(), json!(s));
@@ -516,21 +397,23 @@ impl Dispatcher {
                 ),
                 None => format!("The usage limit has been reached on every account ({summary})"),
             };
-            ErrorReply::openai(
+            let reply = ErrorReply::openai(
                 429,
                 "usage_limit_reached",
                 "usage_limit_reached",
                 message,
                 extra,
-            )
+            );
+            (reply, Outcome::QuotaExhausted)
         } else {
-            ErrorReply::openai(
+            let reply = ErrorReply::openai(
                 503,
                 "server_error",
                 "no_available_account",
                 summary,
                 Map::new(),
-            )
+            );
+            (reply, Outcome::NoAccount)
         };
         if let Some(s) = wait_s
             && let Ok(v) = HeaderValue::from_str(&s.to_string())
@@ -539,21 +422,22 @@ impl Dispatcher {
                 .headers
                 .push((HeaderName::from_static("retry-after"), v));
         }
-        reply
+        (reply, outcome)
     }
 }
 
-fn exhaustion_outcome(reply: &ErrorReply) -> &'static str {
-    match reply.code.as_str() {
-        "model_not_found" => "model_not_found",
-        "usage_limit_reached" => "quota_exhausted",
-        "pool_busy" => "pool_busy",
-        _ => "no_account",
-    }
-}
-
-pub fn ms_since(t: Instant) -> u64 {
-    u64::try_from(t.elapsed().as_millis()).unwrap_or(u64::MAX)
+/// 400 `previous_response_not_found`: the client then resends the full request.
+fn previous_response_not_found(message: String) -> End {
+    let mut extra = Map::new();
+    extra.insert("param".into(), json!("previous_response_id"));
+    let reply = ErrorReply::openai(
+        400,
+        "invalid_request_error",
+        "previous_response_not_found",
+        message,
+        extra,
+    );
+    End::Reply(reply, Outcome::PreviousResponseNotFound)
 }
 
 /// A short, stable, non-reversible tag for a session key.

@@ -1,27 +1,23 @@
-//! The commit boundary. Before the first event a client would render or act on, events are
-//! held and any failure (a transport error, or a `response.failed`/`error` event inside the
-//! 200) fails over invisibly. After it, events are forwarded as they arrive and nothing is
-//! replayed; the terminal outcome is still classified, and a stream that dies without one gets
-//! a synthetic `response.failed` (`upstream_stream_error`).
+//! The commit boundary of an attempt. Before the first event a client would render or act on,
+//! events are held and any failure (a transport error, or a `response.failed`/`error` event
+//! inside the 200) fails over invisibly. After it, events are forwarded as they arrive and
+//! nothing is replayed; the terminal outcome is still judged, and a stream that dies without
+//! one gets a synthetic `response.failed` (`upstream_stream_error`).
 //!
 //! Non-streaming clients never see a partial answer, so for them the commit is the terminal
 //! event itself: a failure anywhere before it fails over.
 
-use std::time::Instant;
-
-use bytes::{Bytes, BytesMut};
-use futures_util::StreamExt;
+use bytes::Bytes;
 use reqwest::header::{HeaderName, HeaderValue};
 use serde_json::Value;
-use switchyard_tui::wire;
-use tokio::sync::mpsc;
 
-use super::request::{AttemptEnd, Trace, ms_since};
-use super::{Dispatcher, ErrorReply, Frame, Mode, RequestCtx, failed_event};
-use crate::fleet::Lease;
-use crate::fleet::health::{Class, classify};
+use super::attempt::{Attempt, End, ms_since};
+use super::{ErrorReply, Frame, Mode};
+use crate::fleet::health::Class;
+use crate::telemetry::records::{Outcome, Usage};
+use crate::upstream::event::Event;
 use crate::upstream::failure::{Facts, Phase};
-use crate::upstream::sse::SseSplitter;
+use crate::upstream::stream::{EventStream, Item, StreamError};
 
 /// Events that carry nothing a client renders or acts on: held before the commit.
 pub fn is_precommit(kind: &str) -> bool {
@@ -37,24 +33,10 @@ pub fn is_precommit(kind: &str) -> bool {
     )
 }
 
-pub fn is_terminal(kind: &str) -> bool {
-    matches!(
-        kind,
-        "response.completed" | "response.failed" | "response.incomplete" | "error"
-    )
-}
-
-enum Next {
-    Chunk(Bytes),
-    End,
-    Failed(String),
-    ClientGone,
-}
-
-fn usage_of(response: &Value) -> Option<wire::Usage> {
+fn usage_of(response: &Value) -> Option<Usage> {
     let u = response.get("usage")?;
     let n = |v: &Value| v.as_u64().unwrap_or(0);
-    Some(wire::Usage {
+    Some(Usage {
         input_tokens: n(&u["input_tokens"]),
         cached_tokens: n(&u["input_tokens_details"]["cached_tokens"]),
         output_tokens: n(&u["output_tokens"]),
@@ -62,246 +44,182 @@ fn usage_of(response: &Value) -> Option<wire::Usage> {
     })
 }
 
-impl Dispatcher {
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) async fn pump(
-        &self,
-        ctx: &RequestCtx,
-        lease: &Lease,
-        mut body: futures_util::stream::BoxStream<'static, Result<Bytes, String>>,
-        relay: Vec<(HeaderName, HeaderValue)>,
-        tx: &mpsc::Sender<Frame>,
-        trace: &mut Trace,
-        started: Instant,
-    ) -> AttemptEnd {
-        let streaming = ctx.mode == Mode::Stream;
-        let mut splitter = SseSplitter::new(self.config.max_event_bytes);
-        let mut held: Vec<Bytes> = Vec::new();
-        let mut held_bytes = 0usize;
-        let mut committed = false;
-        let mut response_id: Option<String> = None;
-        let first_output_deadline = self.config.first_output_timeout.map(|t| started + t);
-        let idle = self.config.stream_idle_timeout;
+/// The stream's position relative to the commit.
+struct Boundary {
+    /// Events held before the commit.
+    held: Vec<Event>,
+    held_bytes: usize,
+    committed: bool,
+    response_id: Option<String>,
+    relay: Vec<(HeaderName, HeaderValue)>,
+}
 
+impl Boundary {
+    fn phase(&self) -> Phase {
+        if self.committed {
+            Phase::MidStream
+        } else {
+            Phase::PreCommit
+        }
+    }
+}
+
+impl Attempt<'_> {
+    /// Reads the answer's events to the end of the attempt.
+    pub(super) async fn pump(
+        &mut self,
+        mut events: EventStream,
+        relay: Vec<(HeaderName, HeaderValue)>,
+    ) -> End {
+        let streaming = self.ctx.mode == Mode::Stream;
+        let mut b = Boundary {
+            held: Vec::new(),
+            held_bytes: 0,
+            committed: false,
+            response_id: None,
+            relay,
+        };
+        let first_output_deadline = self.d.config.first_output_timeout.map(|t| self.started + t);
+        let idle = self.d.config.stream_idle_timeout;
+        // Events read after the commit and not yet sent: those of one read go out together.
+        let mut batch: Vec<Event> = Vec::new();
         loop {
-            // Wait for the next chunk, the idle timeout, the first-output deadline, or the
-            // client leaving.
-            let wait = match (committed, first_output_deadline) {
-                (false, Some(deadline)) => {
-                    deadline.saturating_duration_since(Instant::now()).min(idle)
-                }
-                _ => idle,
-            };
-            let next = tokio::select! {
-                r = tokio::time::timeout(wait, body.next()) => match r {
-                    Err(_) if !committed && first_output_deadline.is_some_and(|d| Instant::now() >= d) => {
-                        Next::Failed(format!("no output within {:?}", self.config.first_output_timeout.unwrap_or_default()))
+            let item = match events.buffered() {
+                Some(item) => item,
+                None => {
+                    if !batch.is_empty()
+                        && !self.emit(Frame::Events(std::mem::take(&mut batch))).await
+                    {
+                        return self.client_gone(Some(200));
                     }
-                    Err(_) => Next::Failed(format!("no upstream data for {}s", wait.as_secs())),
-                    Ok(None) => Next::End,
-                    Ok(Some(Err(e))) => Next::Failed(e),
-                    Ok(Some(Ok(b))) => Next::Chunk(b),
-                },
-                _ = tx.closed() => Next::ClientGone,
-            };
-            let chunk = match next {
-                Next::Chunk(b) => b,
-                Next::ClientGone => return self.client_gone(lease, started, trace, Some(200)),
-                Next::End => {
-                    return self.stream_broke(
-                        ctx,
-                        lease,
-                        committed,
-                        response_id.as_deref(),
-                        "stream closed before response.completed".into(),
-                        started,
-                        trace,
-                    );
-                }
-                Next::Failed(why) => {
-                    return self.stream_broke(
-                        ctx,
-                        lease,
-                        committed,
-                        response_id.as_deref(),
-                        why,
-                        started,
-                        trace,
-                    );
-                }
-            };
-            splitter.push(&chunk);
-            // Whole events of this chunk are forwarded together: one write, not one per event.
-            let mut pending = BytesMut::new();
-            loop {
-                let ev = match splitter.next_event() {
-                    Ok(Some(ev)) => ev,
-                    Ok(None) => break,
-                    Err(e) => {
-                        let end = self.stream_broke(
-                            ctx,
-                            lease,
-                            committed,
-                            response_id.as_deref(),
-                            e.to_string(),
-                            started,
-                            trace,
-                        );
-                        return with_pending(pending, end);
+                    let wait = match (b.committed, first_output_deadline) {
+                        (false, Some(deadline)) => deadline
+                            .saturating_duration_since(std::time::Instant::now())
+                            .min(idle),
+                        _ => idle,
+                    };
+                    tokio::select! {
+                        r = tokio::time::timeout(wait, events.next()) => match r {
+                            Err(_) if !b.committed && first_output_deadline.is_some_and(|d| std::time::Instant::now() >= d) => {
+                                Err(format!("no output within {:?}", self.d.config.first_output_timeout.unwrap_or_default()))
+                            }
+                            Err(_) => Err(format!("no upstream data for {}s", wait.as_secs())),
+                            Ok(None) => Err("stream closed before response.completed".to_string()),
+                            Ok(Some(r)) => r,
+                        },
+                        _ = self.tx.closed() => return self.client_gone(Some(200)),
                     }
-                };
-                let kind = ev.kind.as_str();
-                if response_id.is_none() && kind == "response.created" {
-                    response_id = ev
-                        .json()
-                        .and_then(|v| v["response"]["id"].as_str().map(str::to_string));
                 }
-                if is_terminal(kind) {
-                    let json = ev.json().unwrap_or(Value::Null);
-                    let end = self
-                        .terminal(
-                            ctx, lease, kind, ev.raw, json, &mut held, committed, &relay, trace,
-                            started,
-                        )
-                        .await;
-                    return with_pending(pending, end);
-                }
-                if !streaming {
-                    continue; // a JSON client gets only the final response
-                }
-                if !committed
-                    && is_precommit(kind)
-                    && held_bytes + ev.raw.len() <= self.config.max_precommit_bytes
-                {
-                    if !kind.is_empty() {
-                        held_bytes += ev.raw.len();
-                        held.push(ev.raw);
+            };
+            let ev = match item {
+                Ok(Item::Event(ev)) => ev,
+                Ok(Item::KeepAlive) => {
+                    if b.committed && streaming {
+                        batch_then(&mut batch, Frame::KeepAlive, self).await;
                     }
                     continue;
                 }
-                if !committed {
-                    committed = true;
-                    trace.ttft_ms = Some(ms_since(ctx.received));
-                    self.metrics.upstream_first_output(started.elapsed());
-                    trace.account = Some(lease.chatgpt_account_id.clone());
-                    trace.served_by = Some(lease.id.clone());
-                    trace.response_id.clone_from(&response_id);
-                    if !self
-                        .commit(ctx, &relay, std::mem::take(&mut held), tx)
-                        .await
-                    {
-                        return self.client_gone(lease, started, trace, Some(200));
-                    }
+                Err(why) => return with_batch(batch, self.stream_broke(&b, why)),
+            };
+            if b.response_id.is_none() && ev.kind() == "response.created" {
+                b.response_id = ev
+                    .json()
+                    .and_then(|v| v["response"]["id"].as_str().map(str::to_string));
+            }
+            if ev.is_terminal() {
+                return with_batch(batch, self.terminal(ev, &mut b));
+            }
+            if !streaming {
+                continue; // a JSON client gets only the final response
+            }
+            if !b.committed
+                && is_precommit(ev.kind())
+                && b.held_bytes + ev.len() <= self.d.config.max_precommit_bytes
+            {
+                b.held_bytes += ev.len();
+                b.held.push(ev);
+                continue;
+            }
+            if !b.committed {
+                b.committed = true;
+                self.trace.ttft_ms = Some(ms_since(self.ctx.received));
+                self.d.metrics.upstream_first_output(self.started.elapsed());
+                self.serve(b.response_id.clone());
+                tracing::debug!(mode = ?self.ctx.mode, "commit");
+                if !self
+                    .emit(Frame::Head {
+                        status: 200,
+                        headers: sse_head(&b.relay),
+                    })
+                    .await
+                {
+                    return self.client_gone(Some(200));
                 }
-                pending.extend_from_slice(&ev.raw);
+                batch = std::mem::take(&mut b.held);
             }
-            if !pending.is_empty() && tx.send(Frame::Data(pending.freeze())).await.is_err() {
-                return self.client_gone(lease, started, trace, Some(200));
-            }
+            batch.push(ev);
         }
     }
 
-    /// Sends the head and the held events. False when the client is gone.
-    async fn commit(
-        &self,
-        ctx: &RequestCtx,
-        relay: &[(HeaderName, HeaderValue)],
-        held: Vec<Bytes>,
-        tx: &mpsc::Sender<Frame>,
-    ) -> bool {
-        tracing::debug!(mode = ?ctx.mode, "commit");
-        let headers = sse_head(relay);
-        if tx
-            .send(Frame::Head {
-                status: 200,
-                headers,
-            })
-            .await
-            .is_err()
-        {
-            return false;
-        }
-        for b in held {
-            if tx.send(Frame::Data(b)).await.is_err() {
-                return false;
-            }
-        }
-        true
+    /// False when the client is gone.
+    async fn emit(&self, frame: Frame) -> bool {
+        self.tx.send(frame).await.is_ok()
     }
 
-    #[allow(clippy::too_many_arguments)]
-    async fn terminal(
-        &self,
-        ctx: &RequestCtx,
-        lease: &Lease,
-        kind: &str,
-        raw: Bytes,
-        json: Value,
-        held: &mut Vec<Bytes>,
-        committed: bool,
-        relay: &[(HeaderName, HeaderValue)],
-        trace: &mut Trace,
-        started: Instant,
-    ) -> AttemptEnd {
-        let streaming = ctx.mode == Mode::Stream;
+    /// A terminal event: the end of a good answer, or a failure to judge.
+    fn terminal(&mut self, ev: Event, b: &mut Boundary) -> End {
+        let streaming = self.ctx.mode == Mode::Stream;
+        let kind = ev.kind();
         let ok = matches!(kind, "response.completed" | "response.incomplete");
-        let facts = (!ok).then(|| {
-            Facts::from_event(
-                if committed {
-                    Phase::MidStream
-                } else {
-                    Phase::PreCommit
-                },
-                &json,
-            )
-        });
-        let class = facts.as_ref().map_or(Class::Success, classify);
+        let json = ev.json().unwrap_or(Value::Null);
+        let facts = (!ok).then(|| Facts::from_event(b.phase(), &json).at(self.endpoint));
+        let class = match &facts {
+            Some(f) => self
+                .d
+                .fleet
+                .report_failure(&self.lease.id, f, &self.ctx.model),
+            None => Class::Success,
+        };
 
         // A failure before anything was shown fails over, unless it is the caller's own.
         if let Some(f) = &facts
             && class != Class::Caller
-            && (!committed || !streaming)
+            && (!b.committed || !streaming)
         {
-            return self.report_and_next(ctx, lease, f.clone(), started, trace);
+            self.judged(class, f);
+            return End::Next;
         }
 
-        trace.account = Some(lease.chatgpt_account_id.clone());
-        trace.served_by = Some(lease.id.clone());
-        if trace.response_id.is_none() {
-            trace.response_id = json["response"]["id"].as_str().map(str::to_string);
-        }
-        let status = 200;
+        let response_id = b
+            .response_id
+            .clone()
+            .or_else(|| json["response"]["id"].as_str().map(str::to_string));
+        self.serve(response_id);
         let outcome = match (kind, class) {
-            ("response.completed", _) => "success",
-            ("response.incomplete", _) => "incomplete",
-            (_, Class::Caller) => "caller_error",
-            _ => "failed",
+            ("response.completed", _) => Outcome::Success,
+            ("response.incomplete", _) => Outcome::Incomplete,
+            (_, Class::Caller) => Outcome::CallerError,
+            _ => Outcome::Failed,
         };
         match kind {
             "response.completed" => {
-                self.fleet
-                    .report(&lease.id, Class::Success, None, &ctx.model);
-                trace.usage = usage_of(&json["response"]);
+                self.d
+                    .fleet
+                    .report(&self.lease.id, Class::Success, None, &self.ctx.model);
+                self.trace.usage = usage_of(&json["response"]);
             }
-            "response.incomplete" => trace.usage = usage_of(&json["response"]),
-            _ => {
-                if let Some(f) = &facts {
-                    self.fleet.report(&lease.id, class, Some(f), &ctx.model);
-                }
-            }
+            "response.incomplete" => self.trace.usage = usage_of(&json["response"]),
+            _ => {}
         }
-        tracing::info!(account = %lease.id, class = class.as_str(), outcome, "attempt_result");
-        let attempt_class = if ok { Class::Success } else { class };
-        self.push_attempt(
-            trace,
-            lease,
-            attempt_class,
+        tracing::info!(account = %self.lease.id, class = class.as_str(), outcome = outcome.as_str(), "attempt_result");
+        self.record(
+            class,
             Some(200),
             facts.as_ref().and_then(|f| f.phase),
-            started,
             facts.as_ref().map(Facts::summary),
         );
 
+        let status = 200;
         if !streaming {
             if class == Class::Caller
                 && let Some(f) = &facts
@@ -313,96 +231,84 @@ impl Dispatcher {
                     f.message.clone().unwrap_or_default(),
                     serde_json::Map::new(),
                 );
-                return AttemptEnd::Reply(reply, "caller_error");
+                return End::Reply(reply, Outcome::CallerError);
             }
-            let mut headers = relay.to_vec();
+            let mut headers = b.relay.clone();
             headers.push((
                 HeaderName::from_static("content-type"),
                 HeaderValue::from_static("application/json"),
             ));
             let body = Bytes::from(json["response"].to_string());
-            return AttemptEnd::Done {
+            return End::Done {
                 outcome,
                 status,
-                tail: vec![Frame::Head { status, headers }, Frame::Data(body)],
+                tail: vec![Frame::Head { status, headers }, Frame::Body(body)],
             };
         }
         let mut tail = Vec::new();
-        if !committed {
+        let mut events = Vec::new();
+        if !b.committed {
             // A terminal event arrived before anything else worth showing: commit with it.
-            trace.ttft_ms = Some(ms_since(ctx.received));
-            let headers = sse_head(relay);
-            tail.push(Frame::Head { status, headers });
-            tail.extend(held.drain(..).map(Frame::Data));
+            self.trace.ttft_ms = Some(ms_since(self.ctx.received));
+            tail.push(Frame::Head {
+                status,
+                headers: sse_head(&b.relay),
+            });
+            events.append(&mut b.held);
         }
-        tail.push(Frame::Data(raw));
-        AttemptEnd::Done {
+        events.push(ev);
+        tail.push(Frame::Events(events));
+        End::Done {
             outcome,
             status,
             tail,
         }
     }
 
-    /// The upstream stream broke (EOF, reset, timeout, oversized event).
-    #[allow(clippy::too_many_arguments)]
-    fn stream_broke(
-        &self,
-        ctx: &RequestCtx,
-        lease: &Lease,
-        committed: bool,
-        response_id: Option<&str>,
-        why: String,
-        started: Instant,
-        trace: &mut Trace,
-    ) -> AttemptEnd {
-        let phase = if committed {
-            Phase::MidStream
-        } else {
-            Phase::PreCommit
-        };
-        let facts = Facts {
-            status: None,
-            ..Facts::transport(phase, why.clone())
-        };
-        if !committed || ctx.mode != Mode::Stream {
-            return self.report_and_next(ctx, lease, facts, started, trace);
+    /// The upstream stream broke (EOF, reset, timeout, an oversized event).
+    fn stream_broke(&mut self, b: &Boundary, why: StreamError) -> End {
+        let facts = Facts::transport(b.phase(), why.clone()).at(self.endpoint);
+        if !b.committed || self.ctx.mode != Mode::Stream {
+            return self.fail_over(facts);
         }
-        // After the commit nothing is replayed: the account is marked, the client is told.
-        self.fleet
-            .report(&lease.id, Class::Transient, Some(&facts), &ctx.model);
-        tracing::warn!(account = %lease.id, error = %why, "upstream stream broke after commit");
-        self.push_attempt(
-            trace,
-            lease,
-            Class::Transient,
-            Some(200),
-            Some(phase),
-            started,
-            Some(facts.summary()),
-        );
+        // After the commit nothing is replayed: the account is judged, the client is told.
+        tracing::warn!(account = %self.lease.id, error = %why, "upstream stream broke after commit");
+        let class = self
+            .d
+            .fleet
+            .report_failure(&self.lease.id, &facts, &self.ctx.model);
+        self.record(class, Some(200), facts.phase, Some(facts.summary()));
         let message = format!("the upstream stream broke before response.completed: {why}");
-        AttemptEnd::Done {
-            outcome: "stream_error",
+        End::Done {
+            outcome: Outcome::StreamError,
             status: 200,
-            tail: vec![Frame::Data(failed_event(
-                response_id,
+            tail: vec![Frame::Events(vec![Event::failed(
+                b.response_id.as_deref(),
                 "upstream_stream_error",
                 &message,
-            ))],
+            )])],
         }
     }
 }
 
+/// Sends the batch, then `frame` (keeping their order).
+async fn batch_then(batch: &mut Vec<Event>, frame: Frame, a: &Attempt<'_>) {
+    if !batch.is_empty() {
+        let _ = a.tx.send(Frame::Events(std::mem::take(batch))).await;
+    }
+    let _ = a.tx.send(frame).await;
+}
+
 /// Puts events already read (and not yet sent) in front of the final frames.
-fn with_pending(pending: BytesMut, end: AttemptEnd) -> AttemptEnd {
+fn with_batch(batch: Vec<Event>, end: End) -> End {
     match end {
-        AttemptEnd::Done {
+        End::Done {
             outcome,
             status,
             mut tail,
-        } if !pending.is_empty() => {
-            tail.insert(0, Frame::Data(pending.freeze()));
-            AttemptEnd::Done {
+        } if !batch.is_empty() => {
+            tail.insert(0, Frame::Events(batch));
+            End::Done {
                 outcome,
                 status,
                 tail,

@@ -8,6 +8,8 @@
 
 use std::time::Duration;
 
+use super::health::Class;
+use super::scheduler::SkipReason;
 use crate::clock::SharedClock;
 use crate::store::{Store, StoreError};
 use crate::ttl::{TtlConfig, TtlMap};
@@ -20,25 +22,76 @@ pub const RESPONSE_TTL: Duration = Duration::from_secs(4 * 3600);
 pub const EXCLUSION_TTL: Duration = Duration::from_secs(600);
 
 /// What the affinity did for one request.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Decision {
     /// The session's bound account served it.
     Reused,
     /// The session had no account; it is now bound to the one that served it.
     NewBind,
     /// The session moved to another account, and why.
-    Rebound(String),
+    Rebound(Rebound),
     /// No session key.
     None,
 }
 
+/// Why a session left its bound account.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Rebound {
+    /// The bound account was not a candidate.
+    Skipped(SkipReason),
+    /// An attempt on it failed.
+    Failed(Class),
+    /// It stayed busy for the whole sticky wait.
+    Busy,
+    /// Another account served, for no recorded reason.
+    Failover,
+    /// The bound account is gone.
+    Gone,
+}
+
+impl Rebound {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Rebound::Skipped(r) => r.as_str(),
+            Rebound::Failed(c) => c.as_str(),
+            Rebound::Busy => "busy",
+            Rebound::Failover => "failover",
+            Rebound::Gone => "gone",
+        }
+    }
+
+    pub fn from_name(name: &str) -> Option<Rebound> {
+        match name {
+            "busy" => Some(Rebound::Busy),
+            "failover" => Some(Rebound::Failover),
+            "gone" => Some(Rebound::Gone),
+            _ => SkipReason::from_name(name)
+                .map(Rebound::Skipped)
+                .or_else(|| Class::from_name(name).map(Rebound::Failed)),
+        }
+    }
+}
+
 impl Decision {
+    /// `reused`, `new_bind`, `rebound(<why>)` or `none`.
     pub fn label(&self) -> String {
         match self {
-            Decision::Reused => "reused".into(),
-            Decision::NewBind => "new_bind".into(),
-            Decision::Rebound(why) => format!("rebound({why})"),
-            Decision::None => "none".into(),
+            Decision::Rebound(why) => format!("rebound({})", why.as_str()),
+            other => other.kind().into(),
+        }
+    }
+
+    /// Reads a label back.
+    pub fn from_label(label: &str) -> Option<Decision> {
+        match label {
+            "reused" => Some(Decision::Reused),
+            "new_bind" => Some(Decision::NewBind),
+            "none" => Some(Decision::None),
+            _ => label
+                .strip_prefix("rebound(")
+                .and_then(|r| r.strip_suffix(')'))
+                .and_then(Rebound::from_name)
+                .map(Decision::Rebound),
         }
     }
 
@@ -165,5 +218,31 @@ impl Affinity {
         let s = self.sessions.load_from(store, SESSIONS_SNAPSHOT)?;
         let r = self.responses.load_from(store, RESPONSES_SNAPSHOT)?;
         Ok((s, r))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn decision_labels_read_back() {
+        for d in [
+            Decision::Reused,
+            Decision::NewBind,
+            Decision::None,
+            Decision::Rebound(Rebound::Busy),
+            Decision::Rebound(Rebound::Gone),
+            Decision::Rebound(Rebound::Failover),
+            Decision::Rebound(Rebound::Skipped(SkipReason::Cooling)),
+            Decision::Rebound(Rebound::Failed(Class::Quota)),
+        ] {
+            assert_eq!(Decision::from_label(&d.label()), Some(d), "{}", d.label());
+        }
+        assert_eq!(
+            Decision::Rebound(Rebound::Skipped(SkipReason::Probing)).label(),
+            "rebound(half_open_probe)"
+        );
+        assert_eq!(Decision::from_label("rebound(nonsense)"), None);
     }
 }

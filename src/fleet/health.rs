@@ -1,58 +1,81 @@
 //! The one owner of failure classification and account health (DESIGN §5).
 //!
-//! [`classify`] turns upstream facts into a [`Class`]; [`Health::apply`] applies the class's
+//! [`classify`] turns upstream facts — from any endpoint: responses, the WebSocket, the token
+//! endpoint, the usage document — into a [`Class`]; [`Health::apply`] applies the class's
 //! effect on the account at a given time. Pure functions of their inputs and the clock, so the
 //! ladders are tested without sleeping.
 
 use std::time::Duration;
 
-use serde::{Deserialize, Serialize};
+use crate::names::named;
+use crate::store::records::HealthRecord;
+use crate::upstream::failure::{Endpoint, Facts};
 
-use crate::upstream::failure::Facts;
-
-/// What an attempt's outcome says about the account.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Class {
-    Success,
-    Quota,
-    RateLimited,
-    AuthExpired,
-    AuthDead,
-    EdgeChallenge,
-    ModelUnsupported,
-    Caller,
-    Transient,
-    ClientCancelled,
+named! {
+    /// What an attempt's outcome says about the account.
+    pub enum Class {
+        Success => "success",
+        Quota => "quota",
+        RateLimited => "rate_limited",
+        AuthExpired => "auth_expired",
+        AuthDead => "auth_dead",
+        EdgeChallenge => "edge_challenge",
+        ModelUnsupported => "model_unsupported",
+        Caller => "caller",
+        Transient => "transient",
+        ClientCancelled => "client_cancelled",
+    }
 }
 
-impl Class {
-    pub fn as_str(self) -> &'static str {
+named! {
+    /// Why an account needs a new login.
+    pub enum Reauth {
+        RefreshTokenReused => "refresh_token_reused",
+        RefreshTokenExpired => "refresh_token_expired",
+        RefreshTokenInvalidated => "refresh_token_invalidated",
+        InvalidGrant => "invalid_grant",
+        TokenInvalidated => "token_invalidated",
+        AccountDeactivated => "account_deactivated",
+        /// The token endpoint answered 401 without one of the codes above.
+        Refused => "refused",
+        /// Written before the reason was kept.
+        Unknown => "unknown",
+    }
+}
+
+impl Reauth {
+    /// What happened, for the operator.
+    pub fn describe(self) -> &'static str {
         match self {
-            Class::Success => "success",
-            Class::Quota => "quota",
-            Class::RateLimited => "rate_limited",
-            Class::AuthExpired => "auth_expired",
-            Class::AuthDead => "auth_dead",
-            Class::EdgeChallenge => "edge_challenge",
-            Class::ModelUnsupported => "model_unsupported",
-            Class::Caller => "caller",
-            Class::Transient => "transient",
-            Class::ClientCancelled => "client_cancelled",
+            Reauth::RefreshTokenReused => {
+                "this login's refresh token was used by another client (a Codex CLI sharing \
+                 this login refreshed first); log in again and import the new auth.json"
+            }
+            Reauth::RefreshTokenExpired => {
+                "this login's refresh token has expired; log in again and import the new auth.json"
+            }
+            Reauth::RefreshTokenInvalidated => {
+                "this login's refresh token was revoked (a logout, or a newer login replaced it); \
+                 log in again and import the new auth.json"
+            }
+            Reauth::InvalidGrant => {
+                "the token endpoint no longer accepts this login (invalid_grant); log in again \
+                 and import the new auth.json"
+            }
+            Reauth::TokenInvalidated => {
+                "the backend invalidated this login's tokens; log in again and import the new \
+                 auth.json"
+            }
+            Reauth::AccountDeactivated => "the ChatGPT account behind this login was deactivated",
+            Reauth::Refused => {
+                "the token endpoint refused this login's refresh token; log in again and import \
+                 the new auth.json"
+            }
+            Reauth::Unknown => {
+                "this login stopped working; log in again and import the new auth.json"
+            }
         }
     }
-
-    pub const ALL: [Class; 10] = [
-        Class::Success,
-        Class::Quota,
-        Class::RateLimited,
-        Class::AuthExpired,
-        Class::AuthDead,
-        Class::EdgeChallenge,
-        Class::ModelUnsupported,
-        Class::Caller,
-        Class::Transient,
-        Class::ClientCancelled,
-    ];
 }
 
 const QUOTA_CODES: [&str; 3] = [
@@ -60,6 +83,7 @@ const QUOTA_CODES: [&str; 3] = [
     "insufficient_quota",
     "usage_not_included",
 ];
+/// Codes that mean the login itself is dead, wherever they come from.
 const DEAD_AUTH_CODES: [&str; 6] = [
     "token_invalidated",
     "account_deactivated",
@@ -73,8 +97,7 @@ fn is_any(v: Option<&str>, set: &[&str]) -> bool {
     v.is_some_and(|v| set.contains(&v))
 }
 
-/// Classifies the facts of a failed attempt (a transport failure, a non-2xx answer, or a
-/// failure event inside a 200 stream).
+/// Classifies the facts of a failed exchange with any endpoint of the backend.
 pub fn classify(f: &Facts) -> Class {
     let code = f.error_code.as_deref();
     let kind = f.error_type.as_deref();
@@ -82,14 +105,17 @@ pub fn classify(f: &Facts) -> Class {
     if f.transport.is_some() && f.status.is_none() {
         return Class::Transient;
     }
+    if either(&DEAD_AUTH_CODES) {
+        return Class::AuthDead;
+    }
+    if f.endpoint == Endpoint::Token {
+        return classify_token_answer(f);
+    }
     if either(&QUOTA_CODES) {
         return Class::Quota;
     }
     if either(&["context_length_exceeded"]) {
         return Class::Caller;
-    }
-    if either(&DEAD_AUTH_CODES) {
-        return Class::AuthDead;
     }
     if either(&["token_expired"]) {
         return Class::AuthExpired;
@@ -104,12 +130,33 @@ pub fn classify(f: &Facts) -> Class {
         200..=299 => Class::Transient, // a failure event inside a 200 stream, not a caller problem
         429 => Class::RateLimited,
         401 => Class::AuthExpired,
-        403 if f.cloudflare => Class::EdgeChallenge,
         403 => Class::EdgeChallenge,
         408 | 409 | 425 => Class::Transient,
         400..=499 => Class::Caller,
         _ => Class::Transient,
     }
+}
+
+/// The token endpoint's answer to a refresh (the dead-login codes are handled before). Our
+/// request to it is always the same, so a 4xx is not a caller error: only a 401 says the
+/// refresh token itself was refused; a challenge page, a 400 with an unknown error or a 5xx
+/// says nothing about the login.
+fn classify_token_answer(f: &Facts) -> Class {
+    match f.status.unwrap_or(0) {
+        401 => Class::AuthDead,
+        403 => Class::EdgeChallenge,
+        429 => Class::RateLimited,
+        _ => Class::Transient,
+    }
+}
+
+/// Why the facts of an [`Class::AuthDead`] answer mean a new login is needed.
+pub fn reauth_reason(f: &Facts) -> Reauth {
+    [f.error_code.as_deref(), f.error_type.as_deref()]
+        .into_iter()
+        .flatten()
+        .find_map(Reauth::from_name)
+        .unwrap_or(Reauth::Refused)
 }
 
 fn is_model_unsupported(message: Option<&str>) -> bool {
@@ -119,12 +166,25 @@ fn is_model_unsupported(message: Option<&str>) -> bool {
     })
 }
 
-/// An account's health state (`disabled` is the account's enabled flag, not a health state).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub enum State {
-    Ready,
-    Cooling,
-    NeedsReauth,
+named! {
+    /// An account's persisted health state (`disabled` is the account's enabled flag).
+    pub enum State {
+        Ready => "ready",
+        Cooling => "cooling",
+        NeedsReauth => "needs_reauth",
+    }
+}
+
+named! {
+    /// An account's state as operators see it.
+    pub enum AccountState {
+        Ready => "ready",
+        Cooling => "cooling",
+        /// Cooling whose time is up: one request (or probe) decides.
+        HalfOpen => "half_open",
+        NeedsReauth => "needs_reauth",
+        Disabled => "disabled",
+    }
 }
 
 /// Cooldown ladders.
@@ -155,7 +215,7 @@ pub const QUOTA_CAP: Duration = Duration::from_secs(7 * 24 * 3600);
 pub const CLEAN_SUCCESSES: u8 = 2;
 
 /// The three ladders an account climbs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Ladder {
     Transient = 0,
     Rate = 1,
@@ -173,11 +233,13 @@ impl Ladder {
 }
 
 /// Persisted health of one account (written through on every transition).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Health {
     pub state: State,
-    /// The class that put the account in its state (`quota`, `transient`, …).
-    pub reason: Option<String>,
+    /// The class that put the account in its state.
+    pub reason: Option<Class>,
+    /// Why a `needs_reauth` account needs a new login.
+    pub reauth: Option<Reauth>,
     /// Unix ms; meaningful while cooling.
     pub cooldown_until_ms: u64,
     /// Next step on each ladder, indexed by [`Ladder`].
@@ -194,6 +256,7 @@ impl Default for Health {
         Health {
             state: State::Ready,
             reason: None,
+            reauth: None,
             cooldown_until_ms: 0,
             levels: [0; 3],
             last_failure_ms: 0,
@@ -214,12 +277,12 @@ pub enum Effective {
 }
 
 impl Effective {
-    pub fn name(self) -> &'static str {
+    pub fn state(self) -> AccountState {
         match self {
-            Effective::Ready => "ready",
-            Effective::Cooling { .. } => "cooling",
-            Effective::HalfOpen => "half_open",
-            Effective::NeedsReauth => "needs_reauth",
+            Effective::Ready => AccountState::Ready,
+            Effective::Cooling { .. } => AccountState::Cooling,
+            Effective::HalfOpen => AccountState::HalfOpen,
+            Effective::NeedsReauth => AccountState::NeedsReauth,
         }
     }
 }
@@ -227,10 +290,10 @@ impl Effective {
 /// A change of state worth an event and a write.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Transition {
-    pub from: &'static str,
-    pub to: &'static str,
+    pub from: AccountState,
+    pub to: AccountState,
     pub class: Class,
-    pub reason: Option<String>,
+    pub reason: Option<Class>,
 }
 
 fn ms(d: Duration) -> u64 {
@@ -263,7 +326,7 @@ impl Health {
         now_ms: u64,
     ) -> Option<Transition> {
         let before = self.clone();
-        let from = self.effective(now_ms).name();
+        let from = self.effective(now_ms).state();
         match class {
             // A success while a cooldown runs comes from an attempt that began before it (no
             // new attempt reaches a cooling account): it does not end the cooldown. Only one
@@ -307,7 +370,8 @@ impl Health {
             }
             Class::AuthDead => {
                 self.state = State::NeedsReauth;
-                self.reason = Some(class.as_str().to_string());
+                self.reason = Some(class);
+                self.reauth = Some(facts.map_or(Reauth::Unknown, reauth_reason));
                 self.clean_successes = 0;
             }
             Class::AuthExpired
@@ -324,19 +388,24 @@ impl Health {
                 | Class::AuthExpired
         ) && let Some(f) = facts
         {
-            self.last_error = Some(format!("{}: {}", class.as_str(), f.summary()));
-            self.last_error_ms = now_ms;
+            self.note_error(class, f, now_ms);
         }
         if *self == before {
             return None;
         }
-        let to = self.effective(now_ms).name();
+        let to = self.effective(now_ms).state();
         Some(Transition {
             from,
             to,
             class,
-            reason: self.reason.clone(),
+            reason: self.reason,
         })
+    }
+
+    /// Remembers a failure for the operator without changing the state.
+    pub fn note_error(&mut self, class: Class, facts: &Facts, now_ms: u64) {
+        self.last_error = Some(format!("{}: {}", class.as_str(), facts.summary()));
+        self.last_error_ms = now_ms;
     }
 
     /// Steps `ladder` (escalating if the previous failure was recent) and returns the wait.
@@ -362,13 +431,53 @@ impl Health {
             return;
         }
         self.state = State::Cooling;
-        self.cooldown_until_ms = if self.reason.as_deref() == Some("quota") && class != Class::Quota
-        {
+        self.cooldown_until_ms = if self.reason == Some(Class::Quota) && class != Class::Quota {
             self.cooldown_until_ms.max(until_ms)
         } else {
             until_ms
         };
-        self.reason = Some(class.as_str().to_string());
+        self.reason = Some(class);
+    }
+
+    /// The stored shape.
+    pub fn to_record(&self) -> HealthRecord {
+        HealthRecord {
+            state: self.state.as_str().into(),
+            reason: self.reason.map(|c| c.as_str().into()),
+            reauth: self.reauth.map(|r| r.as_str().into()),
+            cooldown_until_ms: self.cooldown_until_ms,
+            levels: self.levels,
+            last_failure_ms: self.last_failure_ms,
+            clean_successes: self.clean_successes,
+            last_error: self.last_error.clone(),
+            last_error_ms: self.last_error_ms,
+        }
+    }
+
+    /// Reads the stored shape; a name this binary does not know is an error.
+    pub fn from_record(r: HealthRecord) -> Result<Health, String> {
+        let state = State::from_name(&r.state).ok_or_else(|| format!("state `{}`", r.state))?;
+        let reason = r
+            .reason
+            .map(|n| Class::from_name(&n).ok_or_else(|| format!("reason `{n}`")))
+            .transpose()?;
+        let reauth = match r.reauth {
+            Some(n) => Some(Reauth::from_name(&n).ok_or_else(|| format!("reauth `{n}`"))?),
+            // Written before the reason was kept.
+            None if state == State::NeedsReauth => Some(Reauth::Unknown),
+            None => None,
+        };
+        Ok(Health {
+            state,
+            reason,
+            reauth,
+            cooldown_until_ms: r.cooldown_until_ms,
+            levels: r.levels,
+            last_failure_ms: r.last_failure_ms,
+            clean_successes: r.clean_successes,
+            last_error: r.last_error,
+            last_error_ms: r.last_error_ms,
+        })
     }
 
     /// An operator cleared the cooldown (or re-imported the account).
@@ -485,7 +594,7 @@ mod tests {
             ..facts(429, "usage_limit_reached")
         };
         let t = h.apply(Class::Quota, Some(&f), T0).unwrap();
-        assert_eq!((t.from, t.to), ("ready", "cooling"));
+        assert_eq!((t.from, t.to), (AccountState::Ready, AccountState::Cooling));
         assert_eq!(
             h.effective(T0 + 3_599_000),
             Effective::Cooling {
@@ -608,7 +717,8 @@ mod tests {
                 T0 + 50_000,
             )
             .unwrap();
-        assert_eq!(t.to, "needs_reauth");
+        assert_eq!(t.to, AccountState::NeedsReauth);
+        assert_eq!(h.reauth, Some(Reauth::TokenInvalidated));
         assert_eq!(h.effective(u64::MAX), Effective::NeedsReauth);
         // Nothing but a re-login brings it back: a later transient does not change it.
         h.apply(Class::Transient, None, T0 + 60_000);

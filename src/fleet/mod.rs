@@ -19,17 +19,16 @@ use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::Duration;
 
 use sha2::{Digest, Sha256};
-use switchyard_tui::wire;
 
-use crate::clock::{self, SharedClock};
+use crate::clock::SharedClock;
 use crate::store::records::{AccountRecord, AccountSecrets};
 use crate::store::{Store, StoreError};
 use crate::upstream::Identity;
-use crate::upstream::failure::Facts;
+use crate::upstream::failure::{Endpoint, Facts};
 use crate::upstream::quota::QuotaSnapshot;
 
 use self::auth_file::{AuthFileError, ParsedAuth};
-use self::health::{Class, Effective, Health, State, Transition};
+use self::health::{AccountState, Class, Effective, Health, Reauth, State, Transition};
 pub use self::scheduler::{Lease, Plan, SkipReason};
 use self::settings::{Settings, SettingsPatch};
 
@@ -48,6 +47,50 @@ pub enum FleetError {
     Store(#[from] StoreError),
     #[error("refresh failed: {0}")]
     Refresh(String),
+}
+
+/// One account as the pool sees it at a moment. The admin API and the console get it
+/// converted to their wire shape at the edge (`api::view`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct AccountView {
+    pub id: String,
+    pub label: String,
+    pub email: Option<String>,
+    /// The plan the backend last reported, else the one in the login's claims.
+    pub plan: Option<String>,
+    pub chatgpt_account_id: String,
+    pub enabled: bool,
+    pub state: AccountState,
+    /// Unix seconds.
+    pub created_at: u64,
+    /// Why it is not ready (also kept while an escalated account climbs back down).
+    pub reason: Option<Class>,
+    /// Why it needs a new login.
+    pub reauth: Option<Reauth>,
+    /// While cooling: when it half-opens (unix ms).
+    pub cooldown_until_ms: Option<u64>,
+    /// Highest step reached on a cooldown ladder (0 = not escalated).
+    pub level: u8,
+    pub last_error: Option<String>,
+    pub in_flight: u32,
+    /// The adaptive concurrency limit (slots are its floor).
+    pub limit: f64,
+    pub max_concurrency: Option<u32>,
+    pub priority: i32,
+    /// Sessions waiting for its slot, and how long the oldest has (ms).
+    pub waiting: usize,
+    pub oldest_wait_ms: Option<u64>,
+    pub draining: bool,
+    pub quota: Option<QuotaSnapshot>,
+    /// The clock when the view was taken (unix ms).
+    pub at_ms: u64,
+}
+
+/// An account after an import: new, or an update of one already in the pool.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Imported {
+    pub account: AccountView,
+    pub created: bool,
 }
 
 /// How long an (account, model) pair stays marked unsupported.
@@ -166,19 +209,28 @@ impl Fleet {
         clock: SharedClock,
         base: Settings,
     ) -> Result<Fleet, StoreError> {
-        let patch: SettingsPatch = store.get_setting(SETTINGS_KEY)?.unwrap_or_default();
+        let patch = match store.get_settings(SETTINGS_KEY)? {
+            Some(r) => SettingsPatch::from_record(r).unwrap_or_else(|e| {
+                store.note_undecodable("settings", SETTINGS_KEY, &e);
+                SettingsPatch::default()
+            }),
+            None => SettingsPatch::default(),
+        };
         let effective = patch.apply(&base);
-        let mut health: HashMap<String, Health> =
-            store.load_health::<Health>()?.into_iter().collect();
+        let mut health: HashMap<String, Health> = HashMap::new();
+        for (id, record) in store.load_health()? {
+            match Health::from_record(record) {
+                Ok(h) => {
+                    health.insert(id, h);
+                }
+                Err(e) => store.note_undecodable("account_health", &id, &e),
+            }
+        }
         let mut accounts = BTreeMap::new();
         for record in store.load_accounts()? {
-            let secrets = match store.account_secrets(&record.id) {
-                Ok(s) => s,
-                Err(e) => {
-                    tracing::error!(account = %record.id, error = %e, "cannot read the account's tokens");
-                    None
-                }
-            };
+            // Tokens that cannot be opened are counted and logged by the store; the account
+            // stays listed, without tokens.
+            let secrets = store.account_secrets(&record.id).unwrap_or(None);
             let id = record.id.clone();
             let limit = f64::from(
                 record
@@ -254,23 +306,18 @@ impl Fleet {
         self.len() == 0
     }
 
-    fn state_name(e: &Entry, now_ms: u64) -> &'static str {
+    fn state_of(e: &Entry, now_ms: u64) -> AccountState {
         if !e.record.enabled {
-            "disabled"
+            AccountState::Disabled
         } else {
-            e.health.effective(now_ms).name()
+            e.health.effective(now_ms).state()
         }
     }
 
-    fn view(e: &Entry, now_ms: u64) -> wire::Account {
+    fn view(e: &Entry, now_ms: u64) -> AccountView {
         let a = &e.record;
         let effective = e.health.effective(now_ms);
-        let cooling_until = match effective {
-            Effective::Cooling { until_ms } => Some(until_ms),
-            _ => None,
-        };
-        let rfc = |s: Option<u64>| s.map(clock::rfc3339);
-        wire::Account {
+        AccountView {
             id: a.id.clone(),
             label: a.label.clone(),
             email: a.email.clone(),
@@ -281,38 +328,36 @@ impl Fleet {
                 .or_else(|| a.plan.clone()),
             chatgpt_account_id: a.chatgpt_account_id.clone(),
             enabled: a.enabled,
-            state: Self::state_name(e, now_ms).to_string(),
-            created_at: clock::rfc3339(a.created_at),
+            state: Self::state_of(e, now_ms),
+            created_at: a.created_at,
             reason: match effective {
                 Effective::Ready if e.health.level() == 0 => None,
-                _ => e.health.reason.clone(),
+                _ => e.health.reason,
             },
-            cooldown_until: rfc(cooling_until.map(|ms| ms.div_ceil(1000))),
-            cooldown_remaining_s: cooling_until
-                .map(|until| until.saturating_sub(now_ms).div_ceil(1000)),
+            reauth: match effective {
+                Effective::NeedsReauth => e.health.reauth,
+                _ => None,
+            },
+            cooldown_until_ms: match effective {
+                Effective::Cooling { until_ms } => Some(until_ms),
+                _ => None,
+            },
             level: e.health.level(),
             last_error: e.health.last_error.clone(),
             in_flight: e.in_flight,
-            limit: e.limit.floor() as u32,
-            limit_exact: (e.limit * 100.0).round() / 100.0,
+            limit: e.limit,
             max_concurrency: a.max_concurrency,
             priority: a.priority,
             waiting: e.waiters.len(),
             oldest_wait_ms: e.waiters.front().map(|w| now_ms.saturating_sub(w.since_ms)),
             draining: e.draining,
-            quota: e.quota.as_ref().map(|q| wire::Quota {
-                primary_used_percent: q.primary_used_percent,
-                primary_reset_at: rfc(q.primary_reset_at),
-                secondary_used_percent: q.secondary_used_percent,
-                secondary_reset_at: rfc(q.secondary_reset_at),
-                plan: q.plan.clone(),
-                observed_at: Some(clock::rfc3339(q.observed_ms / 1000)),
-            }),
+            quota: e.quota.clone(),
+            at_ms: now_ms,
         }
     }
 
     /// Every account, oldest first.
-    pub fn list(&self) -> Vec<wire::Account> {
+    pub fn list(&self) -> Vec<AccountView> {
         let now = self.clock.now_ms();
         let inner = self.read();
         let mut v: Vec<&Entry> = inner.accounts.values().collect();
@@ -325,7 +370,7 @@ impl Fleet {
         v.into_iter().map(|e| Self::view(e, now)).collect()
     }
 
-    pub fn get(&self, id: &str) -> Option<wire::Account> {
+    pub fn get(&self, id: &str) -> Option<AccountView> {
         let now = self.clock.now_ms();
         self.read().accounts.get(id).map(|e| Self::view(e, now))
     }
@@ -365,7 +410,7 @@ impl Fleet {
     /// Adds the account of an auth.json, or updates the tokens (and claims) of the account it
     /// already is; a re-login also clears its health (a new login is a fresh start). Returns
     /// once durable.
-    pub async fn import(&self, parsed: ParsedAuth) -> Result<wire::ImportedAccount, FleetError> {
+    pub async fn import(&self, parsed: ParsedAuth) -> Result<Imported, FleetError> {
         let id = account_id(
             &parsed.chatgpt_account_id,
             parsed.chatgpt_user_id.as_deref(),
@@ -403,7 +448,7 @@ impl Fleet {
             .write(vec![
                 Store::account_mutation(&record)?,
                 self.store.secrets_mutation(&record.id, &parsed.secrets)?,
-                Store::health_mutation(&record.id, &health)?,
+                Store::health_mutation(&record.id, &health.to_record())?,
             ])
             .await?;
         let now_ms = self.clock.now_ms();
@@ -421,7 +466,7 @@ impl Fleet {
         entry.record = record;
         entry.secrets = Some(parsed.secrets);
         entry.health = health;
-        Ok(wire::ImportedAccount {
+        Ok(Imported {
             account: Self::view(entry, now_ms),
             created,
         })
@@ -431,7 +476,7 @@ impl Fleet {
         &self,
         selector: &str,
         enabled: bool,
-    ) -> Result<wire::Account, FleetError> {
+    ) -> Result<AccountView, FleetError> {
         let (id, (record, view)) = self.update_entry(selector, |e, now_ms| {
             e.record.enabled = enabled;
             e.record.updated_at = now_ms / 1000;
@@ -446,11 +491,7 @@ impl Fleet {
 
     /// Starts or ends draining: a draining account serves the sessions bound to it and takes
     /// no new ones. It lives in memory only: a restart ends it.
-    pub fn set_draining(
-        &self,
-        selector: &str,
-        draining: bool,
-    ) -> Result<wire::Account, FleetError> {
+    pub fn set_draining(&self, selector: &str, draining: bool) -> Result<AccountView, FleetError> {
         let (id, view) = self.update_entry(selector, |e, now_ms| {
             e.draining = draining;
             Self::view(e, now_ms)
@@ -479,7 +520,7 @@ impl Fleet {
     }
 
     /// Removes an account with its tokens and health. Takes effect in memory first.
-    pub async fn remove(&self, selector: &str) -> Result<wire::Account, FleetError> {
+    pub async fn remove(&self, selector: &str) -> Result<AccountView, FleetError> {
         let id = self.resolve(selector)?;
         let now_ms = self.clock.now_ms();
         let entry = self
@@ -493,7 +534,7 @@ impl Fleet {
     }
 
     /// Clears an account's cooldown and ladders (operator action).
-    pub async fn clear_cooldown(&self, selector: &str) -> Result<wire::Account, FleetError> {
+    pub async fn clear_cooldown(&self, selector: &str) -> Result<AccountView, FleetError> {
         let (id, (health, view)) = self.update_entry(selector, |e, now_ms| {
             if e.health.state != State::NeedsReauth {
                 e.health.clear();
@@ -501,18 +542,18 @@ impl Fleet {
             (e.health.clone(), Self::view(e, now_ms))
         })?;
         self.store
-            .write(vec![Store::health_mutation(&id, &health)?])
+            .write(vec![Store::health_mutation(&id, &health.to_record())?])
             .await?;
         tracing::info!(account = %id, "cooldown cleared by operator");
         Ok(view)
     }
 
-    /// Number of accounts per state name.
-    pub fn count_by_state(&self) -> BTreeMap<String, usize> {
+    /// Number of accounts in each state.
+    pub fn count_by_state(&self) -> BTreeMap<AccountState, usize> {
         let now = self.clock.now_ms();
         let mut m = BTreeMap::new();
         for e in self.read().accounts.values() {
-            *m.entry(Self::state_name(e, now).to_string()).or_insert(0) += 1;
+            *m.entry(Self::state_of(e, now)).or_insert(0) += 1;
         }
         m
     }
@@ -557,6 +598,14 @@ impl Fleet {
             .map(|e| e.record.chatgpt_account_id.clone())
     }
 
+    /// Classifies a failure (the one classifier, `health::classify`) and applies it to its
+    /// account; returns the class, which decides what the caller does next.
+    pub fn report_failure(&self, id: &str, facts: &Facts, model: &str) -> Class {
+        let class = health::classify(facts);
+        self.report(id, class, Some(facts), model);
+        class
+    }
+
     /// Applies an attempt's class to its account (the effects of DESIGN §5), persisting any
     /// transition without making the caller wait for the disk.
     pub fn report(
@@ -579,8 +628,12 @@ impl Fleet {
         let applied = {
             let mut inner = self.write();
             let e = inner.accounts.get_mut(id)?;
+            // A burst limit on the responses endpoints halves the account's concurrency; one
+            // from the token or usage endpoint says nothing about how much it may run at once.
+            let on_responses = facts
+                .is_none_or(|f| matches!(f.endpoint, Endpoint::Responses | Endpoint::WebSocket));
             match class {
-                Class::RateLimited => Self::shrink_limit(e),
+                Class::RateLimited if on_responses => Self::shrink_limit(e),
                 Class::Success => grew = self.grow_limit(e),
                 _ => {}
             }
@@ -594,18 +647,38 @@ impl Fleet {
         let (transition, health) = applied?;
         tracing::info!(
             account = %id,
-            from = transition.from,
-            to = transition.to,
+            from = transition.from.as_str(),
+            to = transition.to.as_str(),
             class = class.as_str(),
-            reason = transition.reason.as_deref().unwrap_or(""),
+            reason = transition.reason.map_or("", Class::as_str),
             cooldown_until_ms = health.cooldown_until_ms,
             "account transition"
         );
-        match Store::health_mutation(id, &health) {
+        self.persist_health(id, &health);
+        Some(transition)
+    }
+
+    /// Shows a failure on the account without changing its state (a refresh that failed while
+    /// the current access token is still usable).
+    pub(crate) fn note_failure(&self, id: &str, class: Class, facts: &Facts) {
+        let now = self.clock.now_ms();
+        let health = {
+            let mut inner = self.write();
+            let Some(e) = inner.accounts.get_mut(id) else {
+                return;
+            };
+            e.health.note_error(class, facts, now);
+            e.health.clone()
+        };
+        self.persist_health(id, &health);
+    }
+
+    /// Queues a health write; the request path never waits for it.
+    fn persist_health(&self, id: &str, health: &Health) {
+        match Store::health_mutation(id, &health.to_record()) {
             Ok(m) => self.store.enqueue(vec![m]),
             Err(e) => tracing::error!(error = %e, "cannot encode account health"),
         }
-        Some(transition)
     }
 
     /// Whether any account supports `model` now or could once its marks expire.
@@ -643,8 +716,8 @@ impl Fleet {
                 (true, Effective::NeedsReauth) => ("need re-login".to_string(), None),
                 (true, Effective::Cooling { until_ms }) => {
                     usable += 1;
-                    let reason = e.health.reason.clone().unwrap_or_else(|| "cooling".into());
-                    if reason == "quota" {
+                    let reason = e.health.reason.map_or("cooling", Class::as_str);
+                    if e.health.reason == Some(Class::Quota) {
                         on_quota += 1;
                         earliest_quota =
                             Some(earliest_quota.map_or(until_ms, |x: u64| x.min(until_ms)));
@@ -729,7 +802,7 @@ mod tests {
         (f, clock)
     }
 
-    async fn import(f: &Fleet, n: u32) -> wire::Account {
+    async fn import(f: &Fleet, n: u32) -> AccountView {
         f.import(
             f.parse_auth(auth_json(&spec(n, "t")).to_string().as_bytes())
                 .unwrap(),
@@ -773,7 +846,7 @@ mod tests {
         }
         assert!(matches!(f.resolve("nobody"), Err(FleetError::NotFound(_))));
         let d = f.set_enabled("acc-1", false).await.unwrap();
-        assert_eq!((d.enabled, d.state.as_str()), (false, "disabled"));
+        assert_eq!((d.enabled, d.state), (false, AccountState::Disabled));
         f.remove(&a.id).await.unwrap();
         assert!(f.is_empty());
         assert!(f.store.load_accounts().unwrap().is_empty());
@@ -807,7 +880,7 @@ mod tests {
         assert!(!all_quota);
         assert!(text.starts_with("3 accounts:"), "{text}");
         clock.advance(Duration::from_secs(3600));
-        assert_eq!(f.get(&a).unwrap().state, "half_open");
+        assert_eq!(f.get(&a).unwrap().state, AccountState::HalfOpen);
     }
 
     #[tokio::test]
@@ -836,8 +909,8 @@ mod tests {
         let g = Fleet::load(store, Arc::new(clock)).unwrap();
         let view = g.get(&a).unwrap();
         assert_eq!(
-            (view.state.as_str(), view.reason.as_deref()),
-            ("cooling", Some("quota"))
+            (view.state, view.reason),
+            (AccountState::Cooling, Some(Class::Quota))
         );
     }
 

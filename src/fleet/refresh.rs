@@ -1,8 +1,13 @@
 //! Access tokens: refreshed before they expire (JWT `exp` minus 5 minutes) and when the backend
 //! says `token_expired`; one refresh at a time per account (single flight); the rotated refresh
-//! token is committed to the store before the new access token is used. A dead refresh token
-//! puts the account in `needs_reauth`; a transient failure keeps the current access token while
-//! it is still valid.
+//! token is committed to the store before the new access token is used.
+//!
+//! The token endpoint's answer is classified by `health::classify` like any other: a dead
+//! login (`refresh_token_reused`, `invalid_grant`, …, or a 401) puts the account in
+//! `needs_reauth` with the reason; any other failure is the refresh being degraded — the
+//! account keeps its current access token while that is still usable (the failure is shown on
+//! it), and once it is not (expired, or just refused by the backend) the class's effect applies:
+//! a challenge page cools it on the edge ladder, a 5xx on the transient one, and so on.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -10,29 +15,24 @@ use std::time::Duration;
 
 use futures_util::future::BoxFuture;
 
-use super::health::{Class, State};
-use super::{Fleet, FleetError};
+use super::health::{Class, State, classify};
+use super::{AccountView, Fleet, FleetError};
 use crate::store::records::AccountSecrets;
 use crate::store::secrets::Secret;
 use crate::upstream::failure::Facts;
-use crate::upstream::{Identity, RefreshFailure, TokenSet, Upstream};
+use crate::upstream::{Identity, TokenSet, Upstream};
 
 /// Refresh this long before the access token's `exp`.
 pub const REFRESH_SKEW: Duration = Duration::from_secs(300);
 
-/// Whoever exchanges refresh tokens (the upstream in production, fakes in tests).
+/// Whoever exchanges refresh tokens (the upstream in production, fakes in tests). A failure is
+/// the token endpoint's answer as facts.
 pub trait Refresher: Send + Sync {
-    fn refresh<'a>(
-        &'a self,
-        refresh_token: &'a str,
-    ) -> BoxFuture<'a, Result<TokenSet, RefreshFailure>>;
+    fn refresh<'a>(&'a self, refresh_token: &'a str) -> BoxFuture<'a, Result<TokenSet, Facts>>;
 }
 
 impl Refresher for Upstream {
-    fn refresh<'a>(
-        &'a self,
-        refresh_token: &'a str,
-    ) -> BoxFuture<'a, Result<TokenSet, RefreshFailure>> {
+    fn refresh<'a>(&'a self, refresh_token: &'a str) -> BoxFuture<'a, Result<TokenSet, Facts>> {
         Box::pin(Upstream::refresh(self, refresh_token))
     }
 }
@@ -53,10 +53,9 @@ impl RefreshState {
 /// Why no usable access token could be had.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum TokenError {
-    /// The refresh token is dead; the account now needs a new login.
-    Dead(String),
-    /// The refresh failed for now and the current access token has expired.
-    Unavailable(String),
+    /// The refresh failed and the current access token cannot be used: the failure, judged as
+    /// `class`, has been applied to the account.
+    Failed { class: Class, why: String },
     /// The account is gone or has no tokens.
     Missing,
 }
@@ -101,17 +100,19 @@ impl Fleet {
         if !due(self)? {
             return self.identity(id).ok_or(TokenError::Missing);
         }
-        self.refresh_now(id, refresher)
+        self.refresh_now(id, rejected, refresher)
             .await
             .map(|(identity, _)| identity)
     }
 
     /// Refreshes the account's tokens unconditionally (the caller holds the single-flight
-    /// lock). On a transient failure with a still-valid access token, returns that token and
-    /// the reason the refresh failed.
+    /// lock). When the refresh fails but the current access token is still usable (not
+    /// expired, and not the `rejected` one), returns that token and the reason the refresh
+    /// failed.
     async fn refresh_now(
         &self,
         id: &str,
+        rejected: Option<&str>,
         refresher: &dyn Refresher,
     ) -> Result<(Identity, Option<String>), TokenError> {
         let current = {
@@ -145,35 +146,31 @@ impl Fleet {
                     }
                     revived.then(|| e.health.clone())
                 };
-                if let Some(h) = revived
-                    && let Ok(m) = crate::store::Store::health_mutation(id, &h)
-                {
-                    self.store.enqueue(vec![m]);
+                if let Some(h) = revived {
+                    self.persist_health(id, &h);
                 }
                 self.identity(id)
                     .map(|i| (i, None))
                     .ok_or(TokenError::Missing)
             }
-            Err(RefreshFailure::Permanent(why)) => {
-                tracing::warn!(account = %id, reason = %why, "refresh token rejected; account needs a new login");
-                let facts = Facts {
-                    status: Some(401),
-                    message: Some(format!("refresh failed: {why}")),
-                    ..Facts::default()
-                };
-                self.report(id, Class::AuthDead, Some(&facts), "");
-                Err(TokenError::Dead(why))
-            }
-            Err(RefreshFailure::Transient(why)) => {
-                tracing::warn!(account = %id, reason = %why, "refresh failed for now");
+            Err(facts) => {
+                let class = classify(&facts);
+                let why = facts.summary();
                 let now = self.clock.now_secs();
-                if Self::token_valid(&current, now) {
-                    self.identity(id)
+                let usable = class != Class::AuthDead
+                    && Self::token_valid(&current, now)
+                    && rejected != Some(current.access_token.expose());
+                if usable {
+                    tracing::warn!(account = %id, class = class.as_str(), reason = %why, "refresh failed; the current access token stays in use");
+                    self.note_failure(id, class, &facts);
+                    return self
+                        .identity(id)
                         .map(|i| (i, Some(why)))
-                        .ok_or(TokenError::Missing)
-                } else {
-                    Err(TokenError::Unavailable(why))
+                        .ok_or(TokenError::Missing);
                 }
+                tracing::warn!(account = %id, class = class.as_str(), reason = %why, "refresh failed");
+                self.report(id, class, Some(&facts), "");
+                Err(TokenError::Failed { class, why })
             }
         }
     }
@@ -199,18 +196,16 @@ impl Fleet {
         &self,
         selector: &str,
         refresher: &dyn Refresher,
-    ) -> Result<switchyard_tui::wire::Account, FleetError> {
+    ) -> Result<AccountView, FleetError> {
         let id = self.resolve(selector)?;
         let lock = self.refresh.lock_for(&id);
         let _single_flight = lock.lock().await;
-        match self.refresh_now(&id, refresher).await {
+        match self.refresh_now(&id, None, refresher).await {
             Ok((_, Some(why))) => Err(FleetError::Refresh(format!(
                 "{why} (the current access token stays in use while it is valid)"
             ))),
             Ok((_, None)) => self.get(&id).ok_or(FleetError::NotFound(id)),
-            Err(TokenError::Dead(why)) | Err(TokenError::Unavailable(why)) => {
-                Err(FleetError::Refresh(why))
-            }
+            Err(TokenError::Failed { why, .. }) => Err(FleetError::Refresh(why)),
             Err(TokenError::Missing) => Err(FleetError::NotFound(id)),
         }
     }
@@ -237,18 +232,19 @@ impl Fleet {
 mod tests {
     use super::*;
     use crate::clock::ManualClock;
+    use crate::fleet::health::{AccountState, Reauth};
     use crate::sim::auth::{AuthSpec, access_token, auth_json};
     use crate::store::Store;
     use std::sync::atomic::{AtomicU32, Ordering};
 
     struct Fake {
         calls: AtomicU32,
-        answer: Mutex<Result<TokenSet, RefreshFailure>>,
+        answer: Mutex<Result<TokenSet, Facts>>,
         gate: tokio::sync::Semaphore,
     }
 
     impl Refresher for Fake {
-        fn refresh<'a>(&'a self, _rt: &'a str) -> BoxFuture<'a, Result<TokenSet, RefreshFailure>> {
+        fn refresh<'a>(&'a self, _rt: &'a str) -> BoxFuture<'a, Result<TokenSet, Facts>> {
             Box::pin(async move {
                 self.calls.fetch_add(1, Ordering::SeqCst);
                 let _permit = self.gate.acquire().await;
@@ -288,7 +284,7 @@ mod tests {
         (f, id, store)
     }
 
-    fn fake(answer: Result<TokenSet, RefreshFailure>, permits: usize) -> Fake {
+    fn fake(answer: Result<TokenSet, Facts>, permits: usize) -> Fake {
         Fake {
             calls: AtomicU32::new(0),
             answer: Mutex::new(answer),
@@ -356,31 +352,106 @@ mod tests {
         assert_eq!(r.calls.load(Ordering::SeqCst), 1);
     }
 
+    /// The token endpoint's answer, as the upstream client reports it.
+    fn token_answer(status: u16, headers: &[(&'static str, &'static str)], body: &str) -> Facts {
+        let mut h = reqwest::header::HeaderMap::new();
+        for (k, v) in headers {
+            h.insert(*k, v.parse().unwrap());
+        }
+        Facts::from_response(status, &h, bytes::Bytes::from(body.to_string()))
+            .at(crate::upstream::failure::Endpoint::Token)
+    }
+
     #[tokio::test]
-    async fn a_dead_refresh_token_needs_reauth() {
+    async fn a_reused_refresh_token_needs_reauth_and_says_why() {
         let (f, id, _) = setup(NOW_S + 60).await;
         let r = fake(
-            Err(RefreshFailure::Permanent("refresh_token_reused".into())),
+            Err(token_answer(
+                401,
+                &[],
+                r#"{"error":{"message":"Your refresh token has already been used to generate a new access token. Please try signing in again.","type":"invalid_request_error","param":null,"code":"refresh_token_reused"}}"#,
+            )),
             1,
         );
         assert!(matches!(
             f.ensure_fresh(&id, None, &r).await,
-            Err(TokenError::Dead(_))
+            Err(TokenError::Failed {
+                class: Class::AuthDead,
+                ..
+            })
         ));
-        assert_eq!(f.get(&id).unwrap().state, "needs_reauth");
+        let a = f.get(&id).unwrap();
+        assert_eq!(a.state, AccountState::NeedsReauth);
+        assert_eq!(a.reauth, Some(Reauth::RefreshTokenReused));
+        assert!(
+            Reauth::RefreshTokenReused
+                .describe()
+                .contains("used by another client")
+        );
     }
 
     #[tokio::test]
-    async fn a_transient_failure_keeps_a_still_valid_token() {
+    async fn a_failed_refresh_keeps_a_still_valid_token_and_shows_the_failure() {
         let (f, id, _) = setup(NOW_S + 60).await;
-        let r = fake(Err(RefreshFailure::Transient("503".into())), 1);
+        let r = fake(Err(token_answer(503, &[], "upstream connect error")), 1);
         let ident = f.ensure_fresh(&id, None, &r).await.unwrap();
         assert_eq!(ident.access_token, access_token(&spec(NOW_S + 60, "old")));
-        assert_eq!(f.get(&id).unwrap().state, "ready");
-        let (f, id, _) = setup(NOW_S - 10).await;
+        let a = f.get(&id).unwrap();
+        assert_eq!(a.state, AccountState::Ready);
+        assert!(a.last_error.unwrap().contains("token refresh: 503"));
+    }
+
+    /// Answers that say nothing about the login: with a token that can no longer be used the
+    /// account cools by the answer's class, never `needs_reauth`.
+    #[tokio::test]
+    async fn answers_that_are_not_about_the_login_cool_instead_of_needing_a_login() {
+        let cases = [
+            (
+                token_answer(
+                    403,
+                    &[("content-type", "text/html"), ("cf-mitigated", "challenge")],
+                    "<html><title>Just a moment...</title></html>",
+                ),
+                Class::EdgeChallenge,
+            ),
+            (
+                token_answer(
+                    400,
+                    &[],
+                    r#"{"error":"unsupported_country_region_territory"}"#,
+                ),
+                Class::Transient,
+            ),
+            (token_answer(502, &[], "bad gateway"), Class::Transient),
+            (token_answer(429, &[], "{}"), Class::RateLimited),
+        ];
+        for (answer, class) in cases {
+            // Expired ten seconds ago: the refresh is needed and the old token is no use.
+            let (f, id, _) = setup(NOW_S - 10).await;
+            let r = fake(Err(answer), 1);
+            match f.ensure_fresh(&id, None, &r).await {
+                Err(TokenError::Failed { class: got, .. }) => assert_eq!(got, class),
+                other => panic!("expected a failed refresh, got {other:?}"),
+            }
+            let a = f.get(&id).unwrap();
+            assert_eq!(a.state, AccountState::Cooling, "{class:?}");
+            assert_eq!(a.reason, Some(class));
+            assert!(a.last_error.unwrap().contains("token refresh"));
+        }
+    }
+
+    #[tokio::test]
+    async fn a_token_the_backend_refused_is_not_kept_when_the_refresh_fails() {
+        let (f, id, _) = setup(NOW_S + 3600).await;
+        let r = fake(Err(token_answer(503, &[], "")), 1);
+        let old = f.identity(&id).unwrap().access_token;
         assert!(matches!(
-            f.ensure_fresh(&id, None, &r).await,
-            Err(TokenError::Unavailable(_))
+            f.ensure_fresh(&id, Some(&old), &r).await,
+            Err(TokenError::Failed {
+                class: Class::Transient,
+                ..
+            })
         ));
+        assert_eq!(f.get(&id).unwrap().state, AccountState::Cooling);
     }
 }

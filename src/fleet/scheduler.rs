@@ -16,41 +16,26 @@ use tokio::sync::oneshot;
 use super::health::Effective;
 use super::settings::{Settings, Strategy};
 use super::{Entry, Fleet, Inner};
+use crate::names::named;
 
-/// Why an account was not a candidate, or not taken.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum SkipReason {
-    Disabled,
-    NeedsReauth,
-    Cooling,
-    /// Half-open with its one probe already running.
-    Probing,
-    ModelUnsupported,
-    NoTokens,
-    /// Above the quota ceiling while another account has headroom.
-    QuotaCeiling,
-    /// It broke one of this session's streams recently.
-    SessionExcluded,
-    /// Every slot is taken.
-    Full,
-    /// Draining: it serves only the sessions already bound to it.
-    Draining,
-}
-
-impl SkipReason {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            SkipReason::Disabled => "disabled",
-            SkipReason::NeedsReauth => "needs_reauth",
-            SkipReason::Cooling => "cooling",
-            SkipReason::Probing => "half_open_probe",
-            SkipReason::ModelUnsupported => "model_unsupported",
-            SkipReason::NoTokens => "no_tokens",
-            SkipReason::QuotaCeiling => "quota_ceiling",
-            SkipReason::SessionExcluded => "session_excluded",
-            SkipReason::Full => "full",
-            SkipReason::Draining => "draining",
-        }
+named! {
+    /// Why an account was not a candidate, or not taken.
+    pub enum SkipReason {
+        Disabled => "disabled",
+        NeedsReauth => "needs_reauth",
+        Cooling => "cooling",
+        /// Half-open with its one probe already running.
+        Probing => "half_open_probe",
+        ModelUnsupported => "model_unsupported",
+        NoTokens => "no_tokens",
+        /// Above the quota ceiling while another account has headroom.
+        QuotaCeiling => "quota_ceiling",
+        /// It broke one of this session's streams recently.
+        SessionExcluded => "session_excluded",
+        /// Every slot is taken.
+        Full => "full",
+        /// Draining: it serves only the sessions already bound to it.
+        Draining => "draining",
     }
 }
 
@@ -71,41 +56,23 @@ pub struct Plan {
     pub owner_only: bool,
 }
 
-/// How a wait for a slot ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum QueueOutcome {
-    Acquired,
-    Timeout,
-    QueueFull,
-    ClientLeft,
-}
-
-impl QueueOutcome {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            QueueOutcome::Acquired => "acquired",
-            QueueOutcome::Timeout => "timeout",
-            QueueOutcome::QueueFull => "queue_full",
-            QueueOutcome::ClientLeft => "client_left",
-        }
+named! {
+    /// How a wait for a slot ended.
+    pub enum QueueOutcome {
+        Acquired => "acquired",
+        Timeout => "timeout",
+        QueueFull => "queue_full",
+        ClientLeft => "client_left",
     }
 }
 
-/// Which queue a request waited in.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum QueueKind {
-    /// A sticky session waiting for its own account.
-    Account,
-    /// Waiting for any of its candidates.
-    Pool,
-}
-
-impl QueueKind {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            QueueKind::Account => "account",
-            QueueKind::Pool => "pool",
-        }
+named! {
+    /// Which queue a request waited in.
+    pub enum QueueKind {
+        /// A sticky session waiting for its own account.
+        Account => "account",
+        /// Waiting for any of its candidates.
+        Pool => "pool",
     }
 }
 

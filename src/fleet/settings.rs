@@ -7,6 +7,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use crate::config::duration;
+use crate::store::records::SettingsRecord;
 
 /// How the candidates of a request are ordered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
@@ -30,6 +31,18 @@ impl Strategy {
             Strategy::LeastLoaded => "least_loaded",
             Strategy::FillFirst => "fill_first",
         }
+    }
+
+    /// The strategy with this name (as the config and the store write it).
+    pub fn from_name(name: &str) -> Option<Strategy> {
+        [
+            Strategy::QuotaAware,
+            Strategy::RoundRobin,
+            Strategy::LeastLoaded,
+            Strategy::FillFirst,
+        ]
+        .into_iter()
+        .find(|s| s.as_str() == name)
     }
 }
 
@@ -111,6 +124,40 @@ fn dur(key: &str, v: &Option<String>) -> Result<Option<Duration>, String> {
 }
 
 impl SettingsPatch {
+    /// The stored shape.
+    pub fn to_record(&self) -> SettingsRecord {
+        SettingsRecord {
+            strategy: self.strategy.map(|s| s.as_str().into()),
+            max_concurrency: self.max_concurrency,
+            sticky_wait: self.sticky_wait.clone(),
+            sticky_max_waiting: self.sticky_max_waiting.map(|n| n as u64),
+            queue_wait: self.queue_wait.clone(),
+            queue_max_waiting: self.queue_max_waiting.map(|n| n as u64),
+            quota_ceiling_percent: self.quota_ceiling_percent,
+            usage_poll_interval: self.usage_poll_interval.clone(),
+            affinity_idle_ttl: self.affinity_idle_ttl.clone(),
+        }
+    }
+
+    /// Reads the stored shape; a strategy this binary does not know is an error.
+    pub fn from_record(r: SettingsRecord) -> Result<SettingsPatch, String> {
+        let count = |n: Option<u64>| n.map(|n| usize::try_from(n).unwrap_or(usize::MAX));
+        Ok(SettingsPatch {
+            strategy: r
+                .strategy
+                .map(|n| Strategy::from_name(&n).ok_or_else(|| format!("strategy `{n}`")))
+                .transpose()?,
+            max_concurrency: r.max_concurrency,
+            sticky_wait: r.sticky_wait,
+            sticky_max_waiting: count(r.sticky_max_waiting),
+            queue_wait: r.queue_wait,
+            queue_max_waiting: count(r.queue_max_waiting),
+            quota_ceiling_percent: r.quota_ceiling_percent,
+            usage_poll_interval: r.usage_poll_interval,
+            affinity_idle_ttl: r.affinity_idle_ttl,
+        })
+    }
+
     /// Checks the values without applying them.
     pub fn validate(&self) -> Result<(), String> {
         if self.max_concurrency == Some(0) {
@@ -248,7 +295,9 @@ impl super::Fleet {
             st.effective = st.patch.apply(&st.base);
             (st.patch.clone(), st.effective.clone(), old_max)
         };
-        self.store.put_setting(super::SETTINGS_KEY, &stored).await?;
+        self.store
+            .put_settings(super::SETTINGS_KEY, &stored.to_record())
+            .await?;
         self.apply_max_concurrency(old_max, effective.max_concurrency);
         let mut cfg = self.affinity.sessions.config();
         cfg.idle = Some(effective.affinity_idle_ttl);
@@ -294,7 +343,7 @@ impl super::Fleet {
         selector: &str,
         priority: Option<i32>,
         max_concurrency: Option<Option<u32>>,
-    ) -> Result<switchyard_tui::wire::Account, super::FleetError> {
+    ) -> Result<super::AccountView, super::FleetError> {
         let pool_max = self.settings().max_concurrency;
         let (id, record) = self.update_entry(selector, |e, now_ms| {
             if let Some(p) = priority {

@@ -1,37 +1,82 @@
 //! The one place values are encoded: a version byte, then postcard.
 //!
-//! postcard is not self-describing: a struct that gains a field needs a new version byte and a
-//! decoder for the old one here. That is deliberate — the format changes in one place, with a
-//! test, instead of silently.
+//! Every stored type has its own version history ([`Versioned`]). A change of its fields makes a
+//! new version: [`encode`] writes the newest, and the type's `decode_version` reads every older
+//! one too (each version has a test with bytes an old release wrote). postcard is not
+//! self-describing, so a value is only ever read with the shape of the version it was written
+//! with; enums are stored by their names, so reordering a Rust enum cannot change what a stored
+//! value means.
 
-use serde::{Serialize, de::DeserializeOwned};
-
-/// The current value format.
-pub const VERSION: u8 = 1;
+use serde::Serialize;
+use serde::de::DeserializeOwned;
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum CodecError {
     #[error("empty value")]
     Empty,
-    #[error("value format {found} is newer than this binary understands ({VERSION})")]
-    UnknownVersion { found: u8 },
+    #[error("value format {found} is newer than this binary understands ({newest})")]
+    UnknownVersion { found: u8, newest: u8 },
     #[error("malformed value: {0}")]
     Malformed(String),
 }
 
-pub fn encode<T: Serialize + ?Sized>(value: &T) -> Result<Vec<u8>, CodecError> {
-    postcard::to_extend(value, vec![VERSION]).map_err(|e| CodecError::Malformed(e.to_string()))
+/// A type stored in the database, with its version history.
+pub trait Versioned: Serialize + Sized {
+    /// What one value is, for errors and logs ("request record").
+    const NAME: &'static str;
+    /// The version [`encode`] writes.
+    const VERSION: u8;
+    /// Reads a value written as `version`: this one or any older one.
+    fn decode_version(version: u8, body: &[u8]) -> Result<Self, CodecError>;
 }
 
-pub fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, CodecError> {
+pub fn encode<T: Versioned>(value: &T) -> Result<Vec<u8>, CodecError> {
+    postcard::to_extend(value, vec![T::VERSION]).map_err(|e| CodecError::Malformed(e.to_string()))
+}
+
+pub fn decode<T: Versioned>(bytes: &[u8]) -> Result<T, CodecError> {
     match bytes.split_first() {
         None => Err(CodecError::Empty),
-        Some((&VERSION, rest)) => {
-            postcard::from_bytes(rest).map_err(|e| CodecError::Malformed(e.to_string()))
-        }
-        Some((&found, _)) => Err(CodecError::UnknownVersion { found }),
+        Some((&version, _)) if version > T::VERSION => Err(CodecError::UnknownVersion {
+            found: version,
+            newest: T::VERSION,
+        }),
+        Some((&version, body)) => T::decode_version(version, body),
     }
 }
+
+/// Reads a version's body with the shape `S` it was written with.
+pub fn body<S: DeserializeOwned>(body: &[u8]) -> Result<S, CodecError> {
+    postcard::from_bytes(body).map_err(|e| CodecError::Malformed(e.to_string()))
+}
+
+/// The error for a version this type never had (0, or a gap).
+pub fn unknown<T: Versioned>(found: u8) -> CodecError {
+    CodecError::UnknownVersion {
+        found,
+        newest: T::VERSION,
+    }
+}
+
+/// A type with one version so far.
+macro_rules! versioned_once {
+    ($($t:ty => $name:literal),+ $(,)?) => {$(
+        impl $crate::store::codec::Versioned for $t {
+            const NAME: &'static str = $name;
+            const VERSION: u8 = 1;
+            fn decode_version(
+                version: u8,
+                body: &[u8],
+            ) -> Result<Self, $crate::store::codec::CodecError> {
+                match version {
+                    1 => $crate::store::codec::body(body),
+                    found => Err($crate::store::codec::unknown::<Self>(found)),
+                }
+            }
+        }
+    )+};
+}
+pub(crate) use versioned_once;
 
 #[cfg(test)]
 mod tests {
@@ -42,32 +87,63 @@ mod tests {
     struct Sample {
         id: String,
         n: u64,
-        opt: Option<i32>,
-        list: Vec<String>,
+    }
+
+    #[derive(Deserialize)]
+    struct SampleV1 {
+        id: String,
+    }
+
+    impl Versioned for Sample {
+        const NAME: &'static str = "sample";
+        const VERSION: u8 = 2;
+        fn decode_version(version: u8, b: &[u8]) -> Result<Self, CodecError> {
+            match version {
+                2 => body(b),
+                1 => body::<SampleV1>(b).map(|v| Sample { id: v.id, n: 0 }),
+                found => Err(unknown::<Self>(found)),
+            }
+        }
     }
 
     #[test]
-    fn round_trips_with_a_leading_version_byte() {
+    fn writes_the_newest_version_and_reads_older_ones() {
         let s = Sample {
             id: "a".into(),
             n: 7,
-            opt: None,
-            list: vec!["x".into()],
         };
         let bytes = encode(&s).unwrap();
-        assert_eq!(bytes[0], VERSION);
+        assert_eq!(bytes[0], 2);
         assert_eq!(decode::<Sample>(&bytes).unwrap(), s);
+        // Version 1 was `{id}`: postcard writes a string as its length, then its bytes.
+        assert_eq!(
+            decode::<Sample>(&[1, 1, b'a']).unwrap(),
+            Sample {
+                id: "a".into(),
+                n: 0
+            }
+        );
     }
 
     #[test]
-    fn refuses_unknown_versions_empty_and_garbage() {
+    fn refuses_newer_versions_gaps_empty_and_garbage() {
         assert_eq!(decode::<Sample>(&[]), Err(CodecError::Empty));
         assert_eq!(
-            decode::<Sample>(&[VERSION + 1, 0]),
-            Err(CodecError::UnknownVersion { found: VERSION + 1 })
+            decode::<Sample>(&[3, 0]),
+            Err(CodecError::UnknownVersion {
+                found: 3,
+                newest: 2
+            })
+        );
+        assert_eq!(
+            decode::<Sample>(&[0, 0]),
+            Err(CodecError::UnknownVersion {
+                found: 0,
+                newest: 2
+            })
         );
         assert!(matches!(
-            decode::<Sample>(&[VERSION, 0xff]),
+            decode::<Sample>(&[2, 0xff]),
             Err(CodecError::Malformed(_))
         ));
     }

@@ -15,12 +15,14 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
-use serde::{Serialize, de::DeserializeOwned};
+use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition, TableHandle};
 use tokio::sync::{mpsc, oneshot};
 
-use self::codec::CodecError;
-use self::records::{AccountRecord, AccountSecrets, ClientKeyRecord};
+use self::codec::{CodecError, Versioned};
+use self::records::{
+    AccountRecord, AccountSecrets, ClientKeyRecord, HealthRecord, RequestRow, SettingsRecord,
+    SnapshotRecord,
+};
 use self::schema::{META, META_KEY_CHECK, META_SCHEMA_VERSION, SCHEMA_VERSION, Table};
 use self::secrets::Sealer;
 use self::writer::{Job, Key, Mutation};
@@ -105,6 +107,8 @@ struct Inner {
     tx: mpsc::Sender<Job>,
     writer: Mutex<Option<std::thread::JoinHandle<()>>>,
     dropped: AtomicU64,
+    /// Rows that could not be decoded (skipped, each logged with its key).
+    undecodable: AtomicU64,
 }
 
 impl std::fmt::Debug for Store {
@@ -217,16 +221,13 @@ impl Store {
                 tx,
                 writer: Mutex::new(Some(handle)),
                 dropped: AtomicU64::new(0),
+                undecodable: AtomicU64::new(0),
             }),
         })
     }
 
     pub fn path(&self) -> &Path {
         &self.inner.path
-    }
-
-    pub(crate) fn db(&self) -> &Database {
-        &self.inner.db
     }
 
     // ---- writing ---------------------------------------------------------------------------
@@ -314,6 +315,19 @@ impl Store {
 
     // ---- generic reads ---------------------------------------------------------------------
 
+    /// Rows that could not be decoded since the store was opened: each was logged with its
+    /// table and key and left out, and the rest of the store serves.
+    pub fn undecodable_rows(&self) -> u64 {
+        self.inner.undecodable.load(Ordering::Relaxed)
+    }
+
+    /// Counts and logs a row that cannot be read (by the store, or by the domain above it when
+    /// a stored name means nothing to this binary).
+    pub fn note_undecodable(&self, table: &str, key: &str, error: &dyn std::fmt::Display) {
+        self.inner.undecodable.fetch_add(1, Ordering::Relaxed);
+        tracing::error!(table, key, error = %error, "a stored row cannot be decoded; it is left out");
+    }
+
     fn get_raw(
         &self,
         def: TableDefinition<&str, &[u8]>,
@@ -331,22 +345,28 @@ impl Store {
             .map(|v| v.value().to_vec()))
     }
 
-    fn get<T: DeserializeOwned>(
+    /// One value; an undecodable one is counted, logged and read as absent.
+    fn get<T: Versioned>(
         &self,
         def: TableDefinition<&str, &[u8]>,
         key: &str,
     ) -> Result<Option<T>, StoreError> {
-        self.get_raw(def, key)?
-            .map(|raw| {
-                codec::decode(&raw).map_err(|e| StoreError::codec(format!("{def}/{key}"), e))
-            })
-            .transpose()
+        Ok(self
+            .get_raw(def, key)?
+            .and_then(|raw| match codec::decode(&raw) {
+                Ok(v) => Some(v),
+                Err(e) => {
+                    self.note_undecodable(def.name(), key, &format!("{}: {e}", T::NAME));
+                    None
+                }
+            }))
     }
 
-    fn list<T: DeserializeOwned>(
+    /// Every row of a table, keyed; undecodable rows are counted, logged and left out.
+    fn list<T: Versioned>(
         &self,
         def: TableDefinition<&str, &[u8]>,
-    ) -> Result<Vec<T>, StoreError> {
+    ) -> Result<Vec<(String, T)>, StoreError> {
         let txn = self.inner.db.begin_read().map_err(StoreError::db)?;
         let table = match txn.open_table(def) {
             Ok(t) => t,
@@ -356,15 +376,17 @@ impl Store {
         let mut out = Vec::new();
         for row in table.iter().map_err(StoreError::db)? {
             let (k, v) = row.map_err(StoreError::db)?;
-            out.push(
-                codec::decode(v.value())
-                    .map_err(|e| StoreError::codec(format!("{def}/{}", k.value()), e))?,
-            );
+            match codec::decode(v.value()) {
+                Ok(value) => out.push((k.value().to_string(), value)),
+                Err(e) => {
+                    self.note_undecodable(def.name(), k.value(), &format!("{}: {e}", T::NAME))
+                }
+            }
         }
         Ok(out)
     }
 
-    fn put<T: Serialize>(table: Table, key: &str, value: &T) -> Result<Mutation, StoreError> {
+    fn put<T: Versioned>(table: Table, key: &str, value: &T) -> Result<Mutation, StoreError> {
         let bytes =
             codec::encode(value).map_err(|e| StoreError::codec(format!("{table:?}/{key}"), e))?;
         Ok(Mutation::Put(table, Key::Text(key.to_string()), bytes))
@@ -373,24 +395,31 @@ impl Store {
     // ---- accounts --------------------------------------------------------------------------
 
     pub fn load_accounts(&self) -> Result<Vec<AccountRecord>, StoreError> {
-        self.list(schema::ACCOUNTS)
+        Ok(self
+            .list(schema::ACCOUNTS)?
+            .into_iter()
+            .map(|(_, a)| a)
+            .collect())
     }
 
+    /// An account's tokens. Tokens that cannot be opened (sealed with another key, or
+    /// undecodable) are an error, counted and logged: the account then has no tokens.
     pub fn account_secrets(&self, id: &str) -> Result<Option<AccountSecrets>, StoreError> {
         let Some(sealed) = self.get_raw(schema::ACCOUNT_SECRETS, id)? else {
             return Ok(None);
         };
         let aad = secret_aad(id);
-        let plain = self
-            .inner
-            .sealer
-            .open(&aad, &sealed)
-            .ok_or_else(|| StoreError::Unseal {
+        let Some(plain) = self.inner.sealer.open(&aad, &sealed) else {
+            let e = StoreError::Unseal {
                 what: format!("account {id}"),
-            })?;
-        codec::decode(&plain)
-            .map(Some)
-            .map_err(|e| StoreError::codec(format!("secrets of account {id}"), e))
+            };
+            self.note_undecodable(schema::ACCOUNT_SECRETS.name(), id, &e);
+            return Err(e);
+        };
+        codec::decode(&plain).map(Some).map_err(|e| {
+            self.note_undecodable(schema::ACCOUNT_SECRETS.name(), id, &e);
+            StoreError::codec(format!("secrets of account {id}"), e)
+        })
     }
 
     /// The mutation that writes an account record.
@@ -454,7 +483,11 @@ impl Store {
     // ---- client keys -----------------------------------------------------------------------
 
     pub fn load_keys(&self) -> Result<Vec<ClientKeyRecord>, StoreError> {
-        self.list(schema::CLIENT_KEYS)
+        Ok(self
+            .list(schema::CLIENT_KEYS)?
+            .into_iter()
+            .map(|(_, k)| k)
+            .collect())
     }
 
     pub async fn put_key(&self, key: &ClientKeyRecord) -> Result<(), StoreError> {
@@ -464,47 +497,64 @@ impl Store {
 
     // ---- settings, health, snapshots -------------------------------------------------------
 
-    pub fn get_setting<T: DeserializeOwned>(&self, name: &str) -> Result<Option<T>, StoreError> {
+    pub fn get_settings(&self, name: &str) -> Result<Option<SettingsRecord>, StoreError> {
         self.get(schema::SETTINGS, name)
     }
 
-    pub async fn put_setting<T: Serialize>(&self, name: &str, value: &T) -> Result<(), StoreError> {
+    pub async fn put_settings(&self, name: &str, value: &SettingsRecord) -> Result<(), StoreError> {
         self.write(vec![Self::put(Table::Settings, name, value)?])
             .await
     }
 
-    pub fn load_health<T: DeserializeOwned>(&self) -> Result<Vec<(String, T)>, StoreError> {
-        let txn = self.inner.db.begin_read().map_err(StoreError::db)?;
-        let table = txn
-            .open_table(schema::ACCOUNT_HEALTH)
-            .map_err(StoreError::db)?;
-        let mut out = Vec::new();
-        for row in table.iter().map_err(StoreError::db)? {
-            let (k, v) = row.map_err(StoreError::db)?;
-            let id = k.value().to_string();
-            let value = codec::decode(v.value())
-                .map_err(|e| StoreError::codec(format!("health of account {id}"), e))?;
-            out.push((id, value));
-        }
-        Ok(out)
+    /// Every account's stored health, keyed by account id.
+    pub fn load_health(&self) -> Result<Vec<(String, HealthRecord)>, StoreError> {
+        self.list(schema::ACCOUNT_HEALTH)
     }
 
     /// The mutation that records an account's health; the caller decides whether to wait.
-    pub fn health_mutation<T: Serialize>(id: &str, health: &T) -> Result<Mutation, StoreError> {
+    pub fn health_mutation(id: &str, health: &HealthRecord) -> Result<Mutation, StoreError> {
         Self::put(Table::AccountHealth, id, health)
     }
 
-    pub fn get_snapshot<T: DeserializeOwned>(&self, name: &str) -> Result<Option<T>, StoreError> {
+    pub fn get_snapshot(&self, name: &str) -> Result<Option<SnapshotRecord>, StoreError> {
         self.get(schema::SNAPSHOTS, name)
     }
 
-    pub async fn put_snapshot<T: Serialize>(
-        &self,
-        name: &str,
-        value: &T,
-    ) -> Result<(), StoreError> {
+    pub async fn put_snapshot(&self, name: &str, value: &SnapshotRecord) -> Result<(), StoreError> {
         self.write(vec![Self::put(Table::Snapshots, name, value)?])
             .await
+    }
+
+    // ---- request records -------------------------------------------------------------------
+
+    /// The mutation that stores a request record under its key.
+    pub fn request_mutation(key: u64, row: &RequestRow) -> Result<Mutation, StoreError> {
+        let bytes = codec::encode(row)
+            .map_err(|e| StoreError::codec(format!("request record {key:016x}"), e))?;
+        Ok(Mutation::Put(Table::Requests, Key::Int(key), bytes))
+    }
+
+    /// The newest `limit` stored request records with their keys, newest first. Undecodable
+    /// rows are counted, logged and left out.
+    pub fn recent_requests(&self, limit: usize) -> Result<Vec<(u64, RequestRow)>, StoreError> {
+        let txn = self.inner.db.begin_read().map_err(StoreError::db)?;
+        let table = txn.open_table(schema::REQUESTS).map_err(StoreError::db)?;
+        let mut out = Vec::new();
+        for row in table.iter().map_err(StoreError::db)?.rev() {
+            if out.len() >= limit {
+                break;
+            }
+            let (k, v) = row.map_err(StoreError::db)?;
+            match codec::decode::<RequestRow>(v.value()) {
+                Ok(r) => out.push((k.value(), r)),
+                Err(e) => self.note_undecodable(
+                    schema::REQUESTS.name(),
+                    &format!("{:016x}", k.value()),
+                    &format!("{}: {e}", RequestRow::NAME),
+                ),
+            }
+        }
+        Ok(out)
     }
 }
 
@@ -685,14 +735,14 @@ mod tests {
     async fn a_bad_job_does_not_fail_its_batch_neighbours() {
         let s = Store::open_in_memory().unwrap();
         let bad = s.write(vec![Mutation::Put(Table::Accounts, Key::Int(1), vec![])]);
-        let good = s.write(vec![Mutation::Put(
-            Table::Settings,
-            Key::Text("x".into()),
-            codec::encode(&5u32).unwrap(),
-        )]);
+        let settings = SettingsRecord {
+            max_concurrency: Some(5),
+            ..SettingsRecord::default()
+        };
+        let good = s.write(vec![Store::put(Table::Settings, "x", &settings).unwrap()]);
         let (bad, good) = tokio::join!(bad, good);
         assert!(matches!(bad, Err(StoreError::KeyKind(Table::Accounts))));
         good.unwrap();
-        assert_eq!(s.get_setting::<u32>("x").unwrap(), Some(5));
+        assert_eq!(s.get_settings("x").unwrap(), Some(settings));
     }
 }

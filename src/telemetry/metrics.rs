@@ -8,11 +8,14 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use crate::fleet::Fleet;
 use crate::fleet::affinity::Decision;
+use crate::fleet::health::Class;
 use crate::fleet::scheduler::{QueueKind, QueueOutcome};
+use crate::fleet::{AccountView, Fleet};
 use crate::store::Store;
-use switchyard_tui::wire;
+use crate::telemetry::records::Outcome;
+use crate::upstream::Transport;
+use crate::upstream::ws::BreakerState;
 
 /// Upper bounds (seconds) of the latency buckets.
 const LATENCY_BUCKETS: [f64; 14] = [
@@ -133,10 +136,10 @@ impl Default for Metrics {
 /// One gauge line per account.
 fn per_account(
     out: &mut String,
-    accounts: &[wire::Account],
+    accounts: &[AccountView],
     name: &str,
     help: &str,
-    value: impl Fn(&wire::Account) -> f64,
+    value: impl Fn(&AccountView) -> f64,
 ) {
     let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge");
     for a in accounts {
@@ -156,13 +159,13 @@ fn escape(v: &str) -> String {
 }
 
 impl Metrics {
-    pub fn request(&self, outcome: &str, affinity: &Decision) {
-        self.requests.inc(outcome);
+    pub fn request(&self, outcome: Outcome, affinity: &Decision) {
+        self.requests.inc(outcome.as_str());
         self.affinity.inc(affinity.kind());
     }
 
-    pub fn attempt(&self, class: &str) {
-        self.attempts.inc(class);
+    pub fn attempt(&self, class: Class) {
+        self.attempts.inc(class.as_str());
     }
 
     pub fn failover(&self) {
@@ -191,9 +194,9 @@ impl Metrics {
         self.upstream_first_output.observe(d);
     }
 
-    /// How a turn reached the backend (`http`, `ws_reused`, `ws_connected`, `http_…`).
-    pub fn transport(&self, decision: &str) {
-        self.transports.inc(decision);
+    /// How a turn reached the backend.
+    pub fn transport(&self, decision: Transport) {
+        self.transports.inc(decision.as_str());
     }
 
     pub fn ws_connect(&self, d: Duration) {
@@ -201,7 +204,7 @@ impl Metrics {
     }
 
     /// The whole exposition. `ws` is (idle pooled upstream sockets, breaker state).
-    pub fn render(&self, fleet: &Fleet, store: &Store, ws: (usize, &str)) -> String {
+    pub fn render(&self, fleet: &Fleet, store: &Store, ws: (usize, BreakerState)) -> String {
         let mut out = String::with_capacity(8192);
         let h = |out: &mut String, name: &str, kind: &str, help: &str| {
             let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
@@ -314,7 +317,7 @@ impl Metrics {
         let _ = writeln!(
             out,
             "switchyard_ws_breaker_open {}",
-            u8::from(ws.1 != "closed")
+            u8::from(ws.1 != BreakerState::Closed)
         );
 
         let accounts = fleet.list();
@@ -329,7 +332,7 @@ impl Metrics {
                 out,
                 "switchyard_account_state{{account=\"{}\",state=\"{}\"}} 1",
                 escape(&a.chatgpt_account_id),
-                a.state
+                a.state.as_str()
             );
         }
         per_account(
@@ -337,7 +340,7 @@ impl Metrics {
             &accounts,
             "switchyard_account_limit",
             "Adaptive concurrency limit per account.",
-            |a| a.limit_exact,
+            |a| (a.limit * 100.0).round() / 100.0,
         );
         per_account(
             &mut out,
@@ -390,6 +393,17 @@ impl Metrics {
             out,
             "switchyard_telemetry_dropped_total {}",
             store.dropped_writes()
+        );
+        h(
+            &mut out,
+            "switchyard_store_undecodable_rows_total",
+            "counter",
+            "Stored rows that could not be decoded (each logged with its key and left out).",
+        );
+        let _ = writeln!(
+            out,
+            "switchyard_store_undecodable_rows_total {}",
+            store.undecodable_rows()
         );
         out
     }

@@ -1,26 +1,247 @@
-//! Request records: one per `/v1` request, with its attempt chain. The newest are kept in
-//! memory for the admin API; all are offered to the store as telemetry (dropped, and counted,
-//! when the writer is behind) and pruned by age.
+//! Request records: one per `/v1` request, with its attempt chain, in typed form. The newest are
+//! kept in memory for the admin API and the console (converted to their wire shape at that
+//! edge); all are offered to the store as telemetry in the store's own shape (dropped, and
+//! counted, when the writer is behind) and pruned by age.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use redb::ReadableDatabase;
-use switchyard_tui::wire;
-
 use crate::clock::SharedClock;
+use crate::fleet::affinity::Decision;
+use crate::fleet::health::Class;
+use crate::fleet::scheduler::{QueueKind, QueueOutcome, SkipReason};
+use crate::names::named;
+use crate::store::Store;
+use crate::store::records::{AttemptRow, QueueRow, RequestRow, SkipRow, UsageRow};
 use crate::store::schema::Table;
-use crate::store::writer::{Key, Mutation};
-use crate::store::{Store, codec};
+use crate::store::writer::Mutation;
+use crate::upstream::Transport;
+use crate::upstream::failure::Phase;
 
 /// Records kept in memory.
 pub const RING: usize = 2000;
 
+named! {
+    /// How a request ended, for its client.
+    pub enum Outcome {
+        Success => "success",
+        /// `response.incomplete`: forwarded, neutral for the account.
+        Incomplete => "incomplete",
+        /// `response.failed` after the commit.
+        Failed => "failed",
+        /// The upstream stream broke after the commit.
+        StreamError => "stream_error",
+        CallerError => "caller_error",
+        /// Every usable account cools on quota.
+        QuotaExhausted => "quota_exhausted",
+        NoAccount => "no_account",
+        ModelNotFound => "model_not_found",
+        ClientCancelled => "client_cancelled",
+        /// Every candidate stayed busy for the whole wait.
+        PoolBusy => "pool_busy",
+        PreviousResponseNotFound => "previous_response_not_found",
+    }
+}
+
+/// Token counts of a response, as the upstream reported them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Usage {
+    pub input_tokens: u64,
+    pub cached_tokens: u64,
+    pub output_tokens: u64,
+    pub reasoning_tokens: u64,
+}
+
+/// One attempt of a request on one account.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AttemptRecord {
+    /// The account's `chatgpt_account_id`.
+    pub account: String,
+    pub class: Class,
+    pub status: Option<u16>,
+    pub phase: Option<Phase>,
+    pub ms: u64,
+    pub error: Option<String>,
+}
+
+/// A request's wait for a slot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QueueRecord {
+    pub kind: QueueKind,
+    pub outcome: QueueOutcome,
+    /// Total wait of the request (it may have waited twice: sticky, then pool).
+    pub wait_ms: u64,
+}
+
+/// One `/v1` request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RequestRecord {
+    /// Time-ordered key: unix ms << 16 | a sequence number. The id is derived from it.
+    pub key: u64,
+    pub started_ms: u64,
+    /// The client key's name.
+    pub key_name: String,
+    pub model: String,
+    pub path: String,
+    pub stream: bool,
+    /// A turn of a downstream WebSocket connection.
+    pub ws: bool,
+    pub outcome: Outcome,
+    /// The HTTP status the client got (200 for a stream that later failed).
+    pub status: u16,
+    /// The `chatgpt_account_id` that served it.
+    pub account: Option<String>,
+    pub attempts: Vec<AttemptRecord>,
+    pub ttft_ms: Option<u64>,
+    pub duration_ms: u64,
+    pub usage: Option<Usage>,
+    /// A short hash of the session key.
+    pub session: Option<String>,
+    /// The candidates in the order they were to be tried (`chatgpt_account_id`s).
+    pub candidate_pool: Vec<String>,
+    pub skipped: Vec<(String, SkipReason)>,
+    pub affinity: Decision,
+    pub queue: Option<QueueRecord>,
+    pub transport: Transport,
+    pub ws_connect_ms: Option<u64>,
+}
+
+impl RequestRecord {
+    pub fn id(&self) -> String {
+        RequestLog::id_of(self.key)
+    }
+
+    /// The stored shape.
+    pub fn to_row(&self) -> RequestRow {
+        RequestRow {
+            started_ms: self.started_ms,
+            key_name: self.key_name.clone(),
+            model: self.model.clone(),
+            path: self.path.clone(),
+            stream: self.stream,
+            ws: self.ws,
+            outcome: self.outcome.as_str().into(),
+            status: self.status,
+            account: self.account.clone(),
+            attempts: self
+                .attempts
+                .iter()
+                .map(|a| AttemptRow {
+                    account: a.account.clone(),
+                    class: a.class.as_str().into(),
+                    status: a.status,
+                    phase: a.phase.map(|p| p.as_str().into()),
+                    ms: a.ms,
+                    error: a.error.clone(),
+                })
+                .collect(),
+            ttft_ms: self.ttft_ms,
+            duration_ms: self.duration_ms,
+            usage: self.usage.map(|u| UsageRow {
+                input_tokens: u.input_tokens,
+                cached_tokens: u.cached_tokens,
+                output_tokens: u.output_tokens,
+                reasoning_tokens: u.reasoning_tokens,
+            }),
+            session: self.session.clone(),
+            candidate_pool: self.candidate_pool.clone(),
+            skipped: self
+                .skipped
+                .iter()
+                .map(|(account, reason)| SkipRow {
+                    account: account.clone(),
+                    reason: reason.as_str().into(),
+                })
+                .collect(),
+            affinity: self.affinity.label(),
+            queue: self.queue.map(|q| QueueRow {
+                queue: q.kind.as_str().into(),
+                outcome: q.outcome.as_str().into(),
+                wait_ms: q.wait_ms,
+            }),
+            transport: self.transport.as_str().into(),
+            ws_connect_ms: self.ws_connect_ms,
+        }
+    }
+
+    /// Reads the stored shape; a name this binary does not know is an error.
+    pub fn from_row(key: u64, r: RequestRow) -> Result<RequestRecord, String> {
+        fn name<T>(what: &str, n: &str, parse: impl Fn(&str) -> Option<T>) -> Result<T, String> {
+            parse(n).ok_or_else(|| format!("{what} `{n}`"))
+        }
+        let attempts = r
+            .attempts
+            .into_iter()
+            .map(|a| {
+                Ok(AttemptRecord {
+                    class: name("class", &a.class, Class::from_name)?,
+                    phase: a
+                        .phase
+                        .map(|p| name("phase", &p, Phase::from_name))
+                        .transpose()?,
+                    account: a.account,
+                    status: a.status,
+                    ms: a.ms,
+                    error: a.error,
+                })
+            })
+            .collect::<Result<Vec<_>, String>>()?;
+        let skipped = r
+            .skipped
+            .into_iter()
+            .map(|s| {
+                Ok((
+                    s.account,
+                    name("skip reason", &s.reason, SkipReason::from_name)?,
+                ))
+            })
+            .collect::<Result<Vec<_>, String>>()?;
+        let queue = r
+            .queue
+            .map(|q| {
+                Ok::<_, String>(QueueRecord {
+                    kind: name("queue", &q.queue, QueueKind::from_name)?,
+                    outcome: name("queue outcome", &q.outcome, QueueOutcome::from_name)?,
+                    wait_ms: q.wait_ms,
+                })
+            })
+            .transpose()?;
+        Ok(RequestRecord {
+            key,
+            started_ms: r.started_ms,
+            key_name: r.key_name,
+            model: r.model,
+            path: r.path,
+            stream: r.stream,
+            ws: r.ws,
+            outcome: name("outcome", &r.outcome, Outcome::from_name)?,
+            status: r.status,
+            account: r.account,
+            attempts,
+            ttft_ms: r.ttft_ms,
+            duration_ms: r.duration_ms,
+            usage: r.usage.map(|u| Usage {
+                input_tokens: u.input_tokens,
+                cached_tokens: u.cached_tokens,
+                output_tokens: u.output_tokens,
+                reasoning_tokens: u.reasoning_tokens,
+            }),
+            session: r.session,
+            candidate_pool: r.candidate_pool,
+            skipped,
+            affinity: name("affinity", &r.affinity, Decision::from_label)?,
+            queue,
+            transport: name("transport", &r.transport, Transport::from_name)?,
+            ws_connect_ms: r.ws_connect_ms,
+        })
+    }
+}
+
 /// The request log. Cloning shares it.
 #[derive(Clone)]
 pub struct RequestLog {
-    ring: Arc<Mutex<VecDeque<wire::RequestRecord>>>,
+    ring: Arc<Mutex<VecDeque<RequestRecord>>>,
     store: Store,
     clock: SharedClock,
     seq: Arc<AtomicU64>,
@@ -33,7 +254,14 @@ impl RequestLog {
     pub fn load(store: Store, clock: SharedClock) -> RequestLog {
         let mut ring = VecDeque::with_capacity(RING);
         match store.recent_requests(RING) {
-            Ok(records) => ring.extend(records.into_iter().rev()),
+            Ok(rows) => {
+                for (key, row) in rows.into_iter().rev() {
+                    match RequestRecord::from_row(key, row) {
+                        Ok(r) => ring.push_back(r),
+                        Err(e) => store.note_undecodable("requests", &format!("{key:016x}"), &e),
+                    }
+                }
+            }
             Err(e) => tracing::warn!(error = %e, "cannot read stored request records"),
         }
         RequestLog {
@@ -56,11 +284,10 @@ impl RequestLog {
     }
 
     /// Keeps a finished record: in memory at once, in the store when the writer has room.
-    pub fn push(&self, key: u64, record: wire::RequestRecord) {
-        match codec::encode(&record) {
-            Ok(bytes) => {
-                self.store
-                    .try_write(vec![Mutation::Put(Table::Requests, Key::Int(key), bytes)]);
+    pub fn push(&self, record: RequestRecord) {
+        match Store::request_mutation(record.key, &record.to_row()) {
+            Ok(m) => {
+                self.store.try_write(vec![m]);
             }
             Err(e) => tracing::error!(error = %e, "cannot encode a request record"),
         }
@@ -78,7 +305,7 @@ impl RequestLog {
     }
 
     /// The records pushed after the first `seen` (newest first, at most the ring).
-    pub fn newer_than(&self, seen: u64) -> Vec<wire::RequestRecord> {
+    pub fn newer_than(&self, seen: u64) -> Vec<RequestRecord> {
         let new = usize::try_from(self.total().saturating_sub(seen)).unwrap_or(usize::MAX);
         if new == 0 {
             return Vec::new();
@@ -87,7 +314,7 @@ impl RequestLog {
     }
 
     /// The newest `limit` records, newest first.
-    pub fn recent(&self, limit: usize) -> Vec<wire::RequestRecord> {
+    pub fn recent(&self, limit: usize) -> Vec<RequestRecord> {
         let ring = self.ring.lock().unwrap_or_else(|e| e.into_inner());
         ring.iter().rev().take(limit).cloned().collect()
     }
@@ -102,35 +329,5 @@ impl RequestLog {
             Table::Requests,
             cutoff_ms << 16,
         )]);
-    }
-}
-
-impl Store {
-    /// The newest `limit` stored request records, newest first.
-    pub fn recent_requests(
-        &self,
-        limit: usize,
-    ) -> Result<Vec<wire::RequestRecord>, crate::store::StoreError> {
-        use redb::ReadableTable;
-        let txn = self
-            .db()
-            .begin_read()
-            .map_err(crate::store::StoreError::db)?;
-        let table = txn
-            .open_table(crate::store::schema::REQUESTS)
-            .map_err(crate::store::StoreError::db)?;
-        let mut out = Vec::new();
-        for row in table
-            .iter()
-            .map_err(crate::store::StoreError::db)?
-            .rev()
-            .take(limit)
-        {
-            let (_, v) = row.map_err(crate::store::StoreError::db)?;
-            if let Ok(r) = codec::decode::<wire::RequestRecord>(v.value()) {
-                out.push(r);
-            }
-        }
-        Ok(out)
     }
 }

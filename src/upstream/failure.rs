@@ -7,33 +7,44 @@ use bytes::Bytes;
 use reqwest::header::HeaderMap;
 use serde_json::Value;
 
-/// Where in the exchange a failure happened.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Phase {
-    /// Opening the connection (DNS, TCP, TLS).
-    Connect,
-    /// Connected, waiting for the response headers.
-    PreHeaders,
-    /// Headers received, nothing delivered to the client yet.
-    PreCommit,
-    /// After the first event the client renders: nothing can be replayed.
-    MidStream,
+use crate::names::named;
+
+named! {
+    /// Where in the exchange a failure happened.
+    pub enum Phase {
+        /// Opening the connection (DNS, TCP, TLS).
+        Connect => "connect",
+        /// Connected, waiting for the response headers.
+        PreHeaders => "pre_headers",
+        /// Headers received, nothing delivered to the client yet.
+        PreCommit => "pre_commit",
+        /// After the first event the client renders: nothing can be replayed.
+        MidStream => "mid_stream",
+    }
 }
 
-impl Phase {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Phase::Connect => "connect",
-            Phase::PreHeaders => "pre_headers",
-            Phase::PreCommit => "pre_commit",
-            Phase::MidStream => "mid_stream",
-        }
+named! {
+    /// Which of the backend's endpoints answered.
+    #[derive(Default)]
+    pub enum Endpoint {
+        /// `POST /responses` (and `/responses/compact`).
+        #[default]
+        Responses => "responses",
+        /// The Responses WebSocket: its handshake or its frames.
+        WebSocket => "websocket",
+        /// The OAuth token endpoint (refresh).
+        Token => "token",
+        /// `wham/usage`.
+        Usage => "usage",
+        /// `GET /models`.
+        Models => "models",
     }
 }
 
 /// What we know about one failed attempt.
 #[derive(Debug, Clone, Default)]
 pub struct Facts {
+    pub endpoint: Endpoint,
     pub phase: Option<Phase>,
     /// HTTP status, when one arrived (200 for a failure event inside a stream).
     pub status: Option<u16>,
@@ -54,6 +65,26 @@ pub struct Facts {
 }
 
 impl Facts {
+    /// The same facts, from another endpoint.
+    pub fn at(mut self, endpoint: Endpoint) -> Facts {
+        self.endpoint = endpoint;
+        self
+    }
+
+    /// A usage document that shows a window still used up: the account's quota is exhausted
+    /// until `resets_at` (unix seconds), as if the backend had answered `usage_limit_reached`.
+    pub fn usage_exhausted(resets_at: Option<u64>) -> Facts {
+        Facts {
+            endpoint: Endpoint::Usage,
+            phase: Some(Phase::PreCommit),
+            status: Some(200),
+            error_type: Some("usage_limit_reached".into()),
+            message: Some("usage still exhausted".into()),
+            resets_at,
+            ..Facts::default()
+        }
+    }
+
     pub fn transport(phase: Phase, what: impl Into<String>) -> Facts {
         Facts {
             phase: Some(phase),
@@ -154,6 +185,12 @@ impl Facts {
     /// A short description for records and logs.
     pub fn summary(&self) -> String {
         let mut parts = Vec::new();
+        match self.endpoint {
+            Endpoint::Responses | Endpoint::WebSocket => {}
+            Endpoint::Token => parts.push("token refresh:".to_string()),
+            Endpoint::Usage => parts.push("usage probe:".to_string()),
+            Endpoint::Models => parts.push("models:".to_string()),
+        }
         if let Some(s) = self.status {
             parts.push(s.to_string());
         }

@@ -1,9 +1,11 @@
 //! The Codex backend's protocol and transports. Sends what it is given with the identity it is
 //! given and reports typed facts; it never picks accounts and knows nothing of their health.
 
+pub mod event;
 pub mod failure;
 pub mod quota;
 pub mod sse;
+pub mod stream;
 pub mod ws;
 
 use std::time::Duration;
@@ -14,8 +16,56 @@ use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
 use serde_json::{Value, json};
 
 use crate::config::UpstreamConfig;
+use crate::names::named;
 
-use self::failure::{Facts, Phase};
+use self::failure::{Endpoint, Facts, Phase};
+
+/// Client headers passed through to the backend (session topology, telemetry, routing).
+pub const PASS_THROUGH: [&str; 14] = [
+    "session-id",
+    "session_id",
+    "thread-id",
+    "conversation_id",
+    "x-client-request-id",
+    "originator",
+    "user-agent",
+    "version",
+    "x-codex-window-id",
+    "x-codex-turn-metadata",
+    "x-codex-beta-features",
+    "x-openai-subagent",
+    "x-codex-parent-thread-id",
+    "openai-beta",
+];
+
+/// The backend's answer headers relayed to the client (rate limits, turn state, model).
+pub fn relayed(h: &HeaderMap) -> Vec<(HeaderName, HeaderValue)> {
+    h.iter()
+        .filter(|(k, _)| {
+            let k = k.as_str();
+            k.starts_with("x-codex-") || k == "openai-model" || k == "x-models-etag"
+        })
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect()
+}
+
+named! {
+    /// How a turn reached the backend.
+    pub enum Transport {
+        /// `POST /responses` (SSE).
+        Http => "http",
+        /// A pooled upstream WebSocket of the session.
+        WsReused => "ws_reused",
+        /// A WebSocket dialled for this turn.
+        WsConnected => "ws_connected",
+        /// No socket within the dial budget: HTTP.
+        HttpWsBudgetExhausted => "http_ws_budget_exhausted",
+        /// The origin breaker is open: HTTP.
+        HttpBreakerOpen => "http_breaker_open",
+        /// The backend refused the upgrade (426) or the socket failed before the turn: HTTP.
+        HttpWsFailed => "http_ws_failed",
+    }
+}
 
 /// The account-side identity of one attempt.
 #[derive(Debug, Clone)]
@@ -32,16 +82,6 @@ pub struct TokenSet {
     pub access_token: String,
     pub refresh_token: String,
     pub id_token: Option<String>,
-}
-
-/// Why a refresh failed.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum RefreshFailure {
-    /// The refresh token is dead (`refresh_token_reused`, `…_expired`, `…_invalidated`,
-    /// `invalid_grant`): only a new login helps.
-    Permanent(String),
-    /// Network trouble or a 5xx/429: try again later.
-    Transient(String),
 }
 
 /// Largest error body read from the upstream.
@@ -148,69 +188,78 @@ impl Upstream {
             )),
             id,
         );
-        json_answer(self.send(req).await?).await
+        self.json_answer(req)
+            .await
+            .map_err(|f| f.at(Endpoint::Models))
     }
 
     /// `GET wham/usage`.
     pub async fn usage(&self, id: &Identity) -> Result<Value, Facts> {
         let req = self.authed(self.http.get(&self.config.usage_url), id);
-        json_answer(self.send(req).await?).await
+        self.json_answer(req)
+            .await
+            .map_err(|f| f.at(Endpoint::Usage))
     }
 
-    /// Exchanges a refresh token for new tokens (the refresh token rotates).
-    pub async fn refresh(&self, refresh_token: &str) -> Result<TokenSet, RefreshFailure> {
+    /// Exchanges a refresh token for new tokens (the refresh token rotates). A failure is the
+    /// token endpoint's answer (or the transport's) as facts, for the classifier.
+    pub async fn refresh(&self, refresh_token: &str) -> Result<TokenSet, Facts> {
         let body = json!({
             "client_id": self.config.oauth_client_id,
             "grant_type": "refresh_token",
             "refresh_token": refresh_token,
             "scope": "openid profile email",
         });
+        let at_token = |f: Facts| f.at(Endpoint::Token);
         let resp = self
             .send(self.http.post(&self.config.oauth_token_url).json(&body))
             .await
-            .map_err(|f| RefreshFailure::Transient(f.summary()))?;
+            .map_err(at_token)?;
         let status = resp.status().as_u16();
-        let bytes = read_limited(resp, MAX_ERROR_BODY)
-            .await
-            .map_err(|f| RefreshFailure::Transient(f.summary()))?;
-        if (200..300).contains(&status) {
-            let v: Value = serde_json::from_slice(&bytes)
-                .map_err(|e| RefreshFailure::Transient(format!("token answer is not JSON: {e}")))?;
-            let s = |k: &str| v[k].as_str().filter(|s| !s.is_empty()).map(str::to_string);
-            return match (s("access_token"), s("refresh_token")) {
-                (Some(access_token), Some(refresh_token)) => Ok(TokenSet {
-                    access_token,
-                    refresh_token,
-                    id_token: s("id_token"),
-                }),
-                _ => Err(RefreshFailure::Transient(
-                    "token answer lacks tokens".into(),
-                )),
-            };
+        let headers = resp.headers().clone();
+        let bytes = read_limited(resp, MAX_ERROR_BODY).await.map_err(at_token)?;
+        if !(200..300).contains(&status) {
+            return Err(Facts::from_response(status, &headers, bytes).at(Endpoint::Token));
         }
-        let facts = Facts::from_response(status, &HeaderMap::new(), bytes);
-        let what = facts.summary();
-        if status == 429 || status >= 500 {
-            Err(RefreshFailure::Transient(what))
-        } else {
-            Err(RefreshFailure::Permanent(what))
+        let unusable = |what: String| {
+            Facts {
+                status: Some(status),
+                message: Some(what),
+                ..Facts::default()
+            }
+            .at(Endpoint::Token)
+        };
+        let v: Value = serde_json::from_slice(&bytes)
+            .map_err(|e| unusable(format!("token answer is not JSON: {e}")))?;
+        let s = |k: &str| v[k].as_str().filter(|s| !s.is_empty()).map(str::to_string);
+        match (s("access_token"), s("refresh_token")) {
+            (Some(access_token), Some(refresh_token)) => Ok(TokenSet {
+                access_token,
+                refresh_token,
+                id_token: s("id_token"),
+            }),
+            _ => Err(unusable("token answer lacks tokens".into())),
         }
     }
 }
 
-async fn json_answer(resp: reqwest::Response) -> Result<Value, Facts> {
-    let status = resp.status().as_u16();
-    let headers = resp.headers().clone();
-    let bytes = read_limited(resp, 8 * 1024 * 1024).await?;
-    if !(200..300).contains(&status) {
-        return Err(Facts::from_response(status, &headers, bytes));
+impl Upstream {
+    /// Sends `req` and reads a JSON answer; a non-2xx is an error's facts.
+    async fn json_answer(&self, req: reqwest::RequestBuilder) -> Result<Value, Facts> {
+        let resp = self.send(req).await?;
+        let status = resp.status().as_u16();
+        let headers = resp.headers().clone();
+        let bytes = read_limited(resp, 8 * 1024 * 1024).await?;
+        if !(200..300).contains(&status) {
+            return Err(Facts::from_response(status, &headers, bytes));
+        }
+        serde_json::from_slice(&bytes).map_err(|e| Facts {
+            status: Some(status),
+            message: Some(format!("answer is not JSON: {e}")),
+            phase: Some(Phase::PreCommit),
+            ..Facts::default()
+        })
     }
-    serde_json::from_slice(&bytes).map_err(|e| Facts {
-        status: Some(status),
-        message: Some(format!("answer is not JSON: {e}")),
-        phase: Some(Phase::PreCommit),
-        ..Facts::default()
-    })
 }
 
 /// Reads a whole (error) body, at most `limit` bytes.

@@ -5,6 +5,8 @@ use reqwest::header::HeaderMap;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use super::failure::Facts;
+
 /// The last known usage of an account's windows (primary: 5 hours, secondary: weekly).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct QuotaSnapshot {
@@ -75,6 +77,20 @@ impl QuotaSnapshot {
             observed_ms: now_ms,
         }
     }
+
+    /// The facts of a window still used up (the 5-hour one first), for the classifier: the
+    /// quota is exhausted until that window resets. `None` while both have room.
+    pub fn exhaustion(&self) -> Option<Facts> {
+        let full = |p: Option<f64>| p.is_some_and(|p| p >= 100.0);
+        let resets_at = if full(self.primary_used_percent) {
+            self.primary_reset_at
+        } else if full(self.secondary_used_percent) {
+            self.secondary_reset_at
+        } else {
+            return None;
+        };
+        Some(Facts::usage_exhausted(resets_at))
+    }
 }
 
 #[cfg(test)]
@@ -106,5 +122,11 @@ mod tests {
         assert_eq!(q.primary_window_minutes, Some(300));
         assert_eq!(q.secondary_reset_at, Some(105));
         assert_eq!(q.plan.as_deref(), Some("pro"));
+        assert!(q.exhaustion().is_none());
+        let full = QuotaSnapshot {
+            secondary_used_percent: Some(100.0),
+            ..q
+        };
+        assert_eq!(full.exhaustion().unwrap().resets_at, Some(105));
     }
 }

@@ -1,14 +1,13 @@
 //! The Responses WebSocket towards the backend: dialled within a budget (800 ms), pooled per
 //! (account, session) for reuse by the next downstream connection of the same session, and
-//! guarded by an origin breaker. A turn's frames are handed to the dispatcher as SSE-framed
-//! events, so the commit boundary, classification and records are the HTTP ones.
+//! guarded by an origin breaker. A turn's frames are handed to the dispatcher as events, like
+//! an SSE body's, so the commit boundary, classification and records are the HTTP ones.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use futures_util::stream::BoxStream;
 use futures_util::{SinkExt, StreamExt};
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
 use tokio::net::TcpStream;
@@ -16,12 +15,20 @@ use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
 
-use super::failure::{Facts, Phase};
-use super::sse::json_type;
+use super::event::Event;
+use super::failure::{Endpoint, Facts, Phase};
+use super::stream::{Item, StreamError};
 use super::{Identity, Upstream};
 use crate::clock::SharedClock;
+use crate::names::named;
 
 type Socket = WebSocketStream<MaybeTlsStream<TcpStream>>;
+
+/// Largest frame or message of a Responses WebSocket, either way (the downstream closes with
+/// 1009 beyond it).
+pub const MAX_FRAME: usize = 16 * 1024 * 1024;
+/// Read and write buffer of each WebSocket (they grow only while a large message passes).
+pub const SOCKET_BUFFER: usize = 4 * 1024;
 
 /// The `OpenAI-Beta` value of the Responses WebSocket.
 pub const BETA: &str = "responses_websockets=2026-02-06";
@@ -175,15 +182,25 @@ async fn ping(socket: &mut Socket) -> bool {
         .unwrap_or(false)
 }
 
+named! {
+    /// The origin breaker's state.
+    pub enum BreakerState {
+        Closed => "closed",
+        Open => "open",
+        /// Open, with its time up: the next turn probes.
+        HalfOpen => "half_open",
+    }
+}
+
 /// The origin breaker: 3 degraded openings within 30 s open it for 30 s; then one probe.
 #[derive(Debug)]
 pub struct Breaker {
     clock: SharedClock,
-    inner: Mutex<BreakerState>,
+    inner: Mutex<BreakerInner>,
 }
 
 #[derive(Debug, Default)]
-struct BreakerState {
+struct BreakerInner {
     /// Unix ms of recent degraded openings.
     degraded: Vec<u64>,
     open_until: Option<u64>,
@@ -202,7 +219,7 @@ impl Breaker {
     pub fn new(clock: SharedClock) -> Self {
         Self {
             clock,
-            inner: Mutex::new(BreakerState::default()),
+            inner: Mutex::new(BreakerInner::default()),
         }
     }
 
@@ -223,7 +240,7 @@ impl Breaker {
 
     pub fn success(&self) {
         let mut s = self.inner.lock().unwrap_or_else(|e| e.into_inner());
-        *s = BreakerState::default();
+        *s = BreakerInner::default();
     }
 
     pub fn degraded(&self) {
@@ -245,14 +262,13 @@ impl Breaker {
         }
     }
 
-    /// `closed`, `open` or `half_open`.
-    pub fn state(&self) -> &'static str {
+    pub fn state(&self) -> BreakerState {
         let now = self.clock.now_ms();
         let s = self.inner.lock().unwrap_or_else(|e| e.into_inner());
         match s.open_until {
-            None => "closed",
-            Some(t) if now < t => "open",
-            Some(_) => "half_open",
+            None => BreakerState::Closed,
+            Some(t) if now < t => BreakerState::Open,
+            Some(_) => BreakerState::HalfOpen,
         }
     }
 }
@@ -276,10 +292,11 @@ impl Upstream {
         headers: &[(HeaderName, HeaderValue)],
         budget: Duration,
     ) -> Result<UpstreamSocket, DialError> {
-        let mut req = self
-            .ws_url()
-            .into_client_request()
-            .map_err(|e| DialError::Transport(Facts::transport(Phase::Connect, e.to_string())))?;
+        let mut req = self.ws_url().into_client_request().map_err(|e| {
+            DialError::Transport(
+                Facts::transport(Phase::Connect, e.to_string()).at(Endpoint::WebSocket),
+            )
+        })?;
         let h = req.headers_mut();
         let mut put = |k: &'static str, v: &str| {
             if let Ok(v) = HeaderValue::from_str(v) {
@@ -296,11 +313,14 @@ impl Upstream {
             }
         }
         let config = tokio_tungstenite::tungstenite::protocol::WebSocketConfig::default()
-            .read_buffer_size(crate::api::ws::SOCKET_BUFFER)
-            .write_buffer_size(crate::api::ws::SOCKET_BUFFER)
-            .max_message_size(Some(crate::api::ws::MAX_FRAME))
-            .max_frame_size(Some(crate::api::ws::MAX_FRAME));
+            .read_buffer_size(SOCKET_BUFFER)
+            .write_buffer_size(SOCKET_BUFFER)
+            .max_message_size(Some(MAX_FRAME))
+            .max_frame_size(Some(MAX_FRAME));
         let connect = tokio_tungstenite::connect_async_with_config(req, Some(config), true);
+        let transport = |what: String| {
+            DialError::Transport(Facts::transport(Phase::Connect, what).at(Endpoint::WebSocket))
+        };
         match tokio::time::timeout(budget, connect).await {
             Err(_) => Err(DialError::Budget),
             Ok(Ok((socket, resp))) => Ok(UpstreamSocket {
@@ -316,19 +336,17 @@ impl Upstream {
                     return Err(DialError::Refused);
                 }
                 let body = resp.body().clone().map(Bytes::from).unwrap_or_default();
-                let mut facts = Facts::from_response(status, resp.headers(), body);
+                let mut facts =
+                    Facts::from_response(status, resp.headers(), body).at(Endpoint::WebSocket);
                 facts.phase = Some(Phase::PreHeaders);
                 Err(DialError::Rejected(facts))
             }
-            Ok(Err(e)) => Err(DialError::Transport(Facts::transport(
-                Phase::Connect,
-                super::describe(&e),
-            ))),
+            Ok(Err(e)) => Err(transport(super::describe(&e))),
         }
     }
 }
 
-/// What ends a socket turn, for the pool.
+/// A socket about to carry a turn, and where it goes back to when the turn completes.
 pub struct TurnSocket {
     pub socket: UpstreamSocket,
     pub pool: WsPool,
@@ -336,78 +354,86 @@ pub struct TurnSocket {
     pub session: Option<String>,
 }
 
-/// Sends `response.create` with `body` and turns the answer frames into SSE-framed events. At
-/// a completed (or incomplete) terminal the socket goes back to the pool for the session's next
-/// turn; after an error frame or a failure it is dropped.
-pub async fn turn(
-    mut t: TurnSocket,
-    body: &[u8],
-) -> Result<BoxStream<'static, Result<Bytes, String>>, Facts> {
-    let mut v: serde_json::Value = serde_json::from_slice(body)
-        .map_err(|e| Facts::transport(Phase::PreHeaders, format!("bad request body: {e}")))?;
+/// The frames of one turn, read as events. At a completed (or incomplete) terminal the socket
+/// goes back to the pool for the session's next turn; after an error frame or a failure it is
+/// dropped.
+pub struct WsTurn {
+    socket: Option<TurnSocket>,
+}
+
+/// Sends `response.create` with `body` and returns the turn's frames.
+pub async fn turn(mut t: TurnSocket, body: &[u8]) -> Result<WsTurn, Facts> {
+    let failed = |what: String| Facts::transport(Phase::PreHeaders, what).at(Endpoint::WebSocket);
+    let mut v: serde_json::Value =
+        serde_json::from_slice(body).map_err(|e| failed(format!("bad request body: {e}")))?;
     v["type"] = serde_json::Value::String("response.create".into());
     t.socket
         .socket
         .send(Message::Text(v.to_string().into()))
         .await
-        .map_err(|e| Facts::transport(Phase::PreHeaders, format!("websocket send failed: {e}")))?;
-    let stream = futures_util::stream::unfold(Some(t), |state| async move {
-        let mut t = state?;
+        .map_err(|e| failed(format!("websocket send failed: {e}")))?;
+    Ok(WsTurn { socket: Some(t) })
+}
+
+impl WsTurn {
+    /// The next frame as an event; `None` once the turn ended (a terminal event was given).
+    pub async fn next(&mut self) -> Option<Result<Item, StreamError>> {
+        let t = self.socket.as_mut()?;
         loop {
             let msg = match t.socket.socket.next().await {
                 None => {
-                    return Some((
-                        Err("websocket closed before response.completed".to_string()),
-                        None,
-                    ));
+                    self.socket = None;
+                    return Some(Err("websocket closed before response.completed".into()));
                 }
-                Some(Err(e)) => return Some((Err(format!("websocket error: {e}")), None)),
+                Some(Err(e)) => {
+                    self.socket = None;
+                    return Some(Err(format!("websocket error: {e}")));
+                }
                 Some(Ok(m)) => m,
             };
             match msg {
                 Message::Text(text) => {
-                    let kind = json_type(text.as_bytes()).unwrap_or_default();
-                    if kind == "response.created"
-                        && let Ok(v) = serde_json::from_str::<serde_json::Value>(text.as_str())
-                        && let Some(id) = v["response"]["id"].as_str()
-                    {
-                        let produced = &mut t.socket.produced;
-                        produced.push(id.to_string());
-                        if produced.len() > 16 {
-                            produced.remove(0);
+                    let event = Event::from_data(Bytes::from(text));
+                    match event.kind() {
+                        "response.created" => {
+                            if let Some(id) = event
+                                .json()
+                                .and_then(|v| v["response"]["id"].as_str().map(str::to_string))
+                            {
+                                let produced = &mut t.socket.produced;
+                                produced.push(id);
+                                if produced.len() > 16 {
+                                    produced.remove(0);
+                                }
+                            }
                         }
-                    }
-                    let framed = Bytes::from(format!("event: {kind}\ndata: {}\n\n", text.as_str()));
-                    let done =
-                        matches!(kind.as_str(), "response.completed" | "response.incomplete");
-                    if done {
-                        if let Some(session) = &t.session {
-                            t.pool.put(&t.account, session, t.socket);
+                        "response.completed" | "response.incomplete" => {
+                            if let Some(t) = self.socket.take()
+                                && let Some(session) = &t.session
+                            {
+                                t.pool.put(&t.account, session, t.socket);
+                            }
                         }
-                        return Some((Ok(framed), None));
+                        "response.failed" | "error" => self.socket = None,
+                        _ => {}
                     }
-                    if matches!(kind.as_str(), "response.failed" | "error") {
-                        return Some((Ok(framed), None));
-                    }
-                    return Some((Ok(framed), Some(t)));
+                    return Some(Ok(Item::Event(event)));
                 }
                 Message::Close(frame) => {
+                    self.socket = None;
                     let why = frame
                         .map(|f| format!("{} {}", u16::from(f.code), f.reason))
                         .unwrap_or_default();
-                    return Some((
-                        Err(format!(
-                            "websocket closed by the backend before response.completed {why}"
-                        )),
-                        None,
-                    ));
+                    return Some(Err(format!(
+                        "websocket closed by the backend before response.completed {why}"
+                    )));
                 }
                 Message::Binary(_) => {
-                    return Some((Err("unexpected binary frame".to_string()), None));
+                    self.socket = None;
+                    return Some(Err("unexpected binary frame".into()));
                 }
                 _ => continue,
             }
         }
-    });
-    Ok(stream.boxed())
+    }
 }

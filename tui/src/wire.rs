@@ -43,6 +43,9 @@ pub struct Account {
     /// Why it is not ready (`quota`, `transient`, `auth_dead`, …).
     #[serde(default)]
     pub reason: Option<String>,
+    /// What happened, in words, when that needs the operator (why it needs a new login).
+    #[serde(default)]
+    pub detail: Option<String>,
     /// When a cooling account half-opens (RFC 3339).
     #[serde(default)]
     pub cooldown_until: Option<String>,

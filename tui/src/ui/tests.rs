@@ -28,6 +28,7 @@ fn account(n: u32, state: &str) -> Account {
         state: state.into(),
         created_at: rfc(NOW_MS - 86_400_000),
         reason: None,
+        detail: None,
         cooldown_until: None,
         cooldown_remaining_s: None,
         level: 0,

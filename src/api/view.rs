@@ -1,0 +1,152 @@
+//! The edge: domain values converted to the admin API's and the console's wire shapes
+//! (`switchyard-tui::wire`). Times become RFC 3339, enums their names, numbers are rounded for
+//! display — here, and nowhere else. The CLI prints what it gets from here (directly, or from
+//! the daemon's API), so both paths look the same.
+
+use std::collections::BTreeMap;
+
+use switchyard_tui::wire;
+
+use crate::clock;
+use crate::fleet::health::AccountState;
+use crate::fleet::{AccountView, Imported};
+use crate::keys::CreatedKey;
+use crate::store::records::ClientKeyRecord;
+use crate::telemetry::records::RequestRecord;
+
+pub fn account(a: &AccountView) -> wire::Account {
+    let rfc = |s: Option<u64>| s.map(clock::rfc3339);
+    wire::Account {
+        id: a.id.clone(),
+        label: a.label.clone(),
+        email: a.email.clone(),
+        plan: a.plan.clone(),
+        chatgpt_account_id: a.chatgpt_account_id.clone(),
+        enabled: a.enabled,
+        state: a.state.as_str().into(),
+        created_at: clock::rfc3339(a.created_at),
+        reason: a.reason.map(|c| c.as_str().into()),
+        detail: a.reauth.map(|r| r.describe().into()),
+        cooldown_until: rfc(a.cooldown_until_ms.map(|ms| ms.div_ceil(1000))),
+        cooldown_remaining_s: a
+            .cooldown_until_ms
+            .map(|until| until.saturating_sub(a.at_ms).div_ceil(1000)),
+        level: a.level,
+        last_error: a.last_error.clone(),
+        in_flight: a.in_flight,
+        limit: a.limit.floor() as u32,
+        limit_exact: (a.limit * 100.0).round() / 100.0,
+        max_concurrency: a.max_concurrency,
+        priority: a.priority,
+        waiting: a.waiting,
+        oldest_wait_ms: a.oldest_wait_ms,
+        draining: a.draining,
+        quota: a.quota.as_ref().map(|q| wire::Quota {
+            primary_used_percent: q.primary_used_percent,
+            primary_reset_at: rfc(q.primary_reset_at),
+            secondary_used_percent: q.secondary_used_percent,
+            secondary_reset_at: rfc(q.secondary_reset_at),
+            plan: q.plan.clone(),
+            observed_at: Some(clock::rfc3339(q.observed_ms / 1000)),
+        }),
+    }
+}
+
+pub fn accounts(list: &[AccountView]) -> Vec<wire::Account> {
+    list.iter().map(account).collect()
+}
+
+/// Accounts per state, by the state's name.
+pub fn by_state(counts: BTreeMap<AccountState, usize>) -> BTreeMap<String, usize> {
+    counts
+        .into_iter()
+        .map(|(state, n)| (state.as_str().to_string(), n))
+        .collect()
+}
+
+pub fn imported(i: &Imported) -> wire::ImportedAccount {
+    wire::ImportedAccount {
+        account: account(&i.account),
+        created: i.created,
+    }
+}
+
+pub fn key(k: &ClientKeyRecord) -> wire::Key {
+    wire::Key {
+        id: k.id.clone(),
+        name: k.name.clone(),
+        prefix: k.prefix.clone(),
+        enabled: k.enabled,
+        created_at: clock::rfc3339(k.created_at),
+        revoked_at: k.revoked_at.map(clock::rfc3339),
+    }
+}
+
+pub fn keys(list: &[ClientKeyRecord]) -> Vec<wire::Key> {
+    list.iter().map(key).collect()
+}
+
+pub fn created_key(k: &CreatedKey) -> wire::CreatedKey {
+    wire::CreatedKey {
+        info: key(&k.info),
+        key: k.key.clone(),
+    }
+}
+
+pub fn request(r: &RequestRecord) -> wire::RequestRecord {
+    wire::RequestRecord {
+        id: r.id(),
+        started_at: clock::rfc3339_ms(r.started_ms),
+        key: r.key_name.clone(),
+        model: r.model.clone(),
+        stream: r.stream,
+        outcome: r.outcome.as_str().into(),
+        status: r.status,
+        account: r.account.clone(),
+        attempts: r
+            .attempts
+            .iter()
+            .map(|a| wire::Attempt {
+                account: a.account.clone(),
+                class: a.class.as_str().into(),
+                status: a.status,
+                phase: a.phase.map(|p| p.as_str().into()),
+                ms: a.ms,
+                error: a.error.clone(),
+            })
+            .collect(),
+        ttft_ms: r.ttft_ms,
+        duration_ms: r.duration_ms,
+        usage: r.usage.map(|u| wire::Usage {
+            input_tokens: u.input_tokens,
+            cached_tokens: u.cached_tokens,
+            output_tokens: u.output_tokens,
+            reasoning_tokens: u.reasoning_tokens,
+        }),
+        path: r.path.clone(),
+        session: r.session.clone(),
+        candidate_pool: r.candidate_pool.clone(),
+        skipped: r
+            .skipped
+            .iter()
+            .map(|(account, reason)| wire::Skip {
+                account: account.clone(),
+                reason: reason.as_str().into(),
+            })
+            .collect(),
+        affinity: r.affinity.label(),
+        queue: r.queue.map(|q| wire::QueueWait {
+            queue: q.kind.as_str().into(),
+            outcome: q.outcome.as_str().into(),
+            wait_ms: q.wait_ms,
+        }),
+        cached_tokens: r.usage.map(|u| u.cached_tokens),
+        transport: r.transport.as_str().into(),
+        ws: r.ws,
+        ws_connect_ms: r.ws_connect_ms,
+    }
+}
+
+pub fn requests(list: &[RequestRecord]) -> Vec<wire::RequestRecord> {
+    list.iter().map(request).collect()
+}

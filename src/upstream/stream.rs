@@ -1,0 +1,145 @@
+//! The events of one answer, whichever transport carries it: an SSE body split as it arrives,
+//! or the frames of a turn on an upstream WebSocket. The dispatcher reads events already
+//! received without waiting ([`EventStream::buffered`]) and waits only when none is left
+//! ([`EventStream::next`]), so the events of one read are forwarded together.
+
+use bytes::Bytes;
+use futures_util::StreamExt;
+use futures_util::stream::BoxStream;
+
+use super::event::Event;
+use super::sse::{Piece, SseSplitter};
+use super::ws::WsTurn;
+
+/// What the stream gives next.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Item {
+    Event(Event),
+    /// The upstream's keep-alive comment.
+    KeepAlive,
+}
+
+/// Why a stream ended early, for the operator.
+pub type StreamError = String;
+
+pub struct EventStream(Source);
+
+enum Source {
+    Sse {
+        body: BoxStream<'static, Result<Bytes, StreamError>>,
+        split: SseSplitter,
+        /// The body ended cleanly; what is buffered is all there is.
+        ended: bool,
+    },
+    Ws(Box<WsTurn>),
+}
+
+impl EventStream {
+    /// The SSE body of an HTTP answer; events larger than `max_event` end it with an error.
+    pub fn sse(resp: reqwest::Response, max_event: usize) -> EventStream {
+        let body = resp
+            .bytes_stream()
+            .map(|r| r.map_err(|e| super::describe(&e)))
+            .boxed();
+        EventStream(Source::Sse {
+            body,
+            split: SseSplitter::new(max_event),
+            ended: false,
+        })
+    }
+
+    /// The same from any byte stream (tests and benches).
+    pub fn from_bytes(
+        body: BoxStream<'static, Result<Bytes, StreamError>>,
+        max_event: usize,
+    ) -> EventStream {
+        EventStream(Source::Sse {
+            body,
+            split: SseSplitter::new(max_event),
+            ended: false,
+        })
+    }
+
+    pub fn ws(turn: WsTurn) -> EventStream {
+        EventStream(Source::Ws(Box::new(turn)))
+    }
+
+    /// An event already received, without waiting.
+    pub fn buffered(&mut self) -> Option<Result<Item, StreamError>> {
+        match &mut self.0 {
+            Source::Sse { split, .. } => match split.next_piece() {
+                Ok(Some(p)) => Some(Ok(item(p))),
+                Ok(None) => None,
+                Err(e) => Some(Err(e.to_string())),
+            },
+            Source::Ws(_) => None,
+        }
+    }
+
+    /// The next event, waiting for the network when none is buffered. `None` is the end of the
+    /// stream (which, before a terminal event, is a failure for the caller to judge).
+    pub async fn next(&mut self) -> Option<Result<Item, StreamError>> {
+        match &mut self.0 {
+            Source::Sse { body, split, ended } => loop {
+                match split.next_piece() {
+                    Ok(Some(p)) => return Some(Ok(item(p))),
+                    Ok(None) if *ended => return None,
+                    Ok(None) => {}
+                    Err(e) => return Some(Err(e.to_string())),
+                }
+                match body.next().await {
+                    Some(Ok(chunk)) => split.push(&chunk),
+                    Some(Err(e)) => return Some(Err(e)),
+                    None => *ended = true,
+                }
+            },
+            Source::Ws(turn) => turn.next().await,
+        }
+    }
+}
+
+fn item(p: Piece) -> Item {
+    match p {
+        Piece::Event(e) => Item::Event(e),
+        Piece::Comment => Item::KeepAlive,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn events_of_one_read_are_buffered_and_a_clean_end_is_none() {
+        let chunks: Vec<Result<Bytes, StreamError>> = vec![
+            Ok(Bytes::from_static(
+                b"data: {\"type\":\"a\"}\n\ndata: {\"type\":\"b\"}\n\n: ping\n\ndata: {\"ty",
+            )),
+            Ok(Bytes::from_static(b"pe\":\"c\"}\n\n")),
+        ];
+        let mut s = EventStream::from_bytes(futures_util::stream::iter(chunks).boxed(), 1024);
+        assert!(s.buffered().is_none(), "nothing read yet");
+        let kind = |i: Option<Result<Item, StreamError>>| match i {
+            Some(Ok(Item::Event(e))) => e.kind().to_string(),
+            Some(Ok(Item::KeepAlive)) => ":".into(),
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(kind(s.next().await), "a");
+        assert_eq!(kind(s.buffered()), "b");
+        assert_eq!(kind(s.buffered()), ":");
+        assert!(s.buffered().is_none(), "the third event is not whole yet");
+        assert_eq!(kind(s.next().await), "c");
+        assert!(s.next().await.is_none());
+    }
+
+    #[tokio::test]
+    async fn a_transport_error_ends_the_stream_with_its_description() {
+        let chunks: Vec<Result<Bytes, StreamError>> = vec![
+            Ok(Bytes::from_static(b"data: {\"type\":\"a\"}\n\n")),
+            Err("connection reset".into()),
+        ];
+        let mut s = EventStream::from_bytes(futures_util::stream::iter(chunks).boxed(), 1024);
+        assert!(matches!(s.next().await, Some(Ok(Item::Event(_)))));
+        assert_eq!(s.next().await, Some(Err("connection reset".into())));
+    }
+}
