@@ -237,6 +237,104 @@ async fn a_dead_refresh_token_puts_the_account_in_needs_reauth_and_fails_over() 
     assert_eq!(gw.account(&order[0]).await["state"], "needs_reauth");
 }
 
+/// The backend refuses the first account's access token as expired; its refresh is answered
+/// by the token endpoint as the fault says. Returns the first account's admin view after a
+/// request that had to move to the second account.
+async fn refresh_answered(gw: &Gw, kind: Option<FaultKind>) -> Value {
+    let order = gw.rr_order();
+    if let Some(kind) = kind {
+        gw.fault(&order[0], kind, Some(1));
+    }
+    assert!(gw.sim.sim.expire_access_token(&order[0]));
+    let sse = gw.stream(&body("gpt-5.5", "hello", true), &[]).await;
+    assert_eq!(sse.last().0, "response.completed", "{:?}", sse.kinds());
+    assert!(sse.text().contains(&order[1]), "served by {}", sse.text());
+    let records = gw.requests(1).await;
+    let classes: Vec<&str> = records[0]["attempts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a["class"].as_str().unwrap())
+        .collect();
+    assert_eq!(classes[0], "auth_expired", "{classes:?}");
+    assert_eq!(classes.last(), Some(&"success"), "{classes:?}");
+    gw.account(&order[0]).await
+}
+
+#[tokio::test]
+async fn a_challenge_page_from_the_token_endpoint_cools_the_account_instead_of_needing_a_login() {
+    let gw = Gw::start(2).await;
+    let a = refresh_answered(&gw, Some(FaultKind::RefreshChallenge)).await;
+    assert_eq!(a["state"], "cooling", "{a}");
+    assert_eq!(a["reason"], "edge_challenge", "{a}");
+    assert!(a["detail"].is_null(), "{a}");
+    let last = a["last_error"].as_str().unwrap();
+    assert!(
+        last.contains("token refresh") && last.contains("cloudflare challenge"),
+        "{last}"
+    );
+}
+
+#[tokio::test]
+async fn an_unknown_400_from_the_token_endpoint_cools_the_account_instead_of_needing_a_login() {
+    let gw = Gw::start(2).await;
+    let a = refresh_answered(
+        &gw,
+        Some(FaultKind::RefreshError {
+            status: 400,
+            code: "unsupported_country_region_territory".into(),
+        }),
+    )
+    .await;
+    assert_eq!(a["state"], "cooling", "{a}");
+    assert_eq!(a["reason"], "transient", "{a}");
+    let last = a["last_error"].as_str().unwrap();
+    assert!(
+        last.contains("token refresh: 400 unsupported_country_region_territory"),
+        "{last}"
+    );
+}
+
+#[tokio::test]
+async fn a_refresh_token_used_by_another_client_needs_a_new_login_and_says_so() {
+    let gw = Gw::start(2).await;
+    let a = gw.rr_order()[0].clone();
+    // The gateway's access token runs out; meanwhile the Codex CLI the login was copied from
+    // refreshes first, so the refresh token the gateway holds is spent.
+    assert!(gw.sim.sim.expire_access_token(&a));
+    let auth = gw.sim.sim.auth_json(&a).unwrap();
+    let other_client = reqwest::Client::new()
+        .post(gw.sim.oauth_token_url())
+        .json(&json!({
+            "client_id": "app_EMoamEEZ73f0CkXaXp7hrann",
+            "grant_type": "refresh_token",
+            "refresh_token": auth["tokens"]["refresh_token"],
+        }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(other_client.status(), 200);
+    let view = refresh_answered(&gw, None).await;
+    assert_eq!(view["state"], "needs_reauth", "{view}");
+    assert_eq!(view["reason"], "auth_dead", "{view}");
+    let detail = view["detail"].as_str().unwrap();
+    assert!(
+        detail.contains("refresh token was used by another client"),
+        "{detail}"
+    );
+    assert!(
+        view["last_error"]
+            .as_str()
+            .unwrap()
+            .contains("refresh_token_reused"),
+        "{view}"
+    );
+    // It takes no more requests.
+    let sse = gw.stream(&body("gpt-5.5", "again", true), &[]).await;
+    assert_eq!(sse.last().0, "response.completed");
+    assert_eq!(gw.sim.sim.refresh_count(&a), 1, "only the other client's");
+}
+
 #[tokio::test]
 async fn a_transient_refresh_failure_keeps_a_still_valid_token() {
     let gw = Gw::start(1).await;

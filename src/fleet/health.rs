@@ -506,7 +506,7 @@ fn quota_reset_ms(facts: Option<&Facts>, now_ms: u64) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::upstream::failure::Phase;
+    use crate::upstream::failure::{Endpoint, Phase};
 
     fn facts(status: u16, code: &str) -> Facts {
         Facts {
@@ -582,6 +582,75 @@ mod tests {
             classify(&Facts::transport(Phase::MidStream, "reset")),
             Class::Transient
         );
+    }
+
+    #[test]
+    fn token_endpoint_answers_are_judged_by_what_they_say_about_the_login() {
+        let token = |status, code: &str| Facts {
+            endpoint: Endpoint::Token,
+            ..facts(status, code)
+        };
+        assert_eq!(
+            classify(&token(401, "refresh_token_reused")),
+            Class::AuthDead
+        );
+        assert_eq!(classify(&token(400, "invalid_grant")), Class::AuthDead);
+        assert_eq!(
+            classify(&token(400, "refresh_token_expired")),
+            Class::AuthDead
+        );
+        assert_eq!(classify(&token(401, "")), Class::AuthDead);
+        let challenge = Facts {
+            cloudflare: true,
+            ..token(403, "")
+        };
+        assert_eq!(classify(&challenge), Class::EdgeChallenge);
+        assert_eq!(
+            classify(&token(400, "unsupported_country")),
+            Class::Transient
+        );
+        assert_eq!(classify(&token(404, "")), Class::Transient);
+        assert_eq!(classify(&token(429, "")), Class::RateLimited);
+        assert_eq!(classify(&token(503, "")), Class::Transient);
+        assert_eq!(
+            classify(&Facts::transport(Phase::Connect, "refused").at(Endpoint::Token)),
+            Class::Transient
+        );
+        // The same 400 from the responses endpoint is the caller's.
+        assert_eq!(classify(&facts(400, "unsupported_country")), Class::Caller);
+        assert_eq!(
+            reauth_reason(&token(401, "refresh_token_reused")),
+            Reauth::RefreshTokenReused
+        );
+        assert_eq!(reauth_reason(&token(401, "")), Reauth::Refused);
+    }
+
+    #[test]
+    fn health_is_stored_by_name_and_read_back() {
+        let mut h = Health::default();
+        h.apply(
+            Class::AuthDead,
+            Some(&facts(401, "refresh_token_reused")),
+            T0,
+        );
+        let r = h.to_record();
+        assert_eq!(r.state, "needs_reauth");
+        assert_eq!(r.reauth.as_deref(), Some("refresh_token_reused"));
+        assert_eq!(Health::from_record(r.clone()).unwrap(), h);
+        // 0.1.0 did not keep why an account needed a login.
+        let old = HealthRecord {
+            reauth: None,
+            ..r.clone()
+        };
+        assert_eq!(
+            Health::from_record(old).unwrap().reauth,
+            Some(Reauth::Unknown)
+        );
+        let newer = HealthRecord {
+            reason: Some("solar_flare".into()),
+            ..r
+        };
+        assert!(Health::from_record(newer).is_err());
     }
 
     const T0: u64 = 1_767_225_600_000;

@@ -301,6 +301,8 @@ pub(crate) fn decide(account: &mut Account, req: &TurnRequest<'_>, ctx: &Ctx<'_>
         // Never taken for a turn (see `FaultKind::applies_to`).
         Some(
             FaultKind::RefreshFails { .. }
+            | FaultKind::RefreshChallenge
+            | FaultKind::RefreshError { .. }
             | FaultKind::WsRefuse426
             | FaultKind::WsHandshakeError { .. }
             | FaultKind::WsSlowHandshake { .. },

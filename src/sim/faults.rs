@@ -41,6 +41,12 @@ pub enum FaultKind {
     SlowHeaders { ms: u64 },
     /// The token endpoint answers `status` to this account's refresh.
     RefreshFails { status: u16 },
+    /// The token endpoint's edge answers this account's refresh with a Cloudflare challenge
+    /// page (403, `cf-mitigated: challenge`, HTML).
+    RefreshChallenge,
+    /// The token endpoint answers this account's refresh with `status` and an OAuth error
+    /// `{"error": code, "error_description": …}` (a code the gateway need not know).
+    RefreshError { status: u16, code: String },
     /// The WebSocket upgrade is answered 426 Upgrade Required (Codex then uses HTTP at once).
     WsRefuse426,
     /// The upgrade is answered with this status (429: a burst rate limit; else a server error).
@@ -55,7 +61,7 @@ pub enum FaultKind {
 }
 
 /// A fault queued on an account. Faults are consumed in FIFO order by the requests they apply
-/// to: `RefreshFails` by `/oauth/token`; `WsRefuse426` and `WsSlowHandshake` by WebSocket
+/// to: `RefreshFails`, `RefreshChallenge` and `RefreshError` by `/oauth/token`; `WsRefuse426` and `WsSlowHandshake` by WebSocket
 /// upgrades; `WsCloseMidTurn` and `WsErrorFrame` by `response.create` frames; every other kind
 /// by `/responses*` requests and `response.create` frames alike.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -103,7 +109,9 @@ pub(crate) enum Endpoint {
 impl FaultKind {
     pub(crate) fn applies_to(&self, endpoint: Endpoint) -> bool {
         match self {
-            FaultKind::RefreshFails { .. } => endpoint == Endpoint::Refresh,
+            FaultKind::RefreshFails { .. }
+            | FaultKind::RefreshChallenge
+            | FaultKind::RefreshError { .. } => endpoint == Endpoint::Refresh,
             FaultKind::WsRefuse426
             | FaultKind::WsSlowHandshake { .. }
             | FaultKind::WsHandshakeError { .. } => endpoint == Endpoint::WsHandshake,

@@ -68,15 +68,33 @@ pub(crate) fn handle(sim: &Sim, req: &SimRequest) -> Outcome {
             let Some(account) = st.accounts.get_mut(idx) else {
                 return error(500, "server_error", "account vanished");
             };
-            if let Some(FaultKind::RefreshFails { status }) = account.take_fault(Endpoint::Refresh)
-            {
-                let code = match status {
-                    400 => "invalid_grant",
-                    401 => "refresh_token_expired",
-                    429 => "rate_limit_exceeded",
-                    _ => "temporarily_unavailable",
-                };
-                return error(status, code, "The token endpoint failed (simulated).");
+            match account.take_fault(Endpoint::Refresh) {
+                Some(FaultKind::RefreshFails { status }) => {
+                    let code = match status {
+                        400 => "invalid_grant",
+                        401 => "refresh_token_expired",
+                        429 => "rate_limit_exceeded",
+                        _ => "temporarily_unavailable",
+                    };
+                    return error(status, code, "The token endpoint failed (simulated).");
+                }
+                Some(FaultKind::RefreshChallenge) => {
+                    return super::backend::respond(
+                        super::faults::cloudflare(&nonce),
+                        None,
+                        now,
+                        &nonce,
+                    )
+                    .into();
+                }
+                Some(FaultKind::RefreshError { status, code }) => {
+                    return json(
+                        status,
+                        &json!({"error": code, "error_description": "The token endpoint refused the request (simulated)."}),
+                    )
+                    .into();
+                }
+                _ => {}
             }
             if account.deactivated {
                 return error(

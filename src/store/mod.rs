@@ -732,6 +732,30 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn undecodable_rows_are_counted_and_left_out_and_the_rest_is_read() {
+        let s = Store::open_in_memory().unwrap();
+        s.put_account(&account("a"), None).await.unwrap();
+        let garbage = |t: Table, k: &str| Mutation::Put(t, Key::Text(k.into()), vec![1, 0xff]);
+        s.write(vec![
+            garbage(Table::Accounts, "bad"),
+            garbage(Table::ClientKeys, "key_bad"),
+            garbage(Table::AccountHealth, "bad"),
+            // Written by a newer binary.
+            Mutation::Put(Table::Settings, Key::Text("scheduling".into()), vec![9, 0]),
+            Mutation::Put(Table::Requests, Key::Int(7), vec![2, 0xff]),
+        ])
+        .await
+        .unwrap();
+        assert_eq!(s.undecodable_rows(), 0);
+        assert_eq!(s.load_accounts().unwrap(), vec![account("a")]);
+        assert!(s.load_keys().unwrap().is_empty());
+        assert!(s.load_health().unwrap().is_empty());
+        assert_eq!(s.get_settings("scheduling").unwrap(), None);
+        assert!(s.recent_requests(10).unwrap().is_empty());
+        assert_eq!(s.undecodable_rows(), 5);
+    }
+
+    #[tokio::test]
     async fn a_bad_job_does_not_fail_its_batch_neighbours() {
         let s = Store::open_in_memory().unwrap();
         let bad = s.write(vec![Mutation::Put(Table::Accounts, Key::Int(1), vec![])]);

@@ -352,3 +352,245 @@ impl Versioned for RequestRow {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::codec::{decode, encode};
+
+    fn hex(s: &str) -> Vec<u8> {
+        (0..s.len())
+            .step_by(2)
+            .map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap())
+            .collect()
+    }
+
+    fn to_hex(b: &[u8]) -> String {
+        b.iter().map(|b| format!("{b:02x}")).collect()
+    }
+
+    fn health_v2() -> HealthRecord {
+        HealthRecord {
+            state: "needs_reauth".into(),
+            reason: Some("auth_dead".into()),
+            reauth: Some("refresh_token_reused".into()),
+            cooldown_until_ms: 0,
+            levels: [1, 0, 2],
+            last_failure_ms: 1_767_225_600_000,
+            clean_successes: 0,
+            last_error: Some("auth_dead: token refresh: 401 refresh_token_reused".into()),
+            last_error_ms: 1_767_225_600_000,
+        }
+    }
+
+    fn settings_v2() -> SettingsRecord {
+        SettingsRecord {
+            strategy: Some("fill_first".into()),
+            max_concurrency: Some(4),
+            queue_wait: Some("45s".into()),
+            ..SettingsRecord::default()
+        }
+    }
+
+    fn request_v2() -> RequestRow {
+        RequestRow {
+            started_ms: 1_767_225_600_123,
+            key_name: "alice".into(),
+            model: "gpt-5.5".into(),
+            path: "/v1/responses".into(),
+            stream: true,
+            ws: true,
+            outcome: "stream_error".into(),
+            status: 200,
+            account: Some("acc-2".into()),
+            attempts: vec![AttemptRow {
+                account: "acc-2".into(),
+                class: "transient".into(),
+                status: Some(200),
+                phase: Some("mid_stream".into()),
+                ms: 12,
+                error: Some("reset".into()),
+            }],
+            ttft_ms: Some(5),
+            duration_ms: 20,
+            usage: None,
+            session: Some("abcdef012345".into()),
+            candidate_pool: vec!["acc-2".into()],
+            skipped: vec![SkipRow {
+                account: "acc-1".into(),
+                reason: "cooling".into(),
+            }],
+            affinity: "rebound(cooling)".into(),
+            queue: Some(QueueRow {
+                queue: "pool".into(),
+                outcome: "acquired".into(),
+                wait_ms: 3,
+            }),
+            transport: "ws_reused".into(),
+            ws_connect_ms: None,
+        }
+    }
+
+    /// Bytes 0.1.0 wrote (read out of `tests/fixtures/state-0.1.0`).
+    mod v1 {
+        pub const ACCOUNT: &str = "010861353264613930391073696d31406578616d706c652e636f6d011073696d31406578616d706c652e636f6d0104706c75730a73696d2d616363742d31010a73696d2d757365722d310100009096b8d8069096b8d806";
+        pub const HEALTH: &str = "0101010571756f746183c2a2e5a4340000000000013f71756f74613a203432392075736167655f6c696d69745f7265616368656420546865207573616765206c696d697420686173206265656e207265616368656483f8ecf6a234";
+        pub const KEY: &str = "010c6b65795f67706561336c683903626f620a736b2d73792d4334434b1b77826ecf9f38da1b86899c66ab6938b23ead00d9684a2c42a7153936349c66009096b8d806019196b8d806";
+        pub const SETTINGS: &str = "01010201050000010334357300000000";
+        pub const SNAPSHOT: &str = "01040973657373696f6e2d32083435323862313665d2f7ecf6a234d2f7ecf6a2340973657373696f6e2d3308303035303863643497f8ecf6a23497f8ecf6a2340973657373696f6e2d31083030353038636434d4f8ecf6a234d4f8ecf6a2340973657373696f6e2d39083030353038636434a8f9ecf6a234a8f9ecf6a234";
+        pub const REQUEST: &str = "01147265715f3031613232656462336330303030303218323032362d31312d33305432333a34373a32392e3430385a05616c696365076770742d352e35010773756363657373c801010a73696d2d616363742d34020a73696d2d616363742d310571756f746101ad03010a7072655f636f6d6d69740501383432392075736167655f6c696d69745f7265616368656420546865207573616765206c696d697420686173206265656e20726561636865640a73696d2d616363742d34077375636365737301c80100100001101701140043360d2f76312f726573706f6e736573010c656232373834373566363036030a73696d2d616363742d310a73696d2d616363742d340a73696d2d616363742d32010a73696d2d616363742d330864697361626c6564086e65775f62696e6400010004687474700000";
+    }
+
+    /// Bytes 0.2.0 writes.
+    mod v2 {
+        pub const HEALTH: &str = "020c6e656564735f7265617574680109617574685f646561640114726566726573685f746f6b656e5f7265757365640001000280d0eab6b733000132617574685f646561643a20746f6b656e20726566726573683a2034303120726566726573685f746f6b656e5f72657573656480d0eab6b733";
+        pub const SETTINGS: &str = "02010a66696c6c5f666972737401040000010334357300000000";
+        pub const REQUEST: &str = "02fbd0eab6b73305616c696365076770742d352e350d2f76312f726573706f6e73657301010c73747265616d5f6572726f72c80101056163632d3201056163632d32097472616e7369656e7401c801010a6d69645f73747265616d0c0105726573657401051400010c61626364656630313233343501056163632d3201056163632d3107636f6f6c696e67107265626f756e6428636f6f6c696e67290104706f6f6c086163717569726564030977735f72657573656400";
+    }
+
+    #[test]
+    fn account_key_and_snapshot_version_1_decode_and_are_still_written() {
+        let a: AccountRecord = decode(&hex(v1::ACCOUNT)).unwrap();
+        assert_eq!(
+            (
+                a.id.as_str(),
+                a.label.as_str(),
+                a.plan.as_deref(),
+                a.enabled
+            ),
+            ("a52da909", "sim1@example.com", Some("plus"), true)
+        );
+        assert_eq!(a.chatgpt_account_id, "sim-acct-1");
+        assert_eq!(to_hex(&encode(&a).unwrap()), v1::ACCOUNT);
+
+        let k: ClientKeyRecord = decode(&hex(v1::KEY)).unwrap();
+        assert_eq!((k.name.as_str(), k.enabled), ("bob", false));
+        assert_eq!(k.revoked_at.map(|r| r - k.created_at), Some(1));
+        assert_eq!(to_hex(&encode(&k).unwrap()), v1::KEY);
+
+        let SnapshotRecord(rows) = decode(&hex(v1::SNAPSHOT)).unwrap();
+        assert_eq!(rows.len(), 4);
+        assert_eq!(
+            (rows[0].key.as_str(), rows[0].value.as_str()),
+            ("session-2", "4528b16e")
+        );
+        assert_eq!(
+            to_hex(&encode(&SnapshotRecord(rows)).unwrap()),
+            v1::SNAPSHOT
+        );
+
+        let secrets = AccountSecrets {
+            access_token: Secret::new("at"),
+            refresh_token: Secret::new("rt"),
+            id_token: Secret::new("it"),
+            access_expires_at: Some(7),
+            refreshed_at: 5,
+        };
+        let bytes = encode(&secrets).unwrap();
+        assert_eq!(to_hex(&bytes), "01026174027274026974010705");
+        assert_eq!(decode::<AccountSecrets>(&bytes).unwrap(), secrets);
+    }
+
+    #[test]
+    fn health_version_1_decodes_into_version_2() {
+        let h: HealthRecord = decode(&hex(v1::HEALTH)).unwrap();
+        assert_eq!(h.state, "cooling");
+        assert_eq!(h.reason.as_deref(), Some("quota"));
+        assert_eq!(h.reauth, None);
+        assert_eq!(h.cooldown_until_ms, 1_796_582_449_411);
+        assert_eq!(h.levels, [0, 0, 0]);
+        assert!(
+            h.last_error
+                .unwrap()
+                .starts_with("quota: 429 usage_limit_reached")
+        );
+        // 0.1.0's three states by their index.
+        assert_eq!(
+            decode::<HealthRecord>(&hex("0100000000000000000000"))
+                .unwrap()
+                .state,
+            "ready"
+        );
+        assert_eq!(
+            decode::<HealthRecord>(&hex("01020109617574685f646561640000000000000000"))
+                .unwrap()
+                .state,
+            "needs_reauth"
+        );
+    }
+
+    #[test]
+    fn health_version_2_round_trips_exactly() {
+        assert_eq!(
+            decode::<HealthRecord>(&hex(v2::HEALTH)).unwrap(),
+            health_v2()
+        );
+        assert_eq!(to_hex(&encode(&health_v2()).unwrap()), v2::HEALTH);
+    }
+
+    #[test]
+    fn settings_version_1_decodes_its_strategy_index() {
+        let s: SettingsRecord = decode(&hex(v1::SETTINGS)).unwrap();
+        assert_eq!(s.strategy.as_deref(), Some("least_loaded"));
+        assert_eq!(s.max_concurrency, Some(5));
+        assert_eq!(s.queue_wait.as_deref(), Some("45s"));
+        assert_eq!(s.sticky_wait, None);
+        assert_eq!(
+            decode::<SettingsRecord>(&hex(v2::SETTINGS)).unwrap(),
+            settings_v2()
+        );
+        assert_eq!(to_hex(&encode(&settings_v2()).unwrap()), v2::SETTINGS);
+    }
+
+    #[test]
+    fn request_version_1_decodes_into_version_2() {
+        let r: RequestRow = decode(&hex(v1::REQUEST)).unwrap();
+        assert_eq!(
+            Some(r.started_ms),
+            crate::clock::parse_rfc3339_ms("2026-11-30T23:47:29.408Z")
+        );
+        assert_eq!(
+            (r.key_name.as_str(), r.outcome.as_str(), r.status),
+            ("alice", "success", 200)
+        );
+        let chain: Vec<(&str, &str)> = r
+            .attempts
+            .iter()
+            .map(|a| (a.account.as_str(), a.class.as_str()))
+            .collect();
+        assert_eq!(chain, [("sim-acct-1", "quota"), ("sim-acct-4", "success")]);
+        assert_eq!(r.attempts[0].status, Some(429));
+        assert_eq!(r.attempts[0].phase.as_deref(), Some("pre_commit"));
+        assert_eq!(
+            r.skipped,
+            vec![SkipRow {
+                account: "sim-acct-3".into(),
+                reason: "disabled".into()
+            }]
+        );
+        assert_eq!(
+            (r.affinity.as_str(), r.transport.as_str()),
+            ("new_bind", "http")
+        );
+        assert_eq!(r.usage.map(|u| u.cached_tokens), Some(0));
+        assert_eq!(r.path, "/v1/responses");
+        assert!(!r.ws);
+    }
+
+    #[test]
+    fn request_version_2_round_trips_exactly() {
+        assert_eq!(
+            decode::<RequestRow>(&hex(v2::REQUEST)).unwrap(),
+            request_v2()
+        );
+        assert_eq!(to_hex(&encode(&request_v2()).unwrap()), v2::REQUEST);
+    }
+
+    #[test]
+    fn a_version_newer_than_the_binary_is_refused_by_name() {
+        let mut bytes = hex(v2::REQUEST);
+        bytes[0] = 3;
+        let e = decode::<RequestRow>(&bytes).unwrap_err();
+        assert!(e.to_string().contains("newer than this binary"), "{e}");
+    }
+}

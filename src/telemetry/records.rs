@@ -331,3 +331,97 @@ impl RequestLog {
         )]);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fleet::affinity::Rebound;
+
+    fn record() -> RequestRecord {
+        RequestRecord {
+            key: (1_767_225_600_123 << 16) | 7,
+            started_ms: 1_767_225_600_123,
+            key_name: "alice".into(),
+            model: "gpt-5.5".into(),
+            path: "/v1/responses".into(),
+            stream: true,
+            ws: false,
+            outcome: Outcome::Success,
+            status: 200,
+            account: Some("acc-2".into()),
+            attempts: vec![
+                AttemptRecord {
+                    account: "acc-1".into(),
+                    class: Class::Quota,
+                    status: Some(429),
+                    phase: Some(Phase::PreCommit),
+                    ms: 3,
+                    error: Some("429 usage_limit_reached".into()),
+                },
+                AttemptRecord {
+                    account: "acc-2".into(),
+                    class: Class::Success,
+                    status: Some(200),
+                    phase: None,
+                    ms: 40,
+                    error: None,
+                },
+            ],
+            ttft_ms: Some(12),
+            duration_ms: 45,
+            usage: Some(Usage {
+                input_tokens: 10,
+                cached_tokens: 4,
+                output_tokens: 5,
+                reasoning_tokens: 1,
+            }),
+            session: Some("abcdef012345".into()),
+            candidate_pool: vec!["acc-1".into(), "acc-2".into()],
+            skipped: vec![("acc-3".into(), SkipReason::Probing)],
+            affinity: Decision::Rebound(Rebound::Failed(Class::Quota)),
+            queue: Some(QueueRecord {
+                kind: QueueKind::Account,
+                outcome: QueueOutcome::Acquired,
+                wait_ms: 8,
+            }),
+            transport: Transport::HttpWsBudgetExhausted,
+            ws_connect_ms: None,
+        }
+    }
+
+    #[test]
+    fn a_record_is_stored_by_name_and_read_back() {
+        let r = record();
+        let row = r.to_row();
+        assert_eq!(row.outcome, "success");
+        assert_eq!(row.affinity, "rebound(quota)");
+        assert_eq!(row.skipped[0].reason, "half_open_probe");
+        assert_eq!(RequestRecord::from_row(r.key, row).unwrap(), r);
+        assert_eq!(r.id(), "req_019b76daa87b0007");
+    }
+
+    #[test]
+    fn a_name_this_binary_does_not_know_is_an_error() {
+        let mut row = record().to_row();
+        row.outcome = "teleported".into();
+        let e = RequestRecord::from_row(1, row).unwrap_err();
+        assert!(e.contains("teleported"), "{e}");
+    }
+
+    #[tokio::test]
+    async fn records_that_do_not_read_back_are_counted_and_the_rest_load() {
+        let store = Store::open_in_memory().unwrap();
+        let clock: SharedClock = std::sync::Arc::new(crate::clock::ManualClock::new(0));
+        let log = RequestLog::load(store.clone(), clock.clone());
+        log.push(record());
+        let mut bad = record();
+        bad.key += 1;
+        let mut row = bad.to_row();
+        row.transport = "pigeon".into();
+        store.try_write(vec![Store::request_mutation(bad.key, &row).unwrap()]);
+        store.flush().await.unwrap();
+        let again = RequestLog::load(store.clone(), clock);
+        assert_eq!(again.recent(10), vec![record()]);
+        assert_eq!(store.undecodable_rows(), 1);
+    }
+}
