@@ -73,6 +73,7 @@ fn stored_view(a: &Value) -> Value {
         "state",
         "created_at",
         "reason",
+        "detail",
         "cooldown_until",
         "level",
         "last_error",
@@ -120,6 +121,7 @@ async fn opens_intact(name: &str) {
     let listeners = bootstrap::bind("127.0.0.1:0".parse().unwrap(), &socket)
         .await
         .unwrap();
+    let http = listeners.http_addr().unwrap();
     let mut config = Config::default();
     config.upstream.base_url = "http://127.0.0.1:9/backend-api/codex".into();
     config.upstream.usage_url = "http://127.0.0.1:9/backend-api/wham/usage".into();
@@ -171,6 +173,18 @@ async fn opens_intact(name: &str) {
     assert_eq!(requests, want["requests"]);
     assert!(requests.as_array().unwrap().len() >= 5);
 
+    // Nothing was left out for being unreadable.
+    let metrics = reqwest::get(format!("http://{http}/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics.contains("switchyard_store_undecodable_rows_total 0"),
+        "{metrics}"
+    );
+
     stop.send(ShutdownKind::Graceful).unwrap();
     task.await.unwrap().unwrap();
 
@@ -192,4 +206,9 @@ async fn opens_intact(name: &str) {
 #[tokio::test]
 async fn a_state_directory_written_by_0_1_0_opens_intact() {
     opens_intact("state-0.1.0").await;
+}
+
+#[tokio::test]
+async fn a_state_directory_written_by_0_2_0_opens_intact() {
+    opens_intact("state-0.2.0").await;
 }

@@ -179,11 +179,13 @@ impl Store {
                         supported: SCHEMA_VERSION,
                     });
                 }
-                // Older schemas would be migrated here; version 1 is the first.
                 match read_meta(&db, META_KEY_CHECK)? {
                     Some(check) if sealer.open(META_KEY_CHECK, &check).is_some() => {}
                     Some(_) => return Err(StoreError::SecretKeyMismatch { path: key_path }),
                     None => write_key_check(&db, &sealer)?,
+                }
+                if found < SCHEMA_VERSION {
+                    migrate(&db, found)?;
                 }
             }
             None => {
@@ -575,6 +577,22 @@ fn read_meta(db: &Database, key: &str) -> Result<Option<Vec<u8>>, StoreError> {
         .map(|v| v.value().to_vec()))
 }
 
+/// Brings a store written by an older release to [`SCHEMA_VERSION`].
+///
+/// 1 -> 2 (0.2.0): values carry their own versions and every older one still decodes, so no
+/// row is rewritten; the number moves so that 0.1.0, which would skip rows it cannot decode,
+/// refuses the file instead.
+fn migrate(db: &Database, from: u64) -> Result<(), StoreError> {
+    tracing::info!(from, to = SCHEMA_VERSION, "migrating the store's schema");
+    let txn = db.begin_write().map_err(StoreError::db)?;
+    {
+        let mut meta = txn.open_table(META).map_err(StoreError::db)?;
+        meta.insert(META_SCHEMA_VERSION, SCHEMA_VERSION.to_le_bytes().as_slice())
+            .map_err(StoreError::db)?;
+    }
+    txn.commit().map_err(StoreError::db)
+}
+
 fn write_key_check(db: &Database, sealer: &Sealer) -> Result<(), StoreError> {
     let check = sealer.seal(META_KEY_CHECK, KEY_CHECK_PLAINTEXT)?;
     let txn = db.begin_write().map_err(StoreError::db)?;
@@ -675,7 +693,7 @@ mod tests {
         }
         let err = Store::open(dir.path()).unwrap_err();
         assert!(
-            matches!(err, StoreError::NewerSchema { found: 2, .. }),
+            matches!(err, StoreError::NewerSchema { found, .. } if found == SCHEMA_VERSION + 1),
             "{err}"
         );
         assert!(err.to_string().contains("newer than this binary"));

@@ -4,8 +4,9 @@
 use redb::TableDefinition;
 
 /// The schema this binary writes. A file with a larger number was written by a newer
-/// switchyard and is refused; a smaller one is migrated by code in `super::migrate`.
-pub const SCHEMA_VERSION: u64 = 1;
+/// switchyard and is refused; a smaller one is migrated at open (`super::migrate`).
+/// 1: 0.1.0. 2: 0.2.0, whose values carry their own versions.
+pub const SCHEMA_VERSION: u64 = 2;
 
 /// `schema_version` (u64 little-endian, never codec-encoded so any future binary can read
 /// it) and `key_check` (a value sealed with `secret.key`, to detect a wrong key at open).
