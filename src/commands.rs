@@ -486,22 +486,33 @@ fn account_table(accounts: &[wire::Account]) -> String {
         return "no accounts (import one with `switchyard account import ~/.codex/auth.json`)\n"
             .into();
     }
-    table(
+    let mut out = table(
         &["ID", "EMAIL", "PLAN", "ACCOUNT ID", "STATE", "CREATED"],
         accounts
             .iter()
             .map(|a| {
+                let state = match &a.reason {
+                    Some(reason) if a.state != "ready" => format!("{} ({reason})", a.state),
+                    _ => a.state.clone(),
+                };
                 vec![
                     a.id.clone(),
                     a.email.clone().unwrap_or_else(|| a.label.clone()),
                     a.plan.clone().unwrap_or_else(|| "-".into()),
                     a.chatgpt_account_id.clone(),
-                    a.state.clone(),
+                    state,
                     a.created_at.clone(),
                 ]
             })
             .collect(),
-    )
+    );
+    // What the operator has to do, said once per account below the table.
+    for a in accounts {
+        if let Some(detail) = &a.detail {
+            out.push_str(&format!("{}: {detail}\n", a.id));
+        }
+    }
+    out
 }
 
 fn key_table(keys: &[wire::Key]) -> String {
@@ -536,6 +547,51 @@ mod tests {
     fn path_segments_are_escaped() {
         assert_eq!(path_segment("a b/c"), "a%20b%2Fc");
         assert_eq!(path_segment("user@example.com"), "user@example.com");
+    }
+
+    #[test]
+    fn the_account_table_says_why_an_account_needs_a_login() {
+        let a = |id: &str, state: &str, reason: Option<&str>, detail: Option<&str>| wire::Account {
+            id: id.into(),
+            label: format!("{id}@example.com"),
+            email: None,
+            plan: None,
+            chatgpt_account_id: format!("acc-{id}"),
+            enabled: true,
+            state: state.into(),
+            created_at: "2026-11-30T00:00:00Z".into(),
+            reason: reason.map(str::to_string),
+            detail: detail.map(str::to_string),
+            cooldown_until: None,
+            cooldown_remaining_s: None,
+            level: 0,
+            last_error: None,
+            in_flight: 0,
+            limit: 3,
+            limit_exact: 3.0,
+            max_concurrency: None,
+            priority: 0,
+            waiting: 0,
+            oldest_wait_ms: None,
+            draining: false,
+            quota: None,
+        };
+        let t = account_table(&[
+            a("a1", "ready", None, None),
+            a("a2", "cooling", Some("edge_challenge"), None),
+            a(
+                "a3",
+                "needs_reauth",
+                Some("auth_dead"),
+                Some("this login's refresh token was used by another client"),
+            ),
+        ]);
+        assert!(t.contains("cooling (edge_challenge)"), "{t}");
+        assert!(t.contains("needs_reauth (auth_dead)"), "{t}");
+        assert!(
+            t.ends_with("a3: this login's refresh token was used by another client\n"),
+            "{t}"
+        );
     }
 
     #[test]

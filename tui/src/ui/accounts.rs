@@ -173,9 +173,11 @@ pub fn render(frame: &mut Frame, area: Rect, app: &App) {
                 spans.push(Span::raw(format!("{e} ")));
             }
             spans.push(colored(format!("id {} · ", a.id), Color::DarkGray));
-            match &a.last_error {
-                Some(err) => spans.push(colored(format!("last error: {err}"), Color::Red)),
-                None => spans.push(colored("no error", Color::DarkGray)),
+            match (&a.detail, &a.last_error) {
+                // Why it needs a new login, in words, before the raw error.
+                (Some(detail), _) => spans.push(colored(detail.clone(), Color::Red)),
+                (None, Some(err)) => spans.push(colored(format!("last error: {err}"), Color::Red)),
+                (None, None) => spans.push(colored("no error", Color::DarkGray)),
             }
             Line::from(spans)
         }

@@ -112,7 +112,9 @@ fn fixture() -> App {
     a2.oldest_wait_ms = Some(1200);
     let a3 = account(3, "half_open");
     let mut a4 = account(4, "needs_reauth");
-    a4.last_error = Some("refresh token revoked".into());
+    a4.last_error = Some("auth_dead: token refresh: 401 refresh_token_reused".into());
+    a4.reason = Some("auth_dead".into());
+    a4.detail = Some("this login's refresh token was used by another client".into());
     let mut a5 = account(5, "disabled");
     a5.draining = true;
 
@@ -255,6 +257,20 @@ fn accounts_pane_shows_state_slots_quota_and_rates() {
     has(
         &narrow,
         "sim-acct-1 acct1@example.com id id000001 · last error: usage limit reached",
+    );
+}
+
+#[test]
+fn a_selected_account_that_needs_a_login_says_why() {
+    let mut app = fixture();
+    for _ in 0..3 {
+        app.on_key(key(KeyCode::Down));
+    }
+    assert_eq!(app.selected_account().unwrap().label, "sim-acct-4");
+    has(
+        &screen(&app, 160, 48),
+        "sim-acct-4 acct4@example.com id id000004 · this login's refresh token was used by \
+         another client",
     );
 }
 
