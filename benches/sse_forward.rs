@@ -35,29 +35,42 @@ fn main() {
     let events = 100_000;
     let data = stream(events);
     for chunk in [512usize, 4096, 16384] {
-        let mut best = f64::MAX;
-        for _ in 0..5 {
-            let start = Instant::now();
-            let mut splitter = SseSplitter::new(16 << 20);
-            let mut seen = 0usize;
-            let mut forwarded = 0usize;
-            let mut batch = Vec::new();
-            for c in data.chunks(chunk) {
-                splitter.push(c);
-                while let Ok(Some(Piece::Event(ev))) = splitter.next_piece() {
-                    if !is_precommit(ev.kind()) || ev.is_terminal() {
-                        batch.push(ev);
+        for framed in [false, true] {
+            let mut best = f64::MAX;
+            for _ in 0..5 {
+                let start = Instant::now();
+                let mut splitter = SseSplitter::new(16 << 20);
+                let mut seen = 0usize;
+                let mut forwarded = 0usize;
+                let mut batch = Vec::new();
+                for c in data.chunks(chunk) {
+                    splitter.push(c);
+                    while let Ok(Some(Piece::Event(ev))) = splitter.next_piece() {
+                        if !is_precommit(ev.kind()) || ev.is_terminal() {
+                            batch.push(ev);
+                        }
+                        seen += 1;
                     }
-                    seen += 1;
+                    if framed {
+                        forwarded += sse(&batch).len();
+                    } else {
+                        forwarded += batch.iter().map(Event::len).sum::<usize>();
+                    }
+                    batch.clear();
                 }
-                forwarded += sse(&batch).len();
-                batch.clear();
+                black_box(forwarded);
+                assert_eq!(seen, events + 2);
+                best = best.min(start.elapsed().as_nanos() as f64 / seen as f64);
             }
-            black_box(forwarded);
-            assert_eq!(seen, events + 2);
-            best = best.min(start.elapsed().as_nanos() as f64 / seen as f64);
+            let what = if framed {
+                "split + SSE framing"
+            } else {
+                "split"
+            };
+            println!(
+                "SSE, chunk {chunk:>5} B, {what:<19}: {best:>7.1} ns/event (best of 5, {events} events)"
+            );
         }
-        println!("SSE, chunk {chunk:>5} B: {best:>7.1} ns/event (best of 5, {events} events)");
     }
 
     // WebSocket relay: one frame in, one frame out.

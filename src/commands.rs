@@ -492,8 +492,8 @@ fn account_table(accounts: &[wire::Account]) -> String {
             .iter()
             .map(|a| {
                 let state = match &a.reason {
-                    Some(reason) if a.state != "ready" => format!("{} ({reason})", a.state),
-                    _ => a.state.clone(),
+                    Some(reason) => format!("{} ({reason})", a.state),
+                    None => a.state.clone(),
                 };
                 vec![
                     a.id.clone(),

@@ -261,15 +261,23 @@ pub fn sse(events: &[Event]) -> Bytes {
     let len: usize = events.iter().map(|e| e.len() + 18).sum();
     let mut out = BytesMut::with_capacity(len);
     for e in events {
-        if !e.kind().is_empty() {
+        let kind = e.kind();
+        if !kind.is_empty() {
             out.extend_from_slice(b"event: ");
-            out.extend_from_slice(e.kind().as_bytes());
+            out.extend_from_slice(kind.as_bytes());
             out.extend_from_slice(b"\n");
         }
-        for line in e.data().split(|b| *b == b'\n') {
+        let data = e.data();
+        if memchr::memchr(b'\n', data).is_none() {
             out.extend_from_slice(b"data: ");
-            out.extend_from_slice(line);
+            out.extend_from_slice(data);
             out.extend_from_slice(b"\n");
+        } else {
+            for line in data.split(|b| *b == b'\n') {
+                out.extend_from_slice(b"data: ");
+                out.extend_from_slice(line);
+                out.extend_from_slice(b"\n");
+            }
         }
         out.extend_from_slice(b"\n");
     }

@@ -15,6 +15,7 @@ use crate::fleet::affinity::Rebound;
 use crate::fleet::health::Class;
 use crate::fleet::refresh::TokenError;
 use crate::fleet::scheduler::SkipReason;
+use crate::telemetry::metrics::Metrics;
 use crate::telemetry::records::{AttemptRecord, Outcome, QueueRecord, Usage};
 use crate::upstream::event::Event;
 use crate::upstream::failure::{Endpoint, Facts, Phase};
@@ -83,6 +84,12 @@ impl Trace {
             transport: None,
             ws_connect_ms: None,
         }
+    }
+
+    /// Adds an attempt to the chain (and counts it).
+    pub fn push_attempt(&mut self, metrics: &Metrics, a: AttemptRecord) {
+        metrics.attempt(a.class);
+        self.attempts.push(a);
     }
 }
 
@@ -467,15 +474,15 @@ impl<'a> Attempt<'a> {
         phase: Option<Phase>,
         error: Option<String>,
     ) {
-        self.d.metrics.attempt(class);
-        self.trace.attempts.push(AttemptRecord {
+        let record = AttemptRecord {
             account: self.lease.chatgpt_account_id.clone(),
             class,
             status,
             phase,
             ms: ms_since(self.started),
             error,
-        });
+        };
+        self.trace.push_attempt(&self.d.metrics, record);
     }
 
     /// This attempt answers the request.
@@ -498,17 +505,17 @@ fn token_failed(
     started: Instant,
 ) -> End {
     match e {
-        TokenError::Failed { class, why } => {
-            d.metrics.attempt(class);
-            trace.attempts.push(AttemptRecord {
+        TokenError::Failed { class, why } => trace.push_attempt(
+            &d.metrics,
+            AttemptRecord {
                 account: lease.chatgpt_account_id.clone(),
                 class,
                 status: None,
                 phase: Some(Phase::Connect),
                 ms: ms_since(started),
                 error: Some(why),
-            });
-        }
+            },
+        ),
         // Removed (or its tokens gone) since the plan was made.
         TokenError::Missing => trace
             .skipped

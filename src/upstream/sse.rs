@@ -2,7 +2,9 @@
 //! more than needed. Each event's type and data are slices of the bytes received; only an
 //! event whose data spans several `data:` lines is joined into new bytes.
 
-use bytes::{Bytes, BytesMut};
+use std::ops::Range;
+
+use bytes::BytesMut;
 
 use super::event::Event;
 
@@ -42,36 +44,75 @@ impl SseSplitter {
         self.buf.len()
     }
 
+    /// The next whole block, read in one pass over its bytes (newlines found with `memchr`):
+    /// its type and data are slices of what was received.
     pub fn next_piece(&mut self) -> Result<Option<Piece>, EventTooLarge> {
-        let Some(end) = block_end(&self.buf) else {
-            if self.buf.len() > self.max_event {
-                return Err(EventTooLarge(self.max_event));
+        loop {
+            let mut pos = 0;
+            let mut lines = 0;
+            let mut kind: Option<Range<usize>> = None;
+            let mut data: Option<Range<usize>> = None;
+            // Further data lines (rare): joined into new bytes.
+            let mut joined: Option<BytesMut> = None;
+            let end = loop {
+                let Some(nl) = memchr::memchr(b'\n', &self.buf[pos..]) else {
+                    if self.buf.len() > self.max_event {
+                        return Err(EventTooLarge(self.max_event));
+                    }
+                    return Ok(None);
+                };
+                let next = pos + nl + 1;
+                let mut line = pos..pos + nl;
+                if line.end > line.start && self.buf[line.end - 1] == b'\r' {
+                    line.end -= 1;
+                }
+                if line.is_empty() {
+                    break next;
+                }
+                lines += 1;
+                let l = &self.buf[line.clone()];
+                if l.starts_with(b"data:") {
+                    let value = line.start + value_of(l, 4)..line.end;
+                    match (&data, &mut joined) {
+                        (None, _) => data = Some(value),
+                        (Some(first), None) => {
+                            let mut j = BytesMut::with_capacity(first.len() + 1 + value.len());
+                            j.extend_from_slice(&self.buf[first.clone()]);
+                            j.extend_from_slice(b"\n");
+                            j.extend_from_slice(&self.buf[value]);
+                            joined = Some(j);
+                        }
+                        (Some(_), Some(j)) => {
+                            j.extend_from_slice(b"\n");
+                            j.extend_from_slice(&self.buf[value]);
+                        }
+                    }
+                } else if l.starts_with(b"event:") {
+                    let v = &l[value_of(l, 5)..];
+                    let lead = v.len() - v.trim_ascii_start().len();
+                    let start = line.start + value_of(l, 5) + lead;
+                    kind = Some(start..start + v.trim_ascii().len());
+                }
+                pos = next;
+            };
+            let raw = self.buf.split_to(end).freeze();
+            if lines == 0 {
+                continue; // a stray blank line
             }
-            return Ok(None);
-        };
-        let raw = self.buf.split_to(end).freeze();
-        Ok(Some(parse_block(&raw)))
-    }
-}
-
-/// Index just past the first blank line (`\n\n` or `\r\n\r\n`).
-fn block_end(buf: &[u8]) -> Option<usize> {
-    let mut i = 0;
-    while i + 1 < buf.len() {
-        if buf[i] == b'\n' {
-            if buf[i + 1] == b'\n' {
-                return Some(i + 2);
-            }
-            if buf[i + 1] == b'\r' && buf.get(i + 2) == Some(&b'\n') {
-                return Some(i + 3);
-            }
+            let data = match (joined, data) {
+                (Some(j), _) => j.freeze(),
+                (None, Some(r)) => raw.slice(r),
+                (None, None) => return Ok(Some(Piece::Comment)),
+            };
+            return Ok(Some(Piece::Event(match kind {
+                Some(k) => Event::new(raw.slice(k), data),
+                None => Event::from_data(data),
+            })));
         }
-        i += 1;
     }
-    None
 }
 
-/// A field's value: what follows the colon, without one leading space.
+/// Where a field's value starts: after the colon and one optional space.
 fn value_of(line: &[u8], field_len: usize) -> usize {
     let start = field_len + 1;
     if line.get(start) == Some(&b' ') {
@@ -79,44 +120,6 @@ fn value_of(line: &[u8], field_len: usize) -> usize {
     } else {
         start
     }
-}
-
-fn parse_block(raw: &Bytes) -> Piece {
-    let mut kind: Option<Bytes> = None;
-    let mut data: Vec<Bytes> = Vec::new();
-    let mut pos = 0;
-    for line in raw.split(|b| *b == b'\n') {
-        let len = line.len();
-        let line = line.strip_suffix(b"\r").unwrap_or(line);
-        if line.starts_with(b"event:") {
-            let v = &line[value_of(line, 5)..];
-            let lead = v.len() - v.trim_ascii_start().len();
-            let start = pos + value_of(line, 5) + lead;
-            kind = Some(raw.slice(start..start + v.trim_ascii().len()));
-        } else if line.starts_with(b"data:") {
-            let start = pos + value_of(line, 4);
-            data.push(raw.slice(start..pos + line.len()));
-        }
-        pos += len + 1;
-    }
-    let data = match data.len() {
-        0 => return Piece::Comment,
-        1 => data.pop().unwrap_or_default(),
-        _ => {
-            let mut joined = BytesMut::new();
-            for (i, d) in data.iter().enumerate() {
-                if i > 0 {
-                    joined.extend_from_slice(b"\n");
-                }
-                joined.extend_from_slice(d);
-            }
-            joined.freeze()
-        }
-    };
-    Piece::Event(match kind {
-        Some(k) => Event::new(k, data),
-        None => Event::from_data(data),
-    })
 }
 
 #[cfg(test)]
@@ -180,6 +183,17 @@ mod tests {
         assert_eq!(e.kind(), "x");
         assert_eq!(e.data().as_ref(), b"{\"type\":\"y\",\n\"a\":1}");
         assert_eq!(e.json().unwrap()["a"], 1);
+    }
+
+    #[test]
+    fn stray_blank_lines_are_skipped_and_fields_need_no_space() {
+        let got = pieces(b"\n\r\nevent:x\ndata:{\"a\":1}\n\n: ping\r\n\r\n", 3);
+        assert_eq!(got.len(), 2, "{got:?}");
+        let Piece::Event(e) = &got[0] else {
+            panic!("not an event")
+        };
+        assert_eq!((e.kind(), e.data().as_ref()), ("x", b"{\"a\":1}".as_ref()));
+        assert_eq!(got[1], Piece::Comment);
     }
 
     #[test]
