@@ -6,6 +6,7 @@
 //! effect in memory first, so no request can lease an account that is known to be bad while
 //! the write is in flight.
 
+mod accounts;
 pub mod affinity;
 pub mod auth_file;
 pub mod health;
@@ -27,8 +28,9 @@ use crate::upstream::Identity;
 use crate::upstream::failure::{Endpoint, Facts};
 use crate::upstream::quota::QuotaSnapshot;
 
-use self::auth_file::{AuthFileError, ParsedAuth};
-use self::health::{AccountState, Class, Effective, Health, Reauth, State, Transition};
+pub use self::accounts::{AccountView, Imported};
+use self::auth_file::AuthFileError;
+use self::health::{Class, Effective, Health, State, Transition};
 pub use self::scheduler::{Lease, Plan, SkipReason};
 use self::settings::{Settings, SettingsPatch};
 
@@ -47,50 +49,6 @@ pub enum FleetError {
     Store(#[from] StoreError),
     #[error("refresh failed: {0}")]
     Refresh(String),
-}
-
-/// One account as the pool sees it at a moment. The admin API and the console get it
-/// converted to their wire shape at the edge (`api::view`).
-#[derive(Debug, Clone, PartialEq)]
-pub struct AccountView {
-    pub id: String,
-    pub label: String,
-    pub email: Option<String>,
-    /// The plan the backend last reported, else the one in the login's claims.
-    pub plan: Option<String>,
-    pub chatgpt_account_id: String,
-    pub enabled: bool,
-    pub state: AccountState,
-    /// Unix seconds.
-    pub created_at: u64,
-    /// Why it is not ready (also kept while an escalated account climbs back down).
-    pub reason: Option<Class>,
-    /// Why it needs a new login.
-    pub reauth: Option<Reauth>,
-    /// While cooling: when it half-opens (unix ms).
-    pub cooldown_until_ms: Option<u64>,
-    /// Highest step reached on a cooldown ladder (0 = not escalated).
-    pub level: u8,
-    pub last_error: Option<String>,
-    pub in_flight: u32,
-    /// The adaptive concurrency limit (slots are its floor).
-    pub limit: f64,
-    pub max_concurrency: Option<u32>,
-    pub priority: i32,
-    /// Sessions waiting for its slot, and how long the oldest has (ms).
-    pub waiting: usize,
-    pub oldest_wait_ms: Option<u64>,
-    pub draining: bool,
-    pub quota: Option<QuotaSnapshot>,
-    /// The clock when the view was taken (unix ms).
-    pub at_ms: u64,
-}
-
-/// An account after an import: new, or an update of one already in the pool.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Imported {
-    pub account: AccountView,
-    pub created: bool,
 }
 
 /// How long an (account, model) pair stays marked unsupported.
@@ -304,258 +262,6 @@ impl Fleet {
 
     pub fn is_empty(&self) -> bool {
         self.len() == 0
-    }
-
-    fn state_of(e: &Entry, now_ms: u64) -> AccountState {
-        if !e.record.enabled {
-            AccountState::Disabled
-        } else {
-            e.health.effective(now_ms).state()
-        }
-    }
-
-    fn view(e: &Entry, now_ms: u64) -> AccountView {
-        let a = &e.record;
-        let effective = e.health.effective(now_ms);
-        AccountView {
-            id: a.id.clone(),
-            label: a.label.clone(),
-            email: a.email.clone(),
-            plan: e
-                .quota
-                .as_ref()
-                .and_then(|q| q.plan.clone())
-                .or_else(|| a.plan.clone()),
-            chatgpt_account_id: a.chatgpt_account_id.clone(),
-            enabled: a.enabled,
-            state: Self::state_of(e, now_ms),
-            created_at: a.created_at,
-            reason: match effective {
-                Effective::Ready if e.health.level() == 0 => None,
-                _ => e.health.reason,
-            },
-            reauth: match effective {
-                Effective::NeedsReauth => e.health.reauth,
-                _ => None,
-            },
-            cooldown_until_ms: match effective {
-                Effective::Cooling { until_ms } => Some(until_ms),
-                _ => None,
-            },
-            level: e.health.level(),
-            last_error: e.health.last_error.clone(),
-            in_flight: e.in_flight,
-            limit: e.limit,
-            max_concurrency: a.max_concurrency,
-            priority: a.priority,
-            waiting: e.waiters.len(),
-            oldest_wait_ms: e.waiters.front().map(|w| now_ms.saturating_sub(w.since_ms)),
-            draining: e.draining,
-            quota: e.quota.clone(),
-            at_ms: now_ms,
-        }
-    }
-
-    /// Every account, oldest first.
-    pub fn list(&self) -> Vec<AccountView> {
-        let now = self.clock.now_ms();
-        let inner = self.read();
-        let mut v: Vec<&Entry> = inner.accounts.values().collect();
-        v.sort_by(|a, b| {
-            a.record
-                .created_at
-                .cmp(&b.record.created_at)
-                .then(a.record.id.cmp(&b.record.id))
-        });
-        v.into_iter().map(|e| Self::view(e, now)).collect()
-    }
-
-    pub fn get(&self, id: &str) -> Option<AccountView> {
-        let now = self.clock.now_ms();
-        self.read().accounts.get(id).map(|e| Self::view(e, now))
-    }
-
-    /// Finds one account by id, ChatGPT account id, email or label.
-    pub fn resolve(&self, selector: &str) -> Result<String, FleetError> {
-        let inner = self.read();
-        if inner.accounts.contains_key(selector) {
-            return Ok(selector.to_string());
-        }
-        let matches: Vec<&String> = inner
-            .accounts
-            .values()
-            .filter(|e| {
-                let a = &e.record;
-                a.chatgpt_account_id == selector
-                    || a.email.as_deref() == Some(selector)
-                    || a.label == selector
-            })
-            .map(|e| &e.record.id)
-            .collect();
-        match matches.as_slice() {
-            [id] => Ok((*id).clone()),
-            [] => Err(FleetError::NotFound(selector.to_string())),
-            many => Err(FleetError::Ambiguous {
-                selector: selector.to_string(),
-                count: many.len(),
-            }),
-        }
-    }
-
-    /// Parses an auth.json (nothing is written if it is bad).
-    pub fn parse_auth(&self, bytes: &[u8]) -> Result<ParsedAuth, FleetError> {
-        Ok(auth_file::parse(bytes, self.clock.now_secs())?)
-    }
-
-    /// Adds the account of an auth.json, or updates the tokens (and claims) of the account it
-    /// already is; a re-login also clears its health (a new login is a fresh start). Returns
-    /// once durable.
-    pub async fn import(&self, parsed: ParsedAuth) -> Result<Imported, FleetError> {
-        let id = account_id(
-            &parsed.chatgpt_account_id,
-            parsed.chatgpt_user_id.as_deref(),
-        );
-        let now = self.clock.now_secs();
-        let existing = self.read().accounts.get(&id).map(|e| e.record.clone());
-        let created = existing.is_none();
-        let record = match existing {
-            Some(mut a) => {
-                a.email = parsed.email.clone().or(a.email);
-                a.plan = parsed.plan.clone().or(a.plan);
-                a.chatgpt_user_id = parsed.chatgpt_user_id.clone().or(a.chatgpt_user_id);
-                a.updated_at = now;
-                a
-            }
-            None => AccountRecord {
-                label: parsed
-                    .email
-                    .clone()
-                    .unwrap_or_else(|| format!("account-{id}")),
-                id: id.clone(),
-                email: parsed.email.clone(),
-                plan: parsed.plan.clone(),
-                chatgpt_account_id: parsed.chatgpt_account_id.clone(),
-                chatgpt_user_id: parsed.chatgpt_user_id.clone(),
-                enabled: true,
-                priority: 0,
-                max_concurrency: None,
-                created_at: now,
-                updated_at: now,
-            },
-        };
-        let health = Health::default();
-        self.store
-            .write(vec![
-                Store::account_mutation(&record)?,
-                self.store.secrets_mutation(&record.id, &parsed.secrets)?,
-                Store::health_mutation(&record.id, &health.to_record())?,
-            ])
-            .await?;
-        let now_ms = self.clock.now_ms();
-        let mut inner = self.write();
-        let limit = f64::from(
-            record
-                .max_concurrency
-                .unwrap_or(self.settings().max_concurrency)
-                .max(1),
-        );
-        let entry = inner
-            .accounts
-            .entry(id)
-            .or_insert_with(|| Entry::new(record.clone(), Health::default(), None, limit));
-        entry.record = record;
-        entry.secrets = Some(parsed.secrets);
-        entry.health = health;
-        Ok(Imported {
-            account: Self::view(entry, now_ms),
-            created,
-        })
-    }
-
-    pub async fn set_enabled(
-        &self,
-        selector: &str,
-        enabled: bool,
-    ) -> Result<AccountView, FleetError> {
-        let (id, (record, view)) = self.update_entry(selector, |e, now_ms| {
-            e.record.enabled = enabled;
-            e.record.updated_at = now_ms / 1000;
-            (e.record.clone(), Self::view(e, now_ms))
-        })?;
-        self.store
-            .write(vec![Store::account_mutation(&record)?])
-            .await?;
-        tracing::info!(account = %id, enabled, "account {}", if enabled { "enabled" } else { "disabled" });
-        Ok(view)
-    }
-
-    /// Starts or ends draining: a draining account serves the sessions bound to it and takes
-    /// no new ones. It lives in memory only: a restart ends it.
-    pub fn set_draining(&self, selector: &str, draining: bool) -> Result<AccountView, FleetError> {
-        let (id, view) = self.update_entry(selector, |e, now_ms| {
-            e.draining = draining;
-            Self::view(e, now_ms)
-        })?;
-        tracing::info!(account = %id, draining, "account {}", if draining { "draining" } else { "no longer draining" });
-        Ok(view)
-    }
-
-    /// Changes one account in memory (under the pool lock) and returns its id and what `f`
-    /// returned; the caller persists.
-    pub(crate) fn update_entry<T>(
-        &self,
-        selector: &str,
-        f: impl FnOnce(&mut Entry, u64) -> T,
-    ) -> Result<(String, T), FleetError> {
-        let id = self.resolve(selector)?;
-        let now_ms = self.clock.now_ms();
-        let mut inner = self.write();
-        let e = inner
-            .accounts
-            .get_mut(&id)
-            .ok_or_else(|| FleetError::NotFound(selector.to_string()))?;
-        let out = f(e, now_ms);
-        drop(inner);
-        Ok((id, out))
-    }
-
-    /// Removes an account with its tokens and health. Takes effect in memory first.
-    pub async fn remove(&self, selector: &str) -> Result<AccountView, FleetError> {
-        let id = self.resolve(selector)?;
-        let now_ms = self.clock.now_ms();
-        let entry = self
-            .write()
-            .accounts
-            .remove(&id)
-            .ok_or_else(|| FleetError::NotFound(selector.to_string()))?;
-        self.affinity.forget_account(&id);
-        self.store.delete_account(&id).await?;
-        Ok(Self::view(&entry, now_ms))
-    }
-
-    /// Clears an account's cooldown and ladders (operator action).
-    pub async fn clear_cooldown(&self, selector: &str) -> Result<AccountView, FleetError> {
-        let (id, (health, view)) = self.update_entry(selector, |e, now_ms| {
-            if e.health.state != State::NeedsReauth {
-                e.health.clear();
-            }
-            (e.health.clone(), Self::view(e, now_ms))
-        })?;
-        self.store
-            .write(vec![Store::health_mutation(&id, &health.to_record())?])
-            .await?;
-        tracing::info!(account = %id, "cooldown cleared by operator");
-        Ok(view)
-    }
-
-    /// Number of accounts in each state.
-    pub fn count_by_state(&self) -> BTreeMap<AccountState, usize> {
-        let now = self.clock.now_ms();
-        let mut m = BTreeMap::new();
-        for e in self.read().accounts.values() {
-            *m.entry(Self::state_of(e, now)).or_insert(0) += 1;
-        }
-        m
     }
 
     pub fn in_flight(&self) -> u64 {
@@ -781,6 +487,7 @@ pub fn human_duration(ms: u64) -> String {
 
 #[cfg(test)]
 mod tests {
+    use super::health::AccountState;
     use super::*;
     use crate::clock::ManualClock;
     use crate::sim::auth::{AuthSpec, auth_json};
