@@ -296,6 +296,30 @@ async fn an_unknown_400_from_the_token_endpoint_cools_the_account_instead_of_nee
 }
 
 #[tokio::test]
+async fn an_operators_refresh_answered_by_a_challenge_page_cools_the_account() {
+    let gw = Gw::start(1).await;
+    let a = gw.rr_order()[0].clone();
+    gw.fault(&a, FaultKind::RefreshChallenge, Some(1));
+    let resp = gw
+        .admin()
+        .await
+        .call::<Value>(
+            axum::http::Method::POST,
+            &format!("/api/admin/accounts/{a}/refresh"),
+            None,
+        )
+        .await;
+    let err = resp.unwrap_err().to_string();
+    assert!(err.contains("cloudflare challenge"), "{err}");
+    let view = gw.account(&a).await;
+    assert_eq!(
+        (view["state"].as_str(), view["reason"].as_str()),
+        (Some("cooling"), Some("edge_challenge")),
+        "{view}"
+    );
+}
+
+#[tokio::test]
 async fn a_refresh_token_used_by_another_client_needs_a_new_login_and_says_so() {
     let gw = Gw::start(2).await;
     let a = gw.rr_order()[0].clone();

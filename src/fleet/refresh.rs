@@ -4,10 +4,12 @@
 //!
 //! The token endpoint's answer is classified by `health::classify` like any other: a dead
 //! login (`refresh_token_reused`, `invalid_grant`, …, or a 401) puts the account in
-//! `needs_reauth` with the reason; any other failure is the refresh being degraded — the
-//! account keeps its current access token while that is still usable (the failure is shown on
-//! it), and once it is not (expired, or just refused by the backend) the class's effect applies:
-//! a challenge page cools it on the edge ladder, a 5xx on the transient one, and so on.
+//! `needs_reauth` with the reason. An answer that asks to be tried later (a transport failure,
+//! 429, 5xx) is the refresh being degraded: the account keeps its current access token while
+//! that is still usable, with the failure shown on it. Anything else — a challenge page, an
+//! error the gateway does not know — and any failure once the token can no longer be used
+//! (expired, or just refused by the backend) applies the class's effect: a challenge page cools
+//! the account on the edge ladder, an unknown error or a 5xx on the transient one.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -157,7 +159,11 @@ impl Fleet {
                 let class = classify(&facts);
                 let why = facts.summary();
                 let now = self.clock.now_secs();
+                // Only an answer that asks to be tried later (a transport failure, 429, 5xx)
+                // leaves the account on its current token; one that refuses this refresh for
+                // any other reason (a challenge page, an error we do not know) cools it.
                 let usable = class != Class::AuthDead
+                    && facts.asks_to_retry_later()
                     && Self::token_valid(&current, now)
                     && rejected != Some(current.access_token.expose());
                 if usable {
@@ -438,6 +444,36 @@ mod tests {
             assert_eq!(a.reason, Some(class));
             assert!(a.last_error.unwrap().contains("token refresh"));
         }
+    }
+
+    /// With a token still good for a while, only "try later" answers keep the account serving;
+    /// a challenge page or an unknown error cools it all the same.
+    #[tokio::test]
+    async fn a_refusal_that_is_not_a_retry_later_cools_even_a_still_valid_token() {
+        let refused = [
+            (
+                token_answer(403, &[("cf-mitigated", "challenge")], "<html></html>"),
+                Class::EdgeChallenge,
+            ),
+            (
+                token_answer(400, &[], r#"{"error":"weird"}"#),
+                Class::Transient,
+            ),
+        ];
+        for (answer, class) in refused {
+            let (f, id, _) = setup(NOW_S + 60).await;
+            let r = fake(Err(answer), 1);
+            assert!(matches!(
+                f.ensure_fresh(&id, None, &r).await,
+                Err(TokenError::Failed { .. })
+            ));
+            let a = f.get(&id).unwrap();
+            assert_eq!((a.state, a.reason), (AccountState::Cooling, Some(class)));
+        }
+        let (f, id, _) = setup(NOW_S + 60).await;
+        let r = fake(Err(token_answer(429, &[], "{}")), 1);
+        assert!(f.ensure_fresh(&id, None, &r).await.is_ok());
+        assert_eq!(f.get(&id).unwrap().state, AccountState::Ready);
     }
 
     #[tokio::test]

@@ -182,6 +182,11 @@ impl Facts {
         }
     }
 
+    /// Whether the answer asks to be tried again later: a transport failure, a 429 or a 5xx.
+    pub fn asks_to_retry_later(&self) -> bool {
+        self.status.is_none_or(|s| s == 429 || s >= 500)
+    }
+
     /// A short description for records and logs.
     pub fn summary(&self) -> String {
         let mut parts = Vec::new();
