@@ -278,6 +278,9 @@ pub(crate) fn decide(account: &mut Account, req: &TurnRequest<'_>, ctx: &Ctx<'_>
         }
         Some(FaultKind::ModelUnsupported) => return reject(faults::model_unsupported(model)),
         Some(FaultKind::ContextLength) => return reject(faults::context_length()),
+        Some(FaultKind::UnsupportedParameter { param }) => {
+            return reject(faults::unsupported_parameter(&param));
+        }
         Some(FaultKind::ResetBeforeHeaders) => return Decision::Reset,
         Some(FaultKind::WsErrorFrame { status, code }) => {
             return refuse(faults::ws_error(status, &code));

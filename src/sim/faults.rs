@@ -26,6 +26,9 @@ pub enum FaultKind {
     ModelUnsupported,
     /// 400 `context_length_exceeded`.
     ContextLength,
+    /// 400 "Unsupported parameter: '<param>' is not supported with this model." (the platform
+    /// API's shape, whose words contain both "model" and "not supported").
+    UnsupportedParameter { param: String },
     /// 200 SSE: `response.created`, `response.in_progress`, then `response.failed` with `code`.
     FailedEvent { code: String },
     /// The connection is closed without any response.
@@ -208,6 +211,18 @@ pub(crate) fn context_length() -> ErrorAnswer {
             "type": "invalid_request_error",
             "code": "context_length_exceeded",
             "param": "input",
+        }}),
+    )
+}
+
+pub(crate) fn unsupported_parameter(param: &str) -> ErrorAnswer {
+    ErrorAnswer::json(
+        400,
+        json!({"error": {
+            "message": format!("Unsupported parameter: '{param}' is not supported with this model."),
+            "type": "invalid_request_error",
+            "param": param,
+            "code": "unsupported_parameter",
         }}),
     )
 }
