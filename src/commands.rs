@@ -574,6 +574,7 @@ mod tests {
             waiting: 0,
             oldest_wait_ms: None,
             draining: false,
+            unsupported_models: Vec::new(),
             quota: None,
         };
         let t = account_table(&[

@@ -41,6 +41,7 @@ pub fn account(a: &AccountView) -> wire::Account {
         waiting: a.waiting,
         oldest_wait_ms: a.oldest_wait_ms,
         draining: a.draining,
+        unsupported_models: a.unsupported_models.clone(),
         quota: a.quota.as_ref().map(|q| wire::Quota {
             primary_used_percent: q.primary_used_percent,
             primary_reset_at: rfc(q.primary_reset_at),

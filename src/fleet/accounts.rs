@@ -43,6 +43,8 @@ pub struct AccountView {
     pub waiting: usize,
     pub oldest_wait_ms: Option<u64>,
     pub draining: bool,
+    /// Models the backend said this account may not use, while the marks last (sorted).
+    pub unsupported_models: Vec<String>,
     pub quota: Option<QuotaSnapshot>,
     /// The clock when the view was taken (unix ms).
     pub at_ms: u64,
@@ -101,6 +103,16 @@ impl Fleet {
             waiting: e.waiters.len(),
             oldest_wait_ms: e.waiters.front().map(|w| now_ms.saturating_sub(w.since_ms)),
             draining: e.draining,
+            unsupported_models: {
+                let mut m: Vec<String> = e
+                    .unsupported
+                    .iter()
+                    .filter(|(_, until)| **until > now_ms)
+                    .map(|(model, _)| model.clone())
+                    .collect();
+                m.sort();
+                m
+            },
             quota: e.quota.clone(),
             at_ms: now_ms,
         }
@@ -283,12 +295,14 @@ impl Fleet {
         Ok(Self::view(&entry, now_ms))
     }
 
-    /// Clears an account's cooldown and ladders (operator action).
+    /// Clears an account's cooldown, its ladders and its unsupported-model marks (operator
+    /// action).
     pub async fn clear_cooldown(&self, selector: &str) -> Result<AccountView, FleetError> {
         let (id, (health, view)) = self.update_entry(selector, |e, now_ms| {
             if e.health.state != State::NeedsReauth {
                 e.health.clear();
             }
+            e.unsupported.clear();
             (e.health.clone(), Self::view(e, now_ms))
         })?;
         self.store

@@ -97,8 +97,9 @@ fn is_any(v: Option<&str>, set: &[&str]) -> bool {
     v.is_some_and(|v| set.contains(&v))
 }
 
-/// Classifies the facts of a failed exchange with any endpoint of the backend.
-pub fn classify(f: &Facts) -> Class {
+/// Classifies the facts of a failed exchange with any endpoint of the backend; `model` is the
+/// model the request asked for ("" when it asked for none).
+pub fn classify(f: &Facts, model: &str) -> Class {
     let code = f.error_code.as_deref();
     let kind = f.error_type.as_deref();
     let either = |set: &[&str]| is_any(code, set) || is_any(kind, set);
@@ -123,7 +124,7 @@ pub fn classify(f: &Facts) -> Class {
     if either(&["rate_limit_exceeded"]) {
         return Class::RateLimited;
     }
-    if either(&["model_not_found"]) || is_model_unsupported(f.message.as_deref()) {
+    if is_unsupported_model(f.message.as_deref(), model) {
         return Class::ModelUnsupported;
     }
     match f.status.unwrap_or(0) {
@@ -159,10 +160,18 @@ pub fn reauth_reason(f: &Facts) -> Reauth {
         .unwrap_or(Reauth::Refused)
 }
 
-fn is_model_unsupported(message: Option<&str>) -> bool {
+/// The backend's answer for a model this ChatGPT account may not use (codex-protocol §J5): the
+/// whole sentence, naming the requested model. Anything looser would take a caller's mistake
+/// ("Unsupported parameter: 'temperature' is not supported with this model.") for a verdict on
+/// the model, for every caller.
+fn is_unsupported_model(message: Option<&str>, model: &str) -> bool {
+    const BEFORE: &str = "The '";
+    const AFTER: &str = "' model is not supported when using Codex with a ChatGPT account.";
     message.is_some_and(|m| {
-        let m = m.to_ascii_lowercase();
-        m.contains("model") && (m.contains("not supported") || m.contains("does not exist"))
+        m.trim()
+            .strip_prefix(BEFORE)
+            .and_then(|rest| rest.strip_suffix(AFTER))
+            == Some(model)
     })
 }
 
@@ -523,29 +532,41 @@ mod tests {
             error_type: Some("usage_limit_reached".into()),
             ..facts(429, "")
         };
-        assert_eq!(classify(&quota), Class::Quota);
-        assert_eq!(classify(&facts(429, "usage_not_included")), Class::Quota);
-        assert_eq!(classify(&facts(200, "insufficient_quota")), Class::Quota);
-        assert_eq!(classify(&facts(429, "")), Class::RateLimited);
+        assert_eq!(classify(&quota, ""), Class::Quota);
         assert_eq!(
-            classify(&facts(200, "rate_limit_exceeded")),
+            classify(&facts(429, "usage_not_included"), ""),
+            Class::Quota
+        );
+        assert_eq!(
+            classify(&facts(200, "insufficient_quota"), ""),
+            Class::Quota
+        );
+        assert_eq!(classify(&facts(429, ""), ""), Class::RateLimited);
+        assert_eq!(
+            classify(&facts(200, "rate_limit_exceeded"), ""),
             Class::RateLimited
         );
-        assert_eq!(classify(&facts(401, "token_expired")), Class::AuthExpired);
-        assert_eq!(classify(&facts(401, "token_invalidated")), Class::AuthDead);
         assert_eq!(
-            classify(&facts(401, "account_deactivated")),
+            classify(&facts(401, "token_expired"), ""),
+            Class::AuthExpired
+        );
+        assert_eq!(
+            classify(&facts(401, "token_invalidated"), ""),
             Class::AuthDead
         );
         assert_eq!(
-            classify(&facts(401, "refresh_token_reused")),
+            classify(&facts(401, "account_deactivated"), ""),
+            Class::AuthDead
+        );
+        assert_eq!(
+            classify(&facts(401, "refresh_token_reused"), ""),
             Class::AuthDead
         );
         let cf = Facts {
             cloudflare: true,
             ..facts(403, "")
         };
-        assert_eq!(classify(&cf), Class::EdgeChallenge);
+        assert_eq!(classify(&cf, ""), Class::EdgeChallenge);
         let unsupported = Facts {
             message: Some(
                 "The 'gpt-x' model is not supported when using Codex with a ChatGPT account."
@@ -553,35 +574,77 @@ mod tests {
             ),
             ..facts(400, "")
         };
-        assert_eq!(classify(&unsupported), Class::ModelUnsupported);
+        assert_eq!(classify(&unsupported, "gpt-x"), Class::ModelUnsupported);
         assert_eq!(
-            classify(&facts(400, "context_length_exceeded")),
+            classify(&facts(400, "context_length_exceeded"), ""),
             Class::Caller
         );
         assert_eq!(
-            classify(&facts(200, "context_length_exceeded")),
+            classify(&facts(200, "context_length_exceeded"), ""),
             Class::Caller
         );
-        assert_eq!(classify(&facts(400, "")), Class::Caller);
-        assert_eq!(classify(&facts(413, "")), Class::Caller);
-        assert_eq!(classify(&facts(422, "")), Class::Caller);
-        assert_eq!(classify(&facts(500, "")), Class::Transient);
+        assert_eq!(classify(&facts(400, ""), ""), Class::Caller);
+        assert_eq!(classify(&facts(413, ""), ""), Class::Caller);
+        assert_eq!(classify(&facts(422, ""), ""), Class::Caller);
+        assert_eq!(classify(&facts(500, ""), ""), Class::Transient);
         assert_eq!(
-            classify(&facts(503, "server_is_overloaded")),
+            classify(&facts(503, "server_is_overloaded"), ""),
             Class::Transient
         );
         assert_eq!(
-            classify(&facts(200, "server_is_overloaded")),
+            classify(&facts(200, "server_is_overloaded"), ""),
             Class::Transient
         );
         assert_eq!(
-            classify(&Facts::transport(Phase::Connect, "refused")),
+            classify(&Facts::transport(Phase::Connect, "refused"), ""),
             Class::Transient
         );
         assert_eq!(
-            classify(&Facts::transport(Phase::MidStream, "reset")),
+            classify(&Facts::transport(Phase::MidStream, "reset"), ""),
             Class::Transient
         );
+    }
+
+    #[test]
+    fn only_the_backends_sentence_for_the_requested_model_marks_a_model() {
+        let said = |status, message: &str| Facts {
+            message: Some(message.into()),
+            ..facts(status, "")
+        };
+        let sentence =
+            "The 'gpt-x' model is not supported when using Codex with a ChatGPT account.";
+        assert_eq!(
+            classify(&said(400, sentence), "gpt-x"),
+            Class::ModelUnsupported
+        );
+        // The same sentence about another model, or a looser one, is the caller's.
+        assert_eq!(classify(&said(400, sentence), "gpt-y"), Class::Caller);
+        for caller in [
+            "Unsupported parameter: 'temperature' is not supported with this model.",
+            "Unsupported parameter: context_management",
+            "The model `gpt-x` does not exist or you do not have access to it.",
+            "model gpt-x is not supported",
+        ] {
+            assert_eq!(
+                classify(&said(400, caller), "gpt-x"),
+                Class::Caller,
+                "{caller}"
+            );
+        }
+        let platform = Facts {
+            error_code: Some("unsupported_parameter".into()),
+            ..said(
+                400,
+                "Unsupported parameter: 'temperature' is not supported with this model.",
+            )
+        };
+        assert_eq!(classify(&platform, "gpt-x"), Class::Caller);
+        // The empty model is a model too (a client that sent `""`).
+        let empty = said(
+            400,
+            "The '' model is not supported when using Codex with a ChatGPT account.",
+        );
+        assert_eq!(classify(&empty, ""), Class::ModelUnsupported);
     }
 
     #[test]
@@ -591,33 +654,39 @@ mod tests {
             ..facts(status, code)
         };
         assert_eq!(
-            classify(&token(401, "refresh_token_reused")),
+            classify(&token(401, "refresh_token_reused"), ""),
             Class::AuthDead
         );
-        assert_eq!(classify(&token(400, "invalid_grant")), Class::AuthDead);
+        assert_eq!(classify(&token(400, "invalid_grant"), ""), Class::AuthDead);
         assert_eq!(
-            classify(&token(400, "refresh_token_expired")),
+            classify(&token(400, "refresh_token_expired"), ""),
             Class::AuthDead
         );
-        assert_eq!(classify(&token(401, "")), Class::AuthDead);
+        assert_eq!(classify(&token(401, ""), ""), Class::AuthDead);
         let challenge = Facts {
             cloudflare: true,
             ..token(403, "")
         };
-        assert_eq!(classify(&challenge), Class::EdgeChallenge);
+        assert_eq!(classify(&challenge, ""), Class::EdgeChallenge);
         assert_eq!(
-            classify(&token(400, "unsupported_country")),
+            classify(&token(400, "unsupported_country"), ""),
             Class::Transient
         );
-        assert_eq!(classify(&token(404, "")), Class::Transient);
-        assert_eq!(classify(&token(429, "")), Class::RateLimited);
-        assert_eq!(classify(&token(503, "")), Class::Transient);
+        assert_eq!(classify(&token(404, ""), ""), Class::Transient);
+        assert_eq!(classify(&token(429, ""), ""), Class::RateLimited);
+        assert_eq!(classify(&token(503, ""), ""), Class::Transient);
         assert_eq!(
-            classify(&Facts::transport(Phase::Connect, "refused").at(Endpoint::Token)),
+            classify(
+                &Facts::transport(Phase::Connect, "refused").at(Endpoint::Token),
+                ""
+            ),
             Class::Transient
         );
         // The same 400 from the responses endpoint is the caller's.
-        assert_eq!(classify(&facts(400, "unsupported_country")), Class::Caller);
+        assert_eq!(
+            classify(&facts(400, "unsupported_country"), ""),
+            Class::Caller
+        );
         assert_eq!(
             reauth_reason(&token(401, "refresh_token_reused")),
             Reauth::RefreshTokenReused

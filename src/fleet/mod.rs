@@ -307,7 +307,7 @@ impl Fleet {
     /// Classifies a failure (the one classifier, `health::classify`) and applies it to its
     /// account; returns the class, which decides what the caller does next.
     pub fn report_failure(&self, id: &str, facts: &Facts, model: &str) -> Class {
-        let class = health::classify(facts);
+        let class = health::classify(facts, model);
         self.report(id, class, Some(facts), model);
         class
     }

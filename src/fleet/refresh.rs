@@ -156,7 +156,7 @@ impl Fleet {
                     .ok_or(TokenError::Missing)
             }
             Err(facts) => {
-                let class = classify(&facts);
+                let class = classify(&facts, "");
                 let why = facts.summary();
                 let now = self.clock.now_secs();
                 // Only an answer that asks to be tried later (a transport failure, 429, 5xx)

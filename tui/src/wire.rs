@@ -80,6 +80,10 @@ pub struct Account {
     /// Takes no new sessions; serves the ones bound to it.
     #[serde(default)]
     pub draining: bool,
+    /// Models the backend said this account may not use, for now (cleared by clear-cooldown
+    /// and after an hour).
+    #[serde(default)]
+    pub unsupported_models: Vec<String>,
     /// The last usage windows the backend reported.
     #[serde(default)]
     pub quota: Option<Quota>,

@@ -173,6 +173,12 @@ pub fn render(frame: &mut Frame, area: Rect, app: &App) {
                 spans.push(Span::raw(format!("{e} ")));
             }
             spans.push(colored(format!("id {} · ", a.id), Color::DarkGray));
+            if !a.unsupported_models.is_empty() {
+                spans.push(colored(
+                    format!("not for {} · ", a.unsupported_models.join(", ")),
+                    Color::Yellow,
+                ));
+            }
             match (&a.detail, &a.last_error) {
                 // Why it needs a new login, in words, before the raw error.
                 (Some(detail), _) => spans.push(colored(detail.clone(), Color::Red)),

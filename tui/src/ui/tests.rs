@@ -41,6 +41,7 @@ fn account(n: u32, state: &str) -> Account {
         waiting: 0,
         oldest_wait_ms: None,
         draining: false,
+        unsupported_models: Vec::new(),
         quota: None,
     }
 }
