@@ -278,6 +278,7 @@ pub(crate) fn decide(account: &mut Account, req: &TurnRequest<'_>, ctx: &Ctx<'_>
         }
         Some(FaultKind::ModelUnsupported) => return reject(faults::model_unsupported(model)),
         Some(FaultKind::ContextLength) => return reject(faults::context_length()),
+        Some(FaultKind::CyberPolicy) => return reject(faults::cyber_policy()),
         Some(FaultKind::UnsupportedParameter { param }) => {
             return reject(faults::unsupported_parameter(&param));
         }

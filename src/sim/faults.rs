@@ -26,6 +26,10 @@ pub enum FaultKind {
     ModelUnsupported,
     /// 400 `context_length_exceeded`.
     ContextLength,
+    /// 400 `cyber_policy`: the prompt was flagged for possible cybersecurity risk (codex-protocol
+    /// §J4; over WebSocket, an error frame with status 400). Its in-stream form is
+    /// `FailedEvent { code: "cyber_policy" }`.
+    CyberPolicy,
     /// 400 "Unsupported parameter: '<param>' is not supported with this model." (the platform
     /// API's shape, whose words contain both "model" and "not supported").
     UnsupportedParameter { param: String },
@@ -215,6 +219,15 @@ pub(crate) fn context_length() -> ErrorAnswer {
     )
 }
 
+pub(crate) fn cyber_policy() -> ErrorAnswer {
+    openai_error(
+        400,
+        "invalid_request_error",
+        "cyber_policy",
+        &failed_message("cyber_policy"),
+    )
+}
+
 pub(crate) fn unsupported_parameter(param: &str) -> ErrorAnswer {
     ErrorAnswer::json(
         400,
@@ -401,6 +414,13 @@ pub(crate) fn failed_message(code: &str) -> String {
         "usage_not_included" => "Your plan does not include Codex usage.".into(),
         "server_is_overloaded" | "slow_down" => {
             "Our servers are currently overloaded. Please try again later.".into()
+        }
+        "cyber_policy" => "This content was flagged for possible cybersecurity risk. If this \
+            seems wrong, try rephrasing your request. To get authorized for security work, join \
+            the Trusted Access for Cyber program: https://chatgpt.com/cyber"
+            .into(),
+        "invalid_prompt" => {
+            "Invalid prompt: we've limited access to this content for safety reasons.".into()
         }
         other => format!("An error occurred while processing your request ({other})."),
     }
