@@ -103,3 +103,143 @@ async fn an_unsupported_model_is_marked_visibly_and_cleared_by_clear_cooldown() 
     assert_eq!(sse.last().0, "response.completed", "{:?}", sse.kinds());
     assert_eq!(gw.served(&order[0]), before + 1);
 }
+
+fn skipped(record: &Value) -> Vec<(String, String)> {
+    record["skipped"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| {
+            (
+                s["account"].as_str().unwrap().to_string(),
+                s["reason"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect()
+}
+
+fn classes(record: &Value) -> Vec<String> {
+    record["attempts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a["class"].as_str().unwrap().to_string())
+        .collect()
+}
+
+/// A cyber-policy refusal, in either carrier, on the first account of a session.
+async fn refused_once(fault: FaultKind) {
+    let gw = Gw::start(2).await;
+    let order = gw.rr_order();
+    gw.fault(&order[0], fault.clone(), Some(1));
+    let session = [("session-id", "sess-cyber")];
+    let sse = gw.stream(&body("gpt-5.5", "hello", true), &session).await;
+    assert_eq!(
+        sse.last().0,
+        "response.completed",
+        "{fault:?}: {:?}",
+        sse.kinds()
+    );
+    assert!(sse.text().contains(&order[1]), "{fault:?}: {}", sse.text());
+    assert_pool_untouched(&gw).await;
+    let record = &gw.requests(1).await[0];
+    assert_eq!(classes(record), ["policy", "success"], "{fault:?}");
+
+    // The session's next turn leaves the refusing account out; another session does not.
+    gw.stream(&body("gpt-5.5", "next", true), &session).await;
+    let record = &gw.requests(1).await[0];
+    assert!(
+        skipped(record).contains(&(order[0].clone(), "policy_excluded".into())),
+        "{fault:?}: {record}"
+    );
+    gw.stream(&body("gpt-5.5", "other", true), &[("session-id", "sess-2")])
+        .await;
+    let record = &gw.requests(1).await[0];
+    assert!(
+        !skipped(record).iter().any(|(_, r)| r == "policy_excluded"),
+        "{fault:?}: {record}"
+    );
+    assert_pool_untouched(&gw).await;
+}
+
+#[tokio::test]
+async fn a_cyber_policy_400_excludes_the_account_for_the_session_and_cools_nothing() {
+    refused_once(FaultKind::CyberPolicy).await;
+}
+
+#[tokio::test]
+async fn a_cyber_policy_failure_event_excludes_the_account_for_the_session_and_cools_nothing() {
+    refused_once(FaultKind::FailedEvent {
+        code: "cyber_policy".into(),
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn when_every_account_refuses_the_client_gets_the_refusal_and_no_account_cools() {
+    let gw = Gw::start(2).await;
+    for a in gw.rr_order() {
+        gw.fault(&a, FaultKind::CyberPolicy, Some(1));
+    }
+    let resp = gw
+        .post_raw("/v1/responses", &body("gpt-5.5", "hello", true), &[])
+        .await;
+    assert_eq!(resp.status(), 400);
+    let v: Value = resp.json().await.unwrap();
+    assert_eq!(v["error"]["code"], "cyber_policy", "{v}");
+    assert_pool_untouched(&gw).await;
+    let record = &gw.requests(1).await[0];
+    assert_eq!(classes(record), ["policy", "policy"]);
+    assert_eq!(record["outcome"], "policy_refused");
+}
+
+#[tokio::test]
+async fn a_content_policy_refusal_is_the_callers_and_moves_nowhere() {
+    let gw = Gw::start(2).await;
+    let order = gw.rr_order();
+    gw.fault(
+        &order[0],
+        FaultKind::FailedEvent {
+            code: "invalid_prompt".into(),
+        },
+        Some(1),
+    );
+    let (status, v) = gw.json(&body("gpt-5.5", "hello", false)).await;
+    assert_eq!(status, 400, "{v}");
+    assert_eq!(v["error"]["code"], "invalid_prompt", "{v}");
+    assert_eq!(gw.served(&order[1]), 0);
+    assert_pool_untouched(&gw).await;
+}
+
+#[tokio::test]
+async fn one_prompt_cools_at_most_one_account_for_an_unknown_failure() {
+    let gw = Gw::start(3).await;
+    for a in gw.rr_order() {
+        gw.fault(
+            &a,
+            FaultKind::FailedEvent {
+                code: "mystery_error".into(),
+            },
+            Some(1),
+        );
+    }
+    let resp = gw
+        .post_raw("/v1/responses", &body("gpt-5.5", "hello", true), &[])
+        .await;
+    assert_eq!(resp.status(), 503);
+    let v: Value = resp.json().await.unwrap();
+    assert_eq!(v["error"]["code"], "no_available_account", "{v}");
+    let states: Vec<String> = gw
+        .accounts()
+        .await
+        .iter()
+        .map(|a| a["state"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(
+        states.iter().filter(|s| *s == "cooling").count(),
+        1,
+        "{states:?}"
+    );
+    let record = &gw.requests(1).await[0];
+    assert_eq!(classes(record), ["transient", "transient", "transient"]);
+}

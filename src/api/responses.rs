@@ -206,6 +206,7 @@ pub fn request_ctx(
         })
         .collect();
     Ok(RequestCtx {
+        key_id: key.id.clone(),
         key_name: key.name.clone(),
         model: upstream_model,
         mode,

@@ -11,8 +11,8 @@ use tokio::sync::mpsc;
 
 use super::{Dispatcher, ErrorReply, Frame, Mode, RequestCtx};
 use crate::fleet::Lease;
-use crate::fleet::affinity::Rebound;
-use crate::fleet::health::Class;
+use crate::fleet::affinity::{Rebound, refusal_scope};
+use crate::fleet::health::{Blame, Class};
 use crate::fleet::refresh::TokenError;
 use crate::fleet::scheduler::SkipReason;
 use crate::telemetry::metrics::Metrics;
@@ -67,6 +67,10 @@ pub(crate) struct Trace {
     /// How the last attempt reached the backend.
     pub transport: Option<Transport>,
     pub ws_connect_ms: Option<u64>,
+    /// What this prompt may still do to accounts (one cooldown for an unexplained failure).
+    pub blame: Blame,
+    /// The last policy refusal, answered when no candidate is left.
+    pub refusal: Option<ErrorReply>,
 }
 
 impl Trace {
@@ -83,6 +87,8 @@ impl Trace {
             rebound: None,
             transport: None,
             ws_connect_ms: None,
+            blame: Blame::default(),
+            refusal: None,
         }
     }
 
@@ -419,16 +425,35 @@ impl<'a> Attempt<'a> {
     /// Has the fleet judge a failure (and apply it to the account), records it, and returns
     /// its class.
     pub(super) fn judge(&mut self, facts: &Facts) -> Class {
-        let class = self
-            .d
-            .fleet
-            .report_failure(&self.lease.id, facts, &self.ctx.model);
-        self.judged(class, facts);
+        let class = self.verdict(facts);
+        self.record_failure(class, facts);
+        class
+    }
+
+    /// The fleet's verdict on a failure, applied to the account within the prompt's blame. A
+    /// policy refusal keeps this key's session away from the account and is remembered, to
+    /// answer with if no candidate is left.
+    pub(super) fn verdict(&mut self, facts: &Facts) -> Class {
+        let class = self.d.fleet.report_failure(
+            &self.lease.id,
+            facts,
+            &self.ctx.model,
+            &mut self.trace.blame,
+        );
+        if class == Class::Policy {
+            if let Some(session) = &self.ctx.session {
+                self.d
+                    .fleet
+                    .affinity
+                    .refuse(&refusal_scope(&self.ctx.key_id, session), &self.lease.id);
+            }
+            self.trace.refusal = Some(caller_reply(facts));
+        }
         class
     }
 
     /// Logs and records a failure the fleet judged as `class`.
-    pub(super) fn judged(&mut self, class: Class, facts: &Facts) {
+    pub(super) fn record_failure(&mut self, class: Class, facts: &Facts) {
         tracing::info!(
             account = %self.lease.id,
             class = class.as_str(),

@@ -72,6 +72,8 @@ pub enum Mode {
 /// A parsed client request.
 #[derive(Debug, Clone)]
 pub struct RequestCtx {
+    /// The client key's id and name.
+    pub key_id: String,
     pub key_name: String,
     pub model: String,
     pub mode: Mode,

@@ -9,7 +9,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use super::Dispatcher;
-use crate::fleet::health::{AccountState, Class};
+use crate::fleet::health::{AccountState, Blame, Class};
 use crate::fleet::refresh::TokenError;
 use crate::upstream::failure::Facts;
 use crate::upstream::quota::QuotaSnapshot;
@@ -67,13 +67,18 @@ impl Dispatcher {
         let class = match self.poll_usage(id).await {
             // A window still used up: the quota stays exhausted until it resets.
             Ok(snap) => match snap.exhaustion() {
-                Some(facts) => self.fleet.report_failure(id, &facts, ""),
+                Some(facts) => self
+                    .fleet
+                    .report_failure(id, &facts, "", &mut Blame::default()),
                 None => {
                     self.fleet.report(id, Class::Success, None, "");
                     Class::Success
                 }
             },
-            Err(PollError::Upstream(facts)) => self.fleet.report_failure(id, &facts, ""),
+            Err(PollError::Upstream(facts)) => {
+                self.fleet
+                    .report_failure(id, &facts, "", &mut Blame::default())
+            }
             Err(PollError::Token(TokenError::Failed { class, .. })) => class,
             Err(PollError::Token(TokenError::Missing)) => return None,
         };

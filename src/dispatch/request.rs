@@ -9,7 +9,7 @@ use tracing::Instrument;
 
 use super::attempt::{Attempt, End, Trace};
 use super::{Dispatcher, ErrorReply, Frame, Mode, RequestCtx};
-use crate::fleet::affinity::{Decision, Rebound};
+use crate::fleet::affinity::{Decision, Rebound, refusal_scope};
 use crate::fleet::human_duration;
 use crate::fleet::scheduler::{QueueOutcome, Wait};
 use crate::fleet::{Lease, Plan, SkipReason};
@@ -36,7 +36,16 @@ impl Dispatcher {
     async fn run_traced(&self, ctx: RequestCtx, tx: mpsc::Sender<Frame>, key: u64) {
         let mut trace = Trace::new(key, self.fleet.clock().now_ms());
         let (plan, refused) = match &ctx.previous_response_id {
-            None => (self.fleet.plan(&ctx.model, ctx.session.as_deref()), None),
+            None => {
+                let scope = ctx
+                    .session
+                    .as_deref()
+                    .map(|s| refusal_scope(&ctx.key_id, s));
+                let plan =
+                    self.fleet
+                        .plan_for(&ctx.model, ctx.session.as_deref(), scope.as_deref());
+                (plan, None)
+            }
             Some(prev) => match self
                 .fleet
                 .plan_owner(&ctx.model, ctx.session.as_deref(), prev)
@@ -89,8 +98,14 @@ impl Dispatcher {
                 Acquire::Busy => return End::Reply(self.pool_busy(plan), Outcome::PoolBusy),
                 Acquire::ClientLeft => return End::ClientGone,
                 Acquire::Exhausted => {
-                    let (reply, outcome) = self.exhausted(&ctx.model);
-                    return End::Reply(reply, outcome);
+                    return match trace.refusal.take() {
+                        // An account refused the prompt for policy: that is the answer.
+                        Some(refusal) => End::Reply(refusal, Outcome::PolicyRefused),
+                        None => {
+                            let (reply, outcome) = self.exhausted(&ctx.model);
+                            End::Reply(reply, outcome)
+                        }
+                    };
                 }
             };
             let id = lease.id.clone();

@@ -174,10 +174,7 @@ impl Attempt<'_> {
         let json = ev.json().unwrap_or(Value::Null);
         let facts = (!ok).then(|| Facts::from_event(b.phase(), &json).at(self.endpoint));
         let class = match &facts {
-            Some(f) => self
-                .d
-                .fleet
-                .report_failure(&self.lease.id, f, &self.ctx.model),
+            Some(f) => self.verdict(f),
             None => Class::Success,
         };
 
@@ -186,7 +183,7 @@ impl Attempt<'_> {
             && class != Class::Caller
             && (!b.committed || !streaming)
         {
-            self.judged(class, f);
+            self.record_failure(class, f);
             return End::Next;
         }
 
@@ -273,10 +270,7 @@ impl Attempt<'_> {
         }
         // After the commit nothing is replayed: the account is judged, the client is told.
         tracing::warn!(account = %self.lease.id, error = %why, "upstream stream broke after commit");
-        let class = self
-            .d
-            .fleet
-            .report_failure(&self.lease.id, &facts, &self.ctx.model);
+        let class = self.verdict(&facts);
         self.record(class, Some(200), facts.phase, Some(facts.summary()));
         let message = format!("the upstream stream broke before response.completed: {why}");
         End::Done {

@@ -20,6 +20,14 @@ pub const RESPONSES_SNAPSHOT: &str = "affinity.responses";
 pub const RESPONSE_TTL: Duration = Duration::from_secs(4 * 3600);
 /// How long a session avoids an account that broke one of its streams.
 pub const EXCLUSION_TTL: Duration = Duration::from_secs(600);
+/// How long a client key's session avoids an account that refused one of its prompts for
+/// policy (`cyber_policy`).
+pub const REFUSAL_TTL: Duration = Duration::from_secs(3600);
+
+/// The scope of a policy refusal: one client key's session.
+pub fn refusal_scope(key_id: &str, session: &str) -> String {
+    format!("{key_id}/{session}")
+}
 
 /// What the affinity did for one request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -113,6 +121,9 @@ pub struct Affinity {
     pub responses: TtlMap<String, String>,
     /// Session -> accounts it avoids (each exclusion ends with the entry's TTL).
     exclusions: TtlMap<String, Vec<String>>,
+    /// Key + session -> accounts that refused one of its prompts, and until when (unix ms).
+    refusals: TtlMap<String, Vec<(String, u64)>>,
+    clock: SharedClock,
 }
 
 impl Affinity {
@@ -140,8 +151,17 @@ impl Affinity {
                     absolute: Some(EXCLUSION_TTL),
                     max_entries: 100_000,
                 },
-                clock,
+                std::sync::Arc::clone(&clock),
             ),
+            refusals: TtlMap::new(
+                TtlConfig {
+                    idle: None,
+                    absolute: Some(REFUSAL_TTL),
+                    max_entries: 100_000,
+                },
+                std::sync::Arc::clone(&clock),
+            ),
+            clock,
         }
     }
 
@@ -183,6 +203,40 @@ impl Affinity {
         self.exclusions
             .peek(&session.to_string())
             .unwrap_or_default()
+    }
+
+    /// Keeps a key's session away from an account that refused one of its prompts.
+    pub fn refuse(&self, scope: &str, account: &str) {
+        let now = self.clock.now_ms();
+        let until = now.saturating_add(REFUSAL_TTL.as_millis() as u64);
+        let key = scope.to_string();
+        let mut list = self.refusals.peek(&key).unwrap_or_default();
+        list.retain(|(a, u)| a != account && *u > now);
+        list.push((account.to_string(), until));
+        self.refusals.insert(key, list);
+    }
+
+    /// The accounts that refused this key's session and are still avoided.
+    pub fn refused(&self, scope: &str) -> Vec<String> {
+        if self.refusals.is_empty() {
+            return Vec::new();
+        }
+        let now = self.clock.now_ms();
+        self.refusals
+            .peek(&scope.to_string())
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|(_, until)| *until > now)
+            .map(|(a, _)| a)
+            .collect()
+    }
+
+    pub fn spawn_refusal_sweeper(
+        &self,
+        every: Duration,
+        stop: tokio_util::sync::CancellationToken,
+    ) -> tokio::task::JoinHandle<()> {
+        self.refusals.spawn_sweeper(every, stop)
     }
 
     pub fn spawn_exclusion_sweeper(

@@ -21,6 +21,9 @@ named! {
         AuthDead => "auth_dead",
         EdgeChallenge => "edge_challenge",
         ModelUnsupported => "model_unsupported",
+        /// A policy refusal of this prompt on this account (`cyber_policy`): not the account's
+        /// state; the session avoids the account for a while.
+        Policy => "policy",
         Caller => "caller",
         Transient => "transient",
         ClientCancelled => "client_cancelled",
@@ -93,6 +96,11 @@ const DEAD_AUTH_CODES: [&str; 6] = [
     "invalid_grant",
 ];
 
+/// The prompt's own problem, in whatever carrier (a 400, or a `response.failed` in a 200).
+const CALLER_CODES: [&str; 2] = ["context_length_exceeded", "invalid_prompt"];
+/// Failure events whose meaning is known: the backend is overloaded or failed.
+const KNOWN_TRANSIENT_CODES: [&str; 3] = ["server_is_overloaded", "slow_down", "server_error"];
+
 fn is_any(v: Option<&str>, set: &[&str]) -> bool {
     v.is_some_and(|v| set.contains(&v))
 }
@@ -115,7 +123,10 @@ pub fn classify(f: &Facts, model: &str) -> Class {
     if either(&QUOTA_CODES) {
         return Class::Quota;
     }
-    if either(&["context_length_exceeded"]) {
+    if either(&["cyber_policy"]) {
+        return Class::Policy;
+    }
+    if either(&CALLER_CODES) {
         return Class::Caller;
     }
     if either(&["token_expired"]) {
@@ -135,6 +146,34 @@ pub fn classify(f: &Facts, model: &str) -> Class {
         408 | 409 | 425 => Class::Transient,
         400..=499 => Class::Caller,
         _ => Class::Transient,
+    }
+}
+
+/// A failure event inside a 200 (or a WebSocket error frame of one) whose code means nothing
+/// known: transient for the attempt, but no reason to believe the account is at fault. One
+/// prompt may cool at most one account for such failures ([`Blame`]).
+pub fn is_unexplained(f: &Facts, class: Class) -> bool {
+    class == Class::Transient
+        && f.transport.is_none()
+        && f.status.is_some_and(|s| (200..300).contains(&s))
+        && !is_any(f.error_code.as_deref(), &KNOWN_TRANSIENT_CODES)
+        && !is_any(f.error_type.as_deref(), &KNOWN_TRANSIENT_CODES)
+}
+
+/// What one prompt may still do to the accounts it is tried on.
+#[derive(Debug, Default)]
+pub struct Blame {
+    /// An unexplained failure of this prompt has cooled an account already.
+    unexplained_spent: bool,
+}
+
+impl Blame {
+    /// Whether a failure judged `class` may have its effect on the account.
+    pub fn allows(&mut self, f: &Facts, class: Class) -> bool {
+        if !is_unexplained(f, class) {
+            return true;
+        }
+        !std::mem::replace(&mut self.unexplained_spent, true)
     }
 }
 
@@ -385,6 +424,7 @@ impl Health {
             }
             Class::AuthExpired
             | Class::ModelUnsupported
+            | Class::Policy
             | Class::Caller
             | Class::ClientCancelled => {}
         }
@@ -392,6 +432,7 @@ impl Health {
             class,
             Class::Success
                 | Class::Caller
+                | Class::Policy
                 | Class::ClientCancelled
                 | Class::ModelUnsupported
                 | Class::AuthExpired
@@ -602,6 +643,39 @@ mod tests {
         assert_eq!(
             classify(&Facts::transport(Phase::MidStream, "reset"), ""),
             Class::Transient
+        );
+    }
+
+    #[test]
+    fn policy_refusals_and_unexplained_failures() {
+        assert_eq!(classify(&facts(400, "cyber_policy"), ""), Class::Policy);
+        assert_eq!(classify(&facts(200, "cyber_policy"), ""), Class::Policy);
+        assert_eq!(classify(&facts(200, "invalid_prompt"), ""), Class::Caller);
+        let mystery = facts(200, "mystery_error");
+        assert_eq!(classify(&mystery, ""), Class::Transient);
+        assert!(is_unexplained(&mystery, Class::Transient));
+        assert!(!is_unexplained(
+            &facts(200, "server_is_overloaded"),
+            Class::Transient
+        ));
+        assert!(!is_unexplained(&facts(502, ""), Class::Transient));
+        let mut blame = Blame::default();
+        assert!(
+            blame.allows(&mystery, Class::Transient),
+            "the first one cools"
+        );
+        assert!(
+            !blame.allows(&mystery, Class::Transient),
+            "a second one does not"
+        );
+        assert!(
+            blame.allows(&facts(502, ""), Class::Transient),
+            "a 5xx always does"
+        );
+        let mut h = Health::default();
+        assert_eq!(
+            h.apply(Class::Policy, Some(&facts(400, "cyber_policy")), T0),
+            None
         );
     }
 

@@ -244,7 +244,8 @@ impl Fleet {
         vec![
             self.affinity.sessions.spawn_sweeper(every, stop.clone()),
             self.affinity.responses.spawn_sweeper(every, stop.clone()),
-            self.affinity.spawn_exclusion_sweeper(every, stop),
+            self.affinity.spawn_exclusion_sweeper(every, stop.clone()),
+            self.affinity.spawn_refusal_sweeper(every, stop),
         ]
     }
 
@@ -305,10 +306,22 @@ impl Fleet {
     }
 
     /// Classifies a failure (the one classifier, `health::classify`) and applies it to its
-    /// account; returns the class, which decides what the caller does next.
-    pub fn report_failure(&self, id: &str, facts: &Facts, model: &str) -> Class {
+    /// account, unless the prompt's `blame` is spent (an unexplained failure that already
+    /// cooled another account for it); returns the class, which decides what the caller does
+    /// next.
+    pub fn report_failure(
+        &self,
+        id: &str,
+        facts: &Facts,
+        model: &str,
+        blame: &mut health::Blame,
+    ) -> Class {
         let class = health::classify(facts, model);
-        self.report(id, class, Some(facts), model);
+        if blame.allows(facts, class) {
+            self.report(id, class, Some(facts), model);
+        } else {
+            tracing::info!(account = %id, error = %facts.summary(), "unexplained failure: this prompt already cooled an account for one; this one is not cooled");
+        }
         class
     }
 

@@ -32,6 +32,8 @@ named! {
         QuotaCeiling => "quota_ceiling",
         /// It broke one of this session's streams recently.
         SessionExcluded => "session_excluded",
+        /// It refused one of this key's session's prompts for policy in the last hour.
+        PolicyExcluded => "policy_excluded",
         /// Every slot is taken.
         Full => "full",
         /// Draining: it serves only the sessions already bound to it.
@@ -204,9 +206,20 @@ impl Fleet {
         None
     }
 
-    /// Freezes a request's candidates: eligibility, the quota ceiling, session exclusions,
-    /// the strategy's order, and the session's bound account first when it is eligible.
+    /// Freezes a request's candidates (without a key's policy refusals: see [`Fleet::plan_for`]).
     pub fn plan(&self, model: &str, session: Option<&str>) -> Plan {
+        self.plan_for(model, session, None)
+    }
+
+    /// Freezes a request's candidates: eligibility, the quota ceiling, session exclusions, the
+    /// accounts that refused this key's session (`refusal_scope`) for policy, the strategy's
+    /// order, and the session's bound account first when it is eligible.
+    pub fn plan_for(
+        &self,
+        model: &str,
+        session: Option<&str>,
+        refusal_scope: Option<&str>,
+    ) -> Plan {
         let now = self.clock.now_ms();
         let settings = self.settings();
         let bound = session.and_then(|s| self.affinity.bound(s));
@@ -220,6 +233,9 @@ impl Fleet {
         let excluded = session
             .map(|s| self.affinity.excluded(s))
             .unwrap_or_default();
+        let refused = refusal_scope
+            .map(|s| self.affinity.refused(s))
+            .unwrap_or_default();
         let mut eligible: Vec<&Entry> = Vec::with_capacity(inner.accounts.len());
         for e in inner.accounts.values() {
             let reason = self
@@ -228,6 +244,11 @@ impl Fleet {
                     excluded
                         .contains(&e.record.id)
                         .then_some(SkipReason::SessionExcluded)
+                })
+                .or_else(|| {
+                    refused
+                        .contains(&e.record.id)
+                        .then_some(SkipReason::PolicyExcluded)
                 })
                 .or_else(|| {
                     // A draining account keeps the sessions bound to it and takes no others.

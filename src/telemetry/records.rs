@@ -41,6 +41,8 @@ named! {
         /// Every candidate stayed busy for the whole wait.
         PoolBusy => "pool_busy",
         PreviousResponseNotFound => "previous_response_not_found",
+        /// Every account it was tried on refused the prompt for policy.
+        PolicyRefused => "policy_refused",
     }
 }
 
