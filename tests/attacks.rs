@@ -6,7 +6,7 @@
 mod common;
 
 use axum::http::Method;
-use common::gw::{Gw, body};
+use common::gw::{Gw, body, body_plain};
 use serde_json::Value;
 use switchyard::sim::FaultKind;
 
@@ -242,4 +242,21 @@ async fn one_prompt_cools_at_most_one_account_for_an_unknown_failure() {
     );
     let record = &gw.requests(1).await[0];
     assert_eq!(classes(record), ["transient", "transient", "transient"]);
+}
+
+#[tokio::test]
+async fn accounts_with_equal_headroom_take_turns() {
+    let gw = Gw::start(3).await;
+    for i in 0..9 {
+        let sse = gw
+            .stream(&body_plain("gpt-5.5", &format!("turn {i}"), true), &[])
+            .await;
+        assert_eq!(sse.last().0, "response.completed");
+    }
+    let served: Vec<usize> = gw.rr_order().iter().map(|a| gw.served(a)).collect();
+    assert_eq!(
+        served,
+        [3, 3, 3],
+        "nine requests over three idle accounts at 0 %"
+    );
 }

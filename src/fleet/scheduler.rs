@@ -163,10 +163,18 @@ fn strategy_key(strategy: Strategy, e: &Entry) -> (u64, u64, u64) {
 fn headroom_key(e: &Entry) -> (u64, u64, u64) {
     let q = e.quota.as_ref();
     let pct = |v: Option<f64>| (v.unwrap_or(0.0).clamp(0.0, 100.0) * 100.0) as u64;
+    let primary = pct(q.and_then(|q| q.primary_used_percent));
+    // The soonest reset breaks ties only between windows in use: the reset of an unused
+    // window says nothing, and accounts with equal headroom take turns.
+    let reset = if primary > 0 {
+        q.and_then(|q| q.primary_reset_at).unwrap_or(u64::MAX)
+    } else {
+        0
+    };
     (
-        pct(q.and_then(|q| q.primary_used_percent)),
+        primary,
         pct(q.and_then(|q| q.secondary_used_percent)),
-        q.and_then(|q| q.primary_reset_at).unwrap_or(u64::MAX),
+        reset,
     )
 }
 
