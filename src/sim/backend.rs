@@ -270,6 +270,9 @@ pub(crate) fn decide(account: &mut Account, req: &TurnRequest<'_>, ctx: &Ctx<'_>
             return refuse(faults::burst(retry_after_secs));
         }
         Some(FaultKind::ServerError { status }) => return refuse(faults::server_error(status)),
+        Some(FaultKind::SlowServerError { status, ms }) => {
+            return refuse(faults::server_error(status).after(Duration::from_millis(ms)));
+        }
         Some(FaultKind::Cloudflare403) => return refuse(faults::cloudflare(ctx.ray)),
         Some(FaultKind::TokenExpired) => return refuse(faults::token_expired()),
         Some(FaultKind::AccountDeactivated) => {
@@ -367,7 +370,11 @@ fn responses_route(
 ) -> Outcome {
     let now = ctx.now;
     let answer = |a: ErrorAnswer, account: &Account| -> Outcome {
-        respond(a, Some(account), now, ctx.ray).into()
+        let delay = a.delay;
+        Outcome {
+            headers_delay: delay,
+            ..respond(a, Some(account), now, ctx.ray).into()
+        }
     };
     let body = &req.json;
     if !body.is_object() {

@@ -16,6 +16,8 @@ pub enum FaultKind {
     Burst429 { retry_after_secs: u64 },
     /// 503 `server_is_overloaded`, or a generic `server_error` for any other status.
     ServerError { status: u16 },
+    /// The same answer after a pause of `ms` (a gateway in front of the backend timing out).
+    SlowServerError { status: u16, ms: u64 },
     /// 403 HTML challenge page from the Cloudflare edge (`cf-mitigated: challenge`).
     Cloudflare403,
     /// 401 `token_expired`, whatever the token.
@@ -165,6 +167,8 @@ impl Cut {
 /// An error answer: status, extra headers, content type and body.
 #[derive(Debug, Clone)]
 pub(crate) struct ErrorAnswer {
+    /// A pause before it is sent.
+    pub delay: Option<Duration>,
     pub status: u16,
     pub headers: Vec<(&'static str, String)>,
     pub content_type: &'static str,
@@ -176,12 +180,19 @@ pub(crate) struct ErrorAnswer {
 impl ErrorAnswer {
     pub fn json(status: u16, body: Value) -> Self {
         Self {
+            delay: None,
             status,
             headers: Vec::new(),
             content_type: "application/json",
             body: body.to_string(),
             from_backend: true,
         }
+    }
+
+    /// The same answer after a pause.
+    pub fn after(mut self, delay: Duration) -> Self {
+        self.delay = Some(delay);
+        self
     }
 
     fn with_header(mut self, name: &'static str, value: String) -> Self {
@@ -299,6 +310,7 @@ pub(crate) fn cloudflare(ray: &str) -> ErrorAnswer {
          document.getElementsByTagName('head')[0].appendChild(a);}}());</script></body></html>"
     );
     ErrorAnswer {
+        delay: None,
         status: 403,
         headers: vec![
             ("cf-mitigated", "challenge".to_string()),

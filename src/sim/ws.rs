@@ -455,7 +455,8 @@ fn error_outs(
     keeps_socket: bool,
     now: u64,
 ) -> Vec<Out> {
-    let mut outs = vec![Out::Text(error_frame(answer, account, now).to_string())];
+    let mut outs: Vec<Out> = answer.delay.map(Out::Pause).into_iter().collect();
+    outs.push(Out::Text(error_frame(answer, account, now).to_string()));
     if !keeps_socket {
         outs.push(Out::Close(CloseCode::Normal, ""));
     }
