@@ -260,3 +260,60 @@ async fn accounts_with_equal_headroom_take_turns() {
         "nine requests over three idle accounts at 0 %"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn simultaneous_failures_climb_the_ladder_once() {
+    let gw = Gw::start_with(1, |c| c.scheduling.max_concurrency = 3).await;
+    let a = gw.rr_order()[0].clone();
+    gw.fault(
+        &a,
+        FaultKind::SlowServerError {
+            status: 502,
+            ms: 300,
+        },
+        Some(3),
+    );
+    // Three requests in flight at once on the one account; each ends in a 502.
+    let tasks: Vec<_> = (0..3)
+        .map(|i| gw.spawn_stream(body_plain("gpt-5.5", &format!("storm {i}"), true)))
+        .collect();
+    for t in tasks {
+        let sse = t.await.unwrap();
+        assert_ne!(sse.status, 200, "{}", sse.body);
+    }
+    assert_eq!(
+        gw.served(&a),
+        3,
+        "all three reached the account before it cooled"
+    );
+    let view = gw.account(&a).await;
+    assert_eq!(view["state"], "cooling", "{view}");
+    assert_eq!(view["level"], 1, "one incident, one step: {view}");
+    assert!(
+        view["cooldown_remaining_s"].as_u64().unwrap() <= 30,
+        "the first step of the transient ladder: {view}"
+    );
+}
+
+#[tokio::test]
+async fn a_second_token_refusal_right_after_a_refresh_cools_the_account() {
+    let gw = Gw::start(2).await;
+    let order = gw.rr_order();
+    gw.fault(&order[0], FaultKind::TokenExpired, Some(2));
+    let sse = gw.stream(&body_plain("gpt-5.5", "hello", true), &[]).await;
+    assert_eq!(sse.last().0, "response.completed", "{:?}", sse.kinds());
+    assert!(sse.text().contains(&order[1]));
+    assert_eq!(gw.sim.sim.refresh_count(&order[0]), 1);
+    let view = gw.account(&order[0]).await;
+    assert_eq!(
+        (view["state"].as_str(), view["reason"].as_str()),
+        (Some("cooling"), Some("auth_expired")),
+        "{view}"
+    );
+    // Later requests do not each refresh it again.
+    for i in 0..3 {
+        gw.stream(&body_plain("gpt-5.5", &format!("again {i}"), true), &[])
+            .await;
+    }
+    assert_eq!(gw.sim.sim.refresh_count(&order[0]), 1);
+}

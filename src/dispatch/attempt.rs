@@ -10,11 +10,11 @@ use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
 use tokio::sync::mpsc;
 
 use super::{Dispatcher, ErrorReply, Frame, Mode, RequestCtx};
-use crate::fleet::Lease;
 use crate::fleet::affinity::{Rebound, refusal_scope};
 use crate::fleet::health::{Blame, Class};
 use crate::fleet::refresh::TokenError;
 use crate::fleet::scheduler::SkipReason;
+use crate::fleet::{Lease, Origin};
 use crate::telemetry::metrics::Metrics;
 use crate::telemetry::records::{AttemptRecord, Outcome, QueueRecord, Usage};
 use crate::upstream::event::Event;
@@ -118,8 +118,12 @@ pub(crate) struct Attempt<'a> {
     pub(super) trace: &'a mut Trace,
     pub(super) lease: Lease,
     identity: Identity,
-    /// When the current try began (a refused token makes a second one).
+    /// When the current try began (a refused token makes a second one), and the same on the
+    /// clock.
     pub(super) started: Instant,
+    started_ms: u64,
+    /// The access token was refreshed for this try (after the backend refused the first).
+    refreshed: bool,
     /// The backend endpoint this try talks to (for the facts of its failures).
     pub(super) endpoint: Endpoint,
 }
@@ -150,6 +154,8 @@ impl<'a> Attempt<'a> {
             lease,
             identity,
             started,
+            started_ms: d.fleet.clock().now_ms(),
+            refreshed: false,
             endpoint: Endpoint::Responses,
         };
         tracing::debug!(account = %a.lease.id, "attempt_start");
@@ -159,6 +165,7 @@ impl<'a> Attempt<'a> {
         };
         // The access token was refused as expired: one refresh, one more try.
         a.started = Instant::now();
+        a.started_ms = d.fleet.clock().now_ms();
         match d
             .fleet
             .ensure_fresh(&a.lease.id, Some(&rejected), d.upstream.as_ref())
@@ -167,6 +174,7 @@ impl<'a> Attempt<'a> {
             Ok(i) => a.identity = i,
             Err(e) => return token_failed(d, a.trace, &a.lease, e, a.started),
         }
+        a.refreshed = true;
         match a.send().await {
             Sent::End(end) => end,
             Sent::TokenRefused(_) => End::Next,
@@ -434,12 +442,14 @@ impl<'a> Attempt<'a> {
     /// policy refusal keeps this key's session away from the account and is remembered, to
     /// answer with if no candidate is left.
     pub(super) fn verdict(&mut self, facts: &Facts) -> Class {
-        let class = self.d.fleet.report_failure(
-            &self.lease.id,
-            facts,
-            &self.ctx.model,
-            &mut self.trace.blame,
-        );
+        let origin = Origin {
+            model: &self.ctx.model,
+            started_ms: self.started_ms,
+        };
+        let class =
+            self.d
+                .fleet
+                .report_failure(&self.lease.id, facts, origin, &mut self.trace.blame);
         if class == Class::Policy {
             if let Some(session) = &self.ctx.session {
                 self.d
@@ -469,6 +479,10 @@ impl<'a> Attempt<'a> {
     /// a refused token is refreshed and tried again, a caller error goes back as it is, and
     /// anything else moves on.
     fn failed(&mut self, facts: Facts) -> Sent {
+        let facts = Facts {
+            after_refresh: self.refreshed,
+            ..facts
+        };
         match self.judge(&facts) {
             Class::AuthExpired => Sent::TokenRefused(self.identity.access_token.clone()),
             Class::Caller => {

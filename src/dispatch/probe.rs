@@ -9,6 +9,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use super::Dispatcher;
+use crate::fleet::Origin;
 use crate::fleet::health::{AccountState, Blame, Class};
 use crate::fleet::refresh::TokenError;
 use crate::upstream::failure::Facts;
@@ -60,6 +61,14 @@ impl Dispatcher {
         Ok(snap)
     }
 
+    /// A probe asks for no model and begins now.
+    fn origin(&self) -> Origin<'static> {
+        Origin {
+            model: "",
+            started_ms: self.fleet.clock().now_ms(),
+        }
+    }
+
     /// Probes a half-open account with a usage call: it holds the account's one probe slot, so
     /// no request probes it at the same time. Returns the class the probe was judged as.
     pub async fn probe(&self, id: &str) -> Option<Class> {
@@ -67,9 +76,10 @@ impl Dispatcher {
         let class = match self.poll_usage(id).await {
             // A window still used up: the quota stays exhausted until it resets.
             Ok(snap) => match snap.exhaustion() {
-                Some(facts) => self
-                    .fleet
-                    .report_failure(id, &facts, "", &mut Blame::default()),
+                Some(facts) => {
+                    self.fleet
+                        .report_failure(id, &facts, self.origin(), &mut Blame::default())
+                }
                 None => {
                     self.fleet.report(id, Class::Success, None, "");
                     Class::Success
@@ -77,7 +87,7 @@ impl Dispatcher {
             },
             Err(PollError::Upstream(facts)) => {
                 self.fleet
-                    .report_failure(id, &facts, "", &mut Blame::default())
+                    .report_failure(id, &facts, self.origin(), &mut Blame::default())
             }
             Err(PollError::Token(TokenError::Failed { class, .. })) => class,
             Err(PollError::Token(TokenError::Missing)) => return None,

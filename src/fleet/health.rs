@@ -297,6 +297,9 @@ pub struct Health {
     pub clean_successes: u8,
     pub last_error: Option<String>,
     pub last_error_ms: u64,
+    /// When the running cooldown began (unix ms; kept in memory only: after a restart no
+    /// attempt from before it is in flight).
+    pub cooled_at_ms: u64,
 }
 
 impl Default for Health {
@@ -311,6 +314,7 @@ impl Default for Health {
             clean_successes: 0,
             last_error: None,
             last_error_ms: 0,
+            cooled_at_ms: 0,
         }
     }
 }
@@ -365,16 +369,35 @@ impl Health {
         self.levels.iter().copied().max().unwrap_or(0)
     }
 
-    /// Applies one attempt's class at `now_ms`. Returns the transition when the state changed
-    /// (or a cooldown was set or extended), `None` when nothing worth persisting happened.
+    /// Applies one attempt's class at `now_ms`, for an attempt that began now (see
+    /// [`Health::apply_from`]).
     pub fn apply(
         &mut self,
         class: Class,
         facts: Option<&Facts>,
         now_ms: u64,
     ) -> Option<Transition> {
+        self.apply_from(class, facts, now_ms, now_ms)
+    }
+
+    /// Applies the class of an attempt that began at `started_ms`, at `now_ms`. Returns the
+    /// transition when the state changed (or a cooldown was set or extended), `None` when
+    /// nothing worth persisting happened.
+    ///
+    /// A failure of an attempt begun before the running cooldown is part of the incident that
+    /// started it: it climbs no ladder (several requests in flight failing together are one
+    /// step, not several). And no failure shortens a running cooldown.
+    pub fn apply_from(
+        &mut self,
+        class: Class,
+        facts: Option<&Facts>,
+        now_ms: u64,
+        started_ms: u64,
+    ) -> Option<Transition> {
         let before = self.clone();
         let from = self.effective(now_ms).state();
+        let same_incident = matches!(self.effective(now_ms), Effective::Cooling { .. })
+            && started_ms < self.cooled_at_ms;
         match class {
             // A success while a cooldown runs comes from an attempt that began before it (no
             // new attempt reaches a cooling account): it does not end the cooldown. Only one
@@ -399,22 +422,29 @@ impl Health {
             }
             Class::Quota => {
                 let until = quota_reset_ms(facts, now_ms);
-                self.cool(until, class);
+                self.cool(until, class, now_ms);
             }
+            Class::RateLimited | Class::EdgeChallenge | Class::Transient if same_incident => {}
             Class::RateLimited => {
                 let step = self.climb(Ladder::Rate, now_ms);
                 let wait = facts
                     .and_then(|f| f.retry_after)
                     .map_or(step, |ra| ra.max(step));
-                self.cool(now_ms + ms(wait), class);
+                self.cool(now_ms.saturating_add(ms(wait)), class, now_ms);
             }
             Class::EdgeChallenge => {
                 let step = self.climb(Ladder::Edge, now_ms);
-                self.cool(now_ms + ms(step), class);
+                self.cool(now_ms.saturating_add(ms(step)), class, now_ms);
             }
             Class::Transient => {
                 let step = self.climb(Ladder::Transient, now_ms);
-                self.cool(now_ms + ms(step), class);
+                self.cool(now_ms.saturating_add(ms(step)), class, now_ms);
+            }
+            // The backend refused a token that was just refreshed: refreshing again will not
+            // help for now; the account cools (reason `auth_expired`) on the transient ladder.
+            Class::AuthExpired if facts.is_some_and(|f| f.after_refresh) && !same_incident => {
+                let step = self.climb(Ladder::Transient, now_ms);
+                self.cool(now_ms.saturating_add(ms(step)), class, now_ms);
             }
             Class::AuthDead => {
                 self.state = State::NeedsReauth;
@@ -437,6 +467,11 @@ impl Health {
                 | Class::ModelUnsupported
                 | Class::AuthExpired
         ) && let Some(f) = facts
+        {
+            self.note_error(class, f, now_ms);
+        }
+        if class == Class::AuthExpired
+            && let Some(f) = facts.filter(|f| f.after_refresh)
         {
             self.note_error(class, f, now_ms);
         }
@@ -476,16 +511,20 @@ impl Health {
         step
     }
 
-    fn cool(&mut self, until_ms: u64, class: Class) {
+    fn cool(&mut self, until_ms: u64, class: Class, now_ms: u64) {
         if self.state == State::NeedsReauth {
             return;
         }
+        let running = self.state == State::Cooling && now_ms < self.cooldown_until_ms;
+        if running && until_ms <= self.cooldown_until_ms {
+            // A milder failure never shortens a running cooldown, nor takes over its reason.
+            return;
+        }
+        if !running {
+            self.cooled_at_ms = now_ms;
+        }
         self.state = State::Cooling;
-        self.cooldown_until_ms = if self.reason == Some(Class::Quota) && class != Class::Quota {
-            self.cooldown_until_ms.max(until_ms)
-        } else {
-            until_ms
-        };
+        self.cooldown_until_ms = until_ms;
         self.reason = Some(class);
     }
 
@@ -527,6 +566,7 @@ impl Health {
             clean_successes: r.clean_successes,
             last_error: r.last_error,
             last_error_ms: r.last_error_ms,
+            cooled_at_ms: 0,
         })
     }
 
@@ -550,7 +590,7 @@ fn quota_reset_ms(facts: Option<&Facts>, now_ms: u64) -> u64 {
         .filter(|s| *s > 0)
         .map_or(QUOTA_DEFAULT, Duration::from_secs)
         .min(QUOTA_CAP);
-    now_ms + ms(secs)
+    now_ms.saturating_add(ms(secs))
 }
 
 #[cfg(test)]
@@ -951,6 +991,84 @@ mod tests {
             assert_eq!(h.apply(c, Some(&facts(400, "")), T0), None);
         }
         assert_eq!(h, Health::default());
+    }
+
+    #[test]
+    fn failures_of_attempts_begun_before_the_cooldown_climb_nothing() {
+        let mut h = Health::default();
+        // Three attempts begun at T0; they fail one after the other.
+        h.apply_from(Class::Transient, None, T0 + 100, T0);
+        h.apply_from(Class::Transient, None, T0 + 200, T0);
+        h.apply_from(Class::RateLimited, None, T0 + 300, T0);
+        assert_eq!(h.level(), 1);
+        assert_eq!(h.cooldown_until_ms, T0 + 100 + ms(TRANSIENT_LADDER[0]));
+        assert_eq!(h.reason, Some(Class::Transient));
+        // A quota answer from one of them still counts: it is longer.
+        h.apply_from(
+            Class::Quota,
+            Some(&facts(429, "usage_limit_reached")),
+            T0 + 400,
+            T0,
+        );
+        assert_eq!(h.reason, Some(Class::Quota));
+    }
+
+    #[test]
+    fn a_milder_failure_never_shortens_a_running_cooldown() {
+        let mut h = Health::default();
+        let mut now = T0;
+        for _ in 0..3 {
+            h.apply(Class::Transient, None, now);
+            now = h.cooldown_until_ms;
+        }
+        let _ = now;
+        // Ten minutes on the transient ladder; a burst limit a second in must not cut them.
+        let until = h.cooldown_until_ms;
+        let soon = h.cooled_at_ms + 1_000;
+        h.apply(Class::RateLimited, None, soon);
+        assert_eq!(
+            (h.cooldown_until_ms, h.reason),
+            (until, Some(Class::Transient))
+        );
+        h.apply(Class::EdgeChallenge, None, soon);
+        assert_eq!(h.cooldown_until_ms, until);
+    }
+
+    #[test]
+    fn a_token_refused_right_after_a_refresh_cools_the_account() {
+        let mut h = Health::default();
+        assert_eq!(
+            h.apply(Class::AuthExpired, Some(&facts(401, "token_expired")), T0),
+            None
+        );
+        let again = Facts {
+            after_refresh: true,
+            ..facts(401, "token_expired")
+        };
+        let t = h.apply(Class::AuthExpired, Some(&again), T0).unwrap();
+        assert_eq!(
+            (t.to, t.reason),
+            (AccountState::Cooling, Some(Class::AuthExpired))
+        );
+        assert_eq!(h.cooldown_until_ms, T0 + ms(TRANSIENT_LADDER[0]));
+    }
+
+    #[test]
+    fn huge_waits_are_capped_and_never_overflow() {
+        let mut h = Health::default();
+        let f = Facts {
+            retry_after: Some(Duration::MAX),
+            ..facts(429, "")
+        };
+        h.apply(Class::RateLimited, Some(&f), u64::MAX - 10);
+        assert_eq!(h.cooldown_until_ms, u64::MAX);
+        let mut h = Health::default();
+        let f = Facts {
+            resets_in_seconds: Some(u64::MAX),
+            ..facts(429, "usage_limit_reached")
+        };
+        h.apply(Class::Quota, Some(&f), T0);
+        assert_eq!(h.cooldown_until_ms, T0 + ms(QUOTA_CAP));
     }
 
     #[test]

@@ -51,6 +51,14 @@ pub enum FleetError {
     Refresh(String),
 }
 
+/// The attempt a failure came from: the model it asked for ("" for none) and when it began
+/// (unix ms).
+#[derive(Debug, Clone, Copy)]
+pub struct Origin<'a> {
+    pub model: &'a str,
+    pub started_ms: u64,
+}
+
 /// How long an (account, model) pair stays marked unsupported.
 pub const UNSUPPORTED_TTL: Duration = Duration::from_secs(3600);
 
@@ -313,20 +321,20 @@ impl Fleet {
         &self,
         id: &str,
         facts: &Facts,
-        model: &str,
+        origin: Origin<'_>,
         blame: &mut health::Blame,
     ) -> Class {
-        let class = health::classify(facts, model);
+        let class = health::classify(facts, origin.model);
         if blame.allows(facts, class) {
-            self.report(id, class, Some(facts), model);
+            self.report_from(id, class, Some(facts), origin);
         } else {
             tracing::info!(account = %id, error = %facts.summary(), "unexplained failure: this prompt already cooled an account for one; this one is not cooled");
         }
         class
     }
 
-    /// Applies an attempt's class to its account (the effects of DESIGN §5), persisting any
-    /// transition without making the caller wait for the disk.
+    /// Applies the class of an attempt that began now to its account (see
+    /// [`Fleet::report_from`]).
     pub fn report(
         &self,
         id: &str,
@@ -334,12 +342,28 @@ impl Fleet {
         facts: Option<&Facts>,
         model: &str,
     ) -> Option<Transition> {
+        let started_ms = self.clock.now_ms();
+        self.report_from(id, class, facts, Origin { model, started_ms })
+    }
+
+    /// Applies an attempt's class to its account (the effects of DESIGN §5), persisting any
+    /// transition without making the caller wait for the disk.
+    pub fn report_from(
+        &self,
+        id: &str,
+        class: Class,
+        facts: Option<&Facts>,
+        origin: Origin<'_>,
+    ) -> Option<Transition> {
+        let Origin { model, started_ms } = origin;
         let now = self.clock.now_ms();
         if class == Class::ModelUnsupported {
             if let Some(e) = self.write().accounts.get_mut(id) {
                 e.unsupported.retain(|_, until| *until > now);
-                e.unsupported
-                    .insert(model.to_string(), now + UNSUPPORTED_TTL.as_millis() as u64);
+                e.unsupported.insert(
+                    model.to_string(),
+                    now.saturating_add(UNSUPPORTED_TTL.as_millis() as u64),
+                );
             }
             tracing::info!(account = %id, model, "model marked unsupported for this account");
         }
@@ -357,7 +381,7 @@ impl Fleet {
                 _ => {}
             }
             e.health
-                .apply(class, facts, now)
+                .apply_from(class, facts, now, started_ms)
                 .map(|t| (t, e.health.clone()))
         };
         if grew {

@@ -39,16 +39,47 @@ impl Refresher for Upstream {
     }
 }
 
-/// Per-account single-flight locks.
+/// After a refresh that failed while the current token stays in use, the next one waits this
+/// long, doubling with each failure up to [`BACKOFF_MAX`].
+pub const BACKOFF_FIRST: Duration = Duration::from_secs(30);
+pub const BACKOFF_MAX: Duration = Duration::from_secs(600);
+
+/// Per-account single-flight locks, and the backoff of failing refreshes.
 #[derive(Clone, Default)]
 pub(crate) struct RefreshState {
     locks: Arc<Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>>,
+    /// Account -> (failures in a row, no refresh before this unix ms).
+    backoff: Arc<Mutex<HashMap<String, (u32, u64)>>>,
 }
 
 impl RefreshState {
     fn lock_for(&self, id: &str) -> Arc<tokio::sync::Mutex<()>> {
         let mut locks = self.locks.lock().unwrap_or_else(|e| e.into_inner());
         Arc::clone(locks.entry(id.to_string()).or_default())
+    }
+
+    fn backoff(&self) -> std::sync::MutexGuard<'_, HashMap<String, (u32, u64)>> {
+        self.backoff.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn backing_off(&self, id: &str, now_ms: u64) -> bool {
+        self.backoff()
+            .get(id)
+            .is_some_and(|(_, until)| now_ms < *until)
+    }
+
+    fn failed(&self, id: &str, now_ms: u64) {
+        let mut b = self.backoff();
+        let (failures, until) = b.entry(id.to_string()).or_insert((0, 0));
+        *failures = failures.saturating_add(1);
+        let wait = BACKOFF_FIRST
+            .saturating_mul(1 << (*failures - 1).min(10))
+            .min(BACKOFF_MAX);
+        *until = now_ms.saturating_add(u64::try_from(wait.as_millis()).unwrap_or(u64::MAX));
+    }
+
+    fn succeeded(&self, id: &str) {
+        self.backoff().remove(id);
     }
 }
 
@@ -89,9 +120,12 @@ impl Fleet {
             let inner = fleet.read();
             let e = inner.accounts.get(id).ok_or(TokenError::Missing)?;
             let s = e.secrets.as_ref().ok_or(TokenError::Missing)?;
-            let now = fleet.clock.now_secs();
+            let now_ms = fleet.clock.now_ms();
+            let now = now_ms / 1000;
+            // While a failing refresh backs off, a still-valid token is used as it is.
             Ok(rejected.is_some_and(|r| r == s.access_token.expose())
-                || Self::needs_refresh(s, now))
+                || (Self::needs_refresh(s, now)
+                    && !(fleet.refresh.backing_off(id, now_ms) && Self::token_valid(s, now))))
         };
         if !due(self)? {
             return self.identity(id).ok_or(TokenError::Missing);
@@ -125,6 +159,7 @@ impl Fleet {
         tracing::info!(account = %id, "refreshing access token");
         match refresher.refresh(current.refresh_token.expose()).await {
             Ok(tokens) => {
+                self.refresh.succeeded(id);
                 let fresh = self.rotated(&current, tokens);
                 // Commit the rotated refresh token before using the new access token: the old
                 // refresh token is dead from now on.
@@ -156,6 +191,7 @@ impl Fleet {
                     .ok_or(TokenError::Missing)
             }
             Err(facts) => {
+                self.refresh.failed(id, self.clock.now_ms());
                 let class = classify(&facts, "");
                 let why = facts.summary();
                 let now = self.clock.now_secs();
@@ -219,11 +255,13 @@ impl Fleet {
     /// Ids of accounts whose access token expires within the refresh skew (for the background
     /// refresher).
     pub fn due_for_refresh(&self) -> Vec<String> {
-        let now = self.clock.now_secs();
+        let now_ms = self.clock.now_ms();
+        let now = now_ms / 1000;
         self.read()
             .accounts
             .values()
             .filter(|e| e.record.enabled && e.health.state != State::NeedsReauth)
+            .filter(|e| !self.refresh.backing_off(&e.record.id, now_ms))
             .filter(|e| {
                 e.secrets
                     .as_ref()
@@ -272,11 +310,11 @@ mod tests {
 
     const NOW_S: u64 = 1_767_225_600;
 
-    /// An account whose tokens were obtained an hour ago and expire at `exp`.
-    async fn setup(exp: u64) -> (Fleet, String, Store) {
+    /// The same, with the clock.
+    async fn setup_clock(exp: u64) -> (Fleet, String, ManualClock) {
         let store = Store::open_in_memory().unwrap();
         let clock = ManualClock::new((NOW_S - 3600) * 1000);
-        let f = Fleet::load(store.clone(), Arc::new(clock.clone())).unwrap();
+        let f = Fleet::load(store, Arc::new(clock.clone())).unwrap();
         let id = f
             .import(
                 f.parse_auth(auth_json(&spec(exp, "old")).to_string().as_bytes())
@@ -287,6 +325,13 @@ mod tests {
             .account
             .id;
         clock.set_ms(NOW_S * 1000);
+        (f, id, clock)
+    }
+
+    /// An account whose tokens were obtained an hour ago and expire at `exp`.
+    async fn setup(exp: u64) -> (Fleet, String, Store) {
+        let (f, id, _) = setup_clock(exp).await;
+        let store = f.store().clone();
         (f, id, store)
     }
 
@@ -474,6 +519,32 @@ mod tests {
         let r = fake(Err(token_answer(429, &[], "{}")), 1);
         assert!(f.ensure_fresh(&id, None, &r).await.is_ok());
         assert_eq!(f.get(&id).unwrap().state, AccountState::Ready);
+    }
+
+    #[tokio::test]
+    async fn a_failing_refresh_backs_off_while_the_token_is_still_valid() {
+        let (f, id, clock) = setup_clock(NOW_S + 240).await; // due, and valid for 4 minutes
+        let r = fake(Err(token_answer(503, &[], "")), 10);
+        for _ in 0..5 {
+            f.ensure_fresh(&id, None, &r).await.unwrap();
+        }
+        assert_eq!(r.calls.load(Ordering::SeqCst), 1, "not once per request");
+        assert!(
+            f.due_for_refresh().is_empty(),
+            "nor by the background refresher"
+        );
+        clock.advance_ms(BACKOFF_FIRST.as_millis() as u64);
+        f.ensure_fresh(&id, None, &r).await.unwrap();
+        f.ensure_fresh(&id, None, &r).await.unwrap();
+        assert_eq!(
+            r.calls.load(Ordering::SeqCst),
+            2,
+            "then once per (doubled) wait"
+        );
+        // A token the backend refuses is refreshed at once, backoff or not.
+        let current = f.identity(&id).unwrap().access_token;
+        assert!(f.ensure_fresh(&id, Some(&current), &r).await.is_err());
+        assert_eq!(r.calls.load(Ordering::SeqCst), 3);
     }
 
     #[tokio::test]

@@ -62,7 +62,12 @@ pub struct Facts {
     /// The upstream body, kept for caller errors that are returned as they are.
     pub body: Option<Bytes>,
     pub content_type: Option<String>,
+    /// The access token was refreshed just before this exchange.
+    pub after_refresh: bool,
 }
+
+/// The longest `Retry-After` (or "try again in …") honoured.
+pub const MAX_RETRY_AFTER: Duration = Duration::from_secs(7 * 24 * 3600);
 
 impl Facts {
     /// The same facts, from another endpoint.
@@ -111,7 +116,7 @@ impl Facts {
             status: Some(status),
             retry_after: header("retry-after")
                 .and_then(|v| v.trim().parse::<u64>().ok())
-                .map(Duration::from_secs),
+                .map(|s| Duration::from_secs(s).min(MAX_RETRY_AFTER)),
             cloudflare: headers.contains_key("cf-mitigated") || (status == 403 && is_html),
             content_type,
             ..Facts::default()
@@ -178,7 +183,7 @@ impl Facts {
         if self.retry_after.is_none()
             && let Some(secs) = self.message.as_deref().and_then(retry_hint)
         {
-            self.retry_after = Some(Duration::from_secs(secs));
+            self.retry_after = Some(Duration::from_secs(secs).min(MAX_RETRY_AFTER));
         }
     }
 
@@ -266,6 +271,19 @@ mod tests {
         let body = br#"{"error":{"code":"rate_limit_exceeded","message":"Rate limit reached. Please try again in 1.5s."}}"#;
         let f = Facts::from_response(429, &headers(&[]), Bytes::from_static(body));
         assert_eq!(f.retry_after, Some(Duration::from_secs(2)));
+    }
+
+    #[test]
+    fn retry_after_is_capped_at_seven_days() {
+        let f = Facts::from_response(
+            429,
+            &headers(&[("retry-after", "99999999999")]),
+            Bytes::new(),
+        );
+        assert_eq!(f.retry_after, Some(MAX_RETRY_AFTER));
+        let body = br#"{"error":{"message":"Please try again in 99999999999s."}}"#;
+        let f = Facts::from_response(429, &headers(&[]), Bytes::from_static(body));
+        assert_eq!(f.retry_after, Some(MAX_RETRY_AFTER));
     }
 
     #[test]
