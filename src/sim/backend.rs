@@ -305,6 +305,9 @@ pub(crate) fn decide(account: &mut Account, req: &TurnRequest<'_>, ctx: &Ctx<'_>
         Some(FaultKind::SlowHeaders { ms }) => {
             shape.headers_delay = Some(Duration::from_millis(ms));
         }
+        Some(FaultKind::SlowDeltas { ms }) => {
+            shape.delta_pause = Some(Duration::from_millis(ms));
+        }
         // Never taken for a turn (see `FaultKind::applies_to`).
         Some(
             FaultKind::RefreshFails { .. }
@@ -357,8 +360,8 @@ pub(crate) fn decide(account: &mut Account, req: &TurnRequest<'_>, ctx: &Ctx<'_>
     };
     Decision::Serve(Served {
         turn: responses::build(&spec, &plan),
+        delta_pause: shape.delta_pause.or(account.script.delta_pause),
         shape,
-        delta_pause: account.script.delta_pause,
     })
 }
 

@@ -48,6 +48,8 @@ pub enum FaultKind {
     SlowFirstToken { ms: u64 },
     /// A pause of `ms` before the response headers.
     SlowHeaders { ms: u64 },
+    /// A normal answer paced with a pause of `ms` between deltas (a long answer).
+    SlowDeltas { ms: u64 },
     /// The token endpoint answers `status` to this account's refresh.
     RefreshFails { status: u16 },
     /// The token endpoint's edge answers this account's refresh with a Cloudflare challenge
@@ -137,6 +139,8 @@ impl FaultKind {
 pub(crate) struct StreamShape {
     pub headers_delay: Option<Duration>,
     pub first_delta_delay: Option<Duration>,
+    /// Overrides the profile's pause between deltas.
+    pub delta_pause: Option<Duration>,
     pub cut: Option<Cut>,
 }
 
