@@ -114,6 +114,7 @@ pub fn dispatch_config(config: &Config) -> DispatchConfig {
         stream_idle_timeout: config.upstream.stream_idle_timeout,
         first_output_timeout: Some(config.upstream.first_output_timeout).filter(|d| !d.is_zero()),
         aliases: config.models.aliases.clone(),
+        request_deadline: config.upstream.request_deadline,
         ..DispatchConfig::default()
     }
 }

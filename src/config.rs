@@ -63,6 +63,19 @@ pub struct ServerConfig {
     pub ws_idle_timeout: Duration,
     /// Open Responses WebSockets allowed per client key.
     pub ws_max_connections_per_key: usize,
+    /// A client that reads nothing of its answer for this long is cut (`client_stalled`).
+    #[serde(with = "duration")]
+    pub client_write_timeout: Duration,
+    /// A connection that has not sent a whole request head within this long is closed.
+    #[serde(with = "duration")]
+    pub header_read_timeout: Duration,
+    /// A kept-alive connection with no request for this long is closed.
+    #[serde(with = "duration")]
+    pub keepalive_idle_timeout: Duration,
+    /// Open client connections; beyond it the oldest idle one is closed, else the new one is
+    /// refused.
+    #[serde(deserialize_with = "positive_usize")]
+    pub max_connections: usize,
 }
 
 impl Default for ServerConfig {
@@ -75,6 +88,10 @@ impl Default for ServerConfig {
             ws_first_message_timeout: Duration::from_secs(30),
             ws_idle_timeout: Duration::from_secs(300),
             ws_max_connections_per_key: 32,
+            client_write_timeout: Duration::from_secs(60),
+            header_read_timeout: Duration::from_secs(10),
+            keepalive_idle_timeout: Duration::from_secs(75),
+            max_connections: 4096,
         }
     }
 }
@@ -124,6 +141,10 @@ pub struct UpstreamConfig {
     /// Fail over an account that shows nothing within this long ("0s" = off).
     #[serde(with = "duration")]
     pub first_output_timeout: Duration,
+    /// The longest a request may take to get a first answer from any account, failovers and
+    /// waits included.
+    #[serde(with = "duration")]
+    pub request_deadline: Duration,
     /// `client_version` sent when fetching the model catalog.
     pub client_version: String,
 }
@@ -139,6 +160,7 @@ impl Default for UpstreamConfig {
             header_timeout: Duration::from_secs(60),
             stream_idle_timeout: Duration::from_secs(300),
             first_output_timeout: Duration::ZERO,
+            request_deadline: Duration::from_secs(600),
             client_version: "0.169.0".into(),
         }
     }
@@ -361,6 +383,14 @@ fn positive_u64<'de, D: Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
     Ok(v)
 }
 
+fn positive_usize<'de, D: Deserializer<'de>>(d: D) -> Result<usize, D::Error> {
+    let v = usize::deserialize(d)?;
+    if v == 0 {
+        return Err(serde::de::Error::custom("must be greater than 0"));
+    }
+    Ok(v)
+}
+
 fn non_empty_secret<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Secret>, D::Error> {
     let s = String::deserialize(d)?;
     if s.len() < 16 {
@@ -417,6 +447,14 @@ keepalive_after = "10s"
 ws_first_message_timeout = "30s"
 ws_idle_timeout = "5m"
 ws_max_connections_per_key = 32
+# A client that reads nothing of its answer for this long is cut, and its account slot freed.
+client_write_timeout = "1m"
+# A connection that has not sent a whole request head within this long is closed; one kept
+# alive with no request for keepalive_idle_timeout is closed; beyond max_connections open
+# connections the oldest idle one is closed, else the new one is refused.
+header_read_timeout = "10s"
+keepalive_idle_timeout = "75s"
+max_connections = 4096
 
 [storage]
 # Where switchyard.redb and secret.key live.
@@ -439,6 +477,9 @@ stream_idle_timeout = "5m"
 # Fail over an account that shows nothing (no text, reasoning or tool call) within this long;
 # "0s" turns it off.
 first_output_timeout = "0s"
+# The longest a request may take to get a first answer from any account, failovers and waits
+# included (504 request_deadline_exceeded).
+request_deadline = "10m"
 # client_version sent when fetching the model catalog.
 client_version = "0.169.0"
 

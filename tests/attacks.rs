@@ -317,3 +317,86 @@ async fn a_second_token_refusal_right_after_a_refresh_cools_the_account() {
     }
     assert_eq!(gw.sim.sim.refresh_count(&order[0]), 1);
 }
+
+#[tokio::test]
+async fn the_first_output_deadline_does_not_cut_a_long_json_answer() {
+    let gw = Gw::start_with(1, |c| {
+        c.upstream.first_output_timeout = std::time::Duration::from_millis(300);
+    })
+    .await;
+    let a = gw.rr_order()[0].clone();
+    // The first delta comes at once; the whole answer takes well over the deadline.
+    gw.fault(&a, FaultKind::SlowDeltas { ms: 60 }, Some(1));
+    let (status, v) = gw
+        .json(&body_plain("gpt-5.5", "a long answer", false))
+        .await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["status"], "completed", "{v}");
+    assert_eq!(gw.account(&a).await["state"], "ready");
+}
+
+#[tokio::test]
+async fn the_request_deadline_bounds_the_whole_failover_walk() {
+    let gw = Gw::start_with(2, |c| {
+        c.upstream.request_deadline = std::time::Duration::from_millis(800);
+    })
+    .await;
+    // Each account fails slowly: together they would eat the client's whole budget.
+    for a in gw.rr_order() {
+        gw.fault(
+            &a,
+            FaultKind::SlowServerError {
+                status: 502,
+                ms: 600,
+            },
+            Some(1),
+        );
+    }
+    let resp = gw
+        .post_raw("/v1/responses", &body_plain("gpt-5.5", "hello", true), &[])
+        .await;
+    assert_eq!(resp.status(), 504);
+    let v: Value = resp.json().await.unwrap();
+    assert_eq!(v["error"]["code"], "request_deadline_exceeded", "{v}");
+    let record = &gw.requests(1).await[0];
+    assert_eq!(record["outcome"], "deadline_exceeded");
+    assert_eq!(classes(record), ["transient", "abandoned"], "{record}");
+    // Giving up on the second account says nothing about it.
+    let order = gw.rr_order();
+    let states: Vec<Value> = vec![
+        gw.account(&order[0]).await["state"].clone(),
+        gw.account(&order[1]).await["state"].clone(),
+    ];
+    assert_eq!(
+        states.iter().filter(|s| **s == "cooling").count(),
+        1,
+        "{states:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_compact_answer_that_never_ends_fails_within_the_header_timeout() {
+    let gw = Gw::start_with(2, |c| {
+        c.upstream.header_timeout = std::time::Duration::from_millis(300);
+    })
+    .await;
+    let order = gw.rr_order();
+    gw.fault(
+        &order[0],
+        FaultKind::HangMidStream { after_deltas: 0 },
+        Some(1),
+    );
+    let resp = gw
+        .post_raw(
+            "/v1/responses/compact",
+            &body_plain("gpt-5.5", "compact me", false),
+            &[],
+        )
+        .await;
+    assert_eq!(resp.status(), 200);
+    let v: Value = resp.json().await.unwrap();
+    assert_eq!(v["object"], "response.compaction", "{v}");
+    assert_eq!(gw.served(&order[1]), 1, "answered by the second account");
+    let record = &gw.requests(1).await[0];
+    assert_eq!(classes(record), ["transient", "success"], "{record}");
+}

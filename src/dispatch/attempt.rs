@@ -22,7 +22,7 @@ use crate::upstream::failure::{Endpoint, Facts, Phase};
 use crate::upstream::quota::QuotaSnapshot;
 use crate::upstream::stream::EventStream;
 use crate::upstream::ws::{DIAL_BUDGET, DialError, TurnSocket, turn};
-use crate::upstream::{Identity, MAX_ERROR_BODY, Transport, read_limited, relayed};
+use crate::upstream::{Identity, MAX_ERROR_BODY, Overflow, Transport, relayed};
 
 /// How an attempt ended.
 #[derive(Debug)]
@@ -255,6 +255,7 @@ impl<'a> Attempt<'a> {
         let resp = tokio::select! {
             r = send => r,
             _ = self.tx.closed() => return Sent::End(self.client_gone(None)),
+            _ = tokio::time::sleep_until(self.deadline()) => return Sent::End(self.abandon()),
         };
         let resp = match resp {
             Ok(r) => r,
@@ -266,7 +267,7 @@ impl<'a> Attempt<'a> {
         let resp_headers = resp.headers().clone();
         if !(200..300).contains(&status) {
             let body = tokio::select! {
-                b = read_limited(resp, MAX_ERROR_BODY) => b.unwrap_or_default(),
+                b = self.d.upstream.read_body(resp, MAX_ERROR_BODY, Overflow::Truncate) => b.unwrap_or_default(),
                 _ = self.tx.closed() => return Sent::End(self.client_gone(Some(status))),
             };
             return self.failed(Facts::from_response(status, &resp_headers, body));
@@ -408,7 +409,11 @@ impl<'a> Attempt<'a> {
     /// A unary answer (`/responses/compact`), relayed as it is.
     async fn finish_unary(&mut self, resp: reqwest::Response, resp_headers: &HeaderMap) -> End {
         let status = resp.status().as_u16();
-        match read_limited(resp, self.d.config.max_event_bytes).await {
+        let read = self
+            .d
+            .upstream
+            .read_body(resp, self.d.config.max_event_bytes, Overflow::Refuse);
+        match read.await {
             Ok(body) => {
                 self.d
                     .fleet
@@ -497,6 +502,27 @@ impl<'a> Attempt<'a> {
     pub(super) fn fail_over(&mut self, facts: Facts) -> End {
         self.judge(&facts);
         End::Next
+    }
+
+    /// When the request must have a first answer by.
+    pub(super) fn deadline(&self) -> tokio::time::Instant {
+        tokio::time::Instant::from_std(self.ctx.received + self.d.config.request_deadline)
+    }
+
+    /// The request's deadline passed before anything was shown: the attempt is given up
+    /// (neutral for the account) and the client told.
+    pub(super) fn abandon(&mut self) -> End {
+        tracing::info!(account = %self.lease.id, "request deadline reached; attempt given up");
+        self.record(
+            Class::Abandoned,
+            None,
+            None,
+            Some("the request's deadline passed".into()),
+        );
+        End::Reply(
+            self.d.deadline_reply(self.trace.attempts.len()),
+            Outcome::DeadlineExceeded,
+        )
     }
 
     pub(super) fn client_gone(&mut self, status: Option<u16>) -> End {

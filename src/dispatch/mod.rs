@@ -43,6 +43,8 @@ pub struct DispatchConfig {
     pub max_event_bytes: usize,
     /// Model aliases: requested name -> upstream name.
     pub aliases: BTreeMap<String, String>,
+    /// The longest a request may take to get a first answer, failovers and waits included.
+    pub request_deadline: Duration,
 }
 
 impl Default for DispatchConfig {
@@ -54,6 +56,7 @@ impl Default for DispatchConfig {
             max_precommit_bytes: 256 * 1024,
             max_event_bytes: 16 * 1024 * 1024,
             aliases: BTreeMap::new(),
+            request_deadline: Duration::from_secs(600),
         }
     }
 }

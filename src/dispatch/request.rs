@@ -2,6 +2,8 @@
 //! for the whole request — including when every candidate is gone (no fail-open: a known-bad
 //! account is never tried) — then keep its record.
 
+use std::time::{Duration, Instant};
+
 use reqwest::header::{HeaderName, HeaderValue};
 use serde_json::{Map, json};
 use tokio::sync::mpsc;
@@ -16,6 +18,28 @@ use crate::fleet::{Lease, Plan, SkipReason};
 use crate::telemetry::records::{Outcome, QueueRecord, RequestLog, RequestRecord};
 use crate::upstream::Transport;
 
+/// Where a request's walk over its candidates stands.
+struct Walk {
+    /// Candidates not tried yet, in order.
+    remaining: Vec<String>,
+    /// The session has waited for its own account once.
+    sticky_waited: bool,
+    /// When the request must have a first answer by.
+    deadline: Instant,
+}
+
+impl Walk {
+    /// A wait for a slot, cut to what is left before the deadline; `None` once it passed.
+    fn bounded(&self, wait: Duration) -> Option<Duration> {
+        let left = self.deadline.saturating_duration_since(Instant::now());
+        (!left.is_zero()).then(|| wait.min(left))
+    }
+
+    fn past_deadline(&self) -> bool {
+        Instant::now() >= self.deadline
+    }
+}
+
 /// How the search for a slot ended.
 enum Acquire {
     Lease(Box<Lease>),
@@ -24,6 +48,8 @@ enum Acquire {
     ClientLeft,
     /// No candidate is left.
     Exhausted,
+    /// The request's deadline passed while it waited.
+    Deadline,
 }
 
 impl Dispatcher {
@@ -87,15 +113,19 @@ impl Dispatcher {
         tx: &mpsc::Sender<Frame>,
         trace: &mut Trace,
     ) -> End {
-        let mut remaining = plan.order.clone();
-        let mut sticky_waited = false;
+        let mut walk = Walk {
+            remaining: plan.order.clone(),
+            sticky_waited: false,
+            deadline: ctx.received + self.config.request_deadline,
+        };
         loop {
-            let lease = match self
-                .acquire(plan, &mut remaining, &mut sticky_waited, tx, trace)
-                .await
-            {
+            let lease = match self.acquire(plan, &mut walk, tx, trace).await {
                 Acquire::Lease(l) => *l,
                 Acquire::Busy => return End::Reply(self.pool_busy(plan), Outcome::PoolBusy),
+                Acquire::Deadline => {
+                    let reply = self.deadline_reply(trace.attempts.len());
+                    return End::Reply(reply, Outcome::DeadlineExceeded);
+                }
                 Acquire::ClientLeft => return End::ClientGone,
                 Acquire::Exhausted => {
                     return match trace.refusal.take() {
@@ -233,8 +263,7 @@ impl Dispatcher {
     async fn acquire(
         &self,
         plan: &Plan,
-        remaining: &mut Vec<String>,
-        sticky_waited: &mut bool,
+        walk: &mut Walk,
         tx: &mpsc::Sender<Frame>,
         trace: &mut Trace,
     ) -> Acquire {
@@ -244,40 +273,43 @@ impl Dispatcher {
             let sticky_first = plan
                 .sticky
                 .as_ref()
-                .is_some_and(|s| !*sticky_waited && remaining.first() == Some(s));
+                .is_some_and(|s| !walk.sticky_waited && walk.remaining.first() == Some(s));
             let mut i = 0;
-            while i < remaining.len() && (!sticky_first || i == 0) {
-                match self.fleet.try_lease(&remaining[i], &plan.model) {
+            while i < walk.remaining.len() && (!sticky_first || i == 0) {
+                match self.fleet.try_lease(&walk.remaining[i], &plan.model) {
                     Ok(lease) => {
-                        remaining.remove(i);
+                        walk.remaining.remove(i);
                         return Acquire::Lease(Box::new(lease));
                     }
                     Err(SkipReason::Full) => {
-                        let id = remaining[i].clone();
+                        let id = walk.remaining[i].clone();
                         self.skip(trace, &id, SkipReason::Full);
                         i += 1;
                     }
                     Err(reason) => {
-                        let id = remaining.remove(i);
+                        let id = walk.remaining.remove(i);
                         self.skip(trace, &id, reason);
                     }
                 }
             }
-            if remaining.is_empty() {
+            if walk.remaining.is_empty() {
                 return Acquire::Exhausted;
             }
             if let Some(sticky) = plan
                 .sticky
                 .as_ref()
-                .filter(|s| sticky_first && remaining.first() == Some(*s))
+                .filter(|s| sticky_first && walk.remaining.first() == Some(*s))
             {
-                *sticky_waited = true;
+                walk.sticky_waited = true;
+                let Some(wait_for) = walk.bounded(settings.sticky_wait) else {
+                    return Acquire::Deadline;
+                };
                 let (lease, wait) = self
                     .fleet
                     .wait_for_account(
                         sticky,
                         &plan.model,
-                        settings.sticky_wait,
+                        wait_for,
                         settings.sticky_max_waiting,
                         tx.closed(),
                     )
@@ -285,25 +317,29 @@ impl Dispatcher {
                 self.note_wait(trace, wait);
                 match (lease, wait.outcome) {
                     (Some(l), _) => {
-                        remaining.retain(|id| id != &l.id);
+                        walk.remaining.retain(|id| id != &l.id);
                         return Acquire::Lease(Box::new(l));
                     }
                     (None, QueueOutcome::ClientLeft) => return Acquire::ClientLeft,
+                    (None, _) if walk.past_deadline() => return Acquire::Deadline,
                     (None, _) if plan.owner_only => return Acquire::Busy,
                     (None, _) => {
                         // Busy for too long: the session moves on.
                         trace.rebound.get_or_insert(Rebound::Busy);
-                        remaining.retain(|id| id != sticky);
+                        walk.remaining.retain(|id| id != sticky);
                         continue;
                     }
                 }
             }
+            let Some(wait_for) = walk.bounded(settings.queue_wait) else {
+                return Acquire::Deadline;
+            };
             let (lease, wait) = self
                 .fleet
                 .wait_for_pool(
-                    remaining,
+                    &walk.remaining,
                     &plan.model,
-                    settings.queue_wait,
+                    wait_for,
                     settings.queue_max_waiting,
                     tx.closed(),
                 )
@@ -311,10 +347,11 @@ impl Dispatcher {
             self.note_wait(trace, wait);
             return match (lease, wait.outcome) {
                 (Some(l), _) => {
-                    remaining.retain(|id| id != &l.id);
+                    walk.remaining.retain(|id| id != &l.id);
                     Acquire::Lease(Box::new(l))
                 }
                 (None, QueueOutcome::ClientLeft) => Acquire::ClientLeft,
+                (None, _) if walk.past_deadline() => Acquire::Deadline,
                 (None, _) => Acquire::Busy,
             };
         }
@@ -356,6 +393,22 @@ impl Dispatcher {
         };
         self.fleet.affinity.bind(session, &served.id);
         decision
+    }
+
+    /// 504 `request_deadline_exceeded`: no account answered in time.
+    pub(crate) fn deadline_reply(&self, attempts: usize) -> ErrorReply {
+        ErrorReply::openai(
+            504,
+            "server_error",
+            "request_deadline_exceeded",
+            format!(
+                "no account answered within {} ({attempts} attempts); retry later",
+                human_duration(
+                    u64::try_from(self.config.request_deadline.as_millis()).unwrap_or(u64::MAX)
+                )
+            ),
+            Map::new(),
+        )
     }
 
     /// 503 `pool_busy`: every candidate stayed full for the whole wait.

@@ -50,6 +50,9 @@ struct Boundary {
     held: Vec<Event>,
     held_bytes: usize,
     committed: bool,
+    /// An event a client would render has arrived (for a JSON client, long before the commit
+    /// at the terminal event): the first-output deadline no longer applies.
+    output_seen: bool,
     response_id: Option<String>,
     relay: Vec<(HeaderName, HeaderValue)>,
 }
@@ -76,6 +79,7 @@ impl Attempt<'_> {
             held: Vec::new(),
             held_bytes: 0,
             committed: false,
+            output_seen: false,
             response_id: None,
             relay,
         };
@@ -92,15 +96,27 @@ impl Attempt<'_> {
                     {
                         return self.client_gone(Some(200));
                     }
-                    let wait = match (b.committed, first_output_deadline) {
-                        (false, Some(deadline)) => deadline
-                            .saturating_duration_since(std::time::Instant::now())
-                            .min(idle),
+                    let shown = b.output_seen || b.committed;
+                    let now = std::time::Instant::now();
+                    let mut wait = match (shown, first_output_deadline) {
+                        (false, Some(deadline)) => {
+                            deadline.saturating_duration_since(now).min(idle)
+                        }
                         _ => idle,
                     };
+                    if !shown {
+                        let left = self.deadline().into_std().saturating_duration_since(now);
+                        if left.is_zero() {
+                            return self.abandon();
+                        }
+                        wait = wait.min(left);
+                    }
                     tokio::select! {
                         r = tokio::time::timeout(wait, events.next()) => match r {
-                            Err(_) if !b.committed && first_output_deadline.is_some_and(|d| std::time::Instant::now() >= d) => {
+                            Err(_) if !shown && tokio::time::Instant::now() >= self.deadline() => {
+                                return self.abandon();
+                            }
+                            Err(_) if !b.output_seen && first_output_deadline.is_some_and(|d| std::time::Instant::now() >= d) => {
                                 Err(format!("no output within {:?}", self.d.config.first_output_timeout.unwrap_or_default()))
                             }
                             Err(_) => Err(format!("no upstream data for {}s", wait.as_secs())),
@@ -128,6 +144,9 @@ impl Attempt<'_> {
             }
             if ev.is_terminal() {
                 return with_batch(batch, self.terminal(ev, &mut b));
+            }
+            if !b.output_seen && !is_precommit(ev.kind()) {
+                b.output_seen = true;
             }
             if !streaming {
                 continue; // a JSON client gets only the final response

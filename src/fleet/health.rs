@@ -27,6 +27,8 @@ named! {
         Caller => "caller",
         Transient => "transient",
         ClientCancelled => "client_cancelled",
+        /// The gateway gave the attempt up (the request's deadline, shutdown): neutral.
+        Abandoned => "abandoned",
     }
 }
 
@@ -456,7 +458,8 @@ impl Health {
             | Class::ModelUnsupported
             | Class::Policy
             | Class::Caller
-            | Class::ClientCancelled => {}
+            | Class::ClientCancelled
+            | Class::Abandoned => {}
         }
         if !matches!(
             class,
@@ -464,6 +467,7 @@ impl Health {
                 | Class::Caller
                 | Class::Policy
                 | Class::ClientCancelled
+                | Class::Abandoned
                 | Class::ModelUnsupported
                 | Class::AuthExpired
         ) && let Some(f) = facts

@@ -43,6 +43,8 @@ named! {
         PreviousResponseNotFound => "previous_response_not_found",
         /// Every account it was tried on refused the prompt for policy.
         PolicyRefused => "policy_refused",
+        /// No account answered within the request's deadline.
+        DeadlineExceeded => "deadline_exceeded",
     }
 }
 

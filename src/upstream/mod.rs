@@ -217,7 +217,10 @@ impl Upstream {
             .map_err(at_token)?;
         let status = resp.status().as_u16();
         let headers = resp.headers().clone();
-        let bytes = read_limited(resp, MAX_ERROR_BODY).await.map_err(at_token)?;
+        let bytes = self
+            .read_body(resp, MAX_ERROR_BODY, Overflow::Truncate)
+            .await
+            .map_err(at_token)?;
         if !(200..300).contains(&status) {
             return Err(Facts::from_response(status, &headers, bytes).at(Endpoint::Token));
         }
@@ -249,7 +252,9 @@ impl Upstream {
         let resp = self.send(req).await?;
         let status = resp.status().as_u16();
         let headers = resp.headers().clone();
-        let bytes = read_limited(resp, 8 * 1024 * 1024).await?;
+        let bytes = self
+            .read_body(resp, 8 * 1024 * 1024, Overflow::Refuse)
+            .await?;
         if !(200..300).contains(&status) {
             return Err(Facts::from_response(status, &headers, bytes));
         }
@@ -262,13 +267,51 @@ impl Upstream {
     }
 }
 
-/// Reads a whole (error) body, at most `limit` bytes.
-pub async fn read_limited(resp: reqwest::Response, limit: usize) -> Result<Bytes, Facts> {
+/// What a body longer than the limit comes to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Overflow {
+    /// The first `limit` bytes (an error body: enough to classify and show).
+    Truncate,
+    /// A failure (an answer: a cut one would be passed on as a success).
+    Refuse,
+}
+
+impl Upstream {
+    /// Reads a whole body, at most `limit` bytes, within the header timeout (a body that
+    /// trickles or never ends is a failure, not a hang).
+    pub async fn read_body(
+        &self,
+        resp: reqwest::Response,
+        limit: usize,
+        overflow: Overflow,
+    ) -> Result<Bytes, Facts> {
+        let within = self.config.header_timeout;
+        match tokio::time::timeout(within, read_capped(resp, limit, overflow)).await {
+            Ok(read) => read,
+            Err(_) => Err(Facts::transport(
+                Phase::PreCommit,
+                format!("the answer's body was not read within {within:?}"),
+            )),
+        }
+    }
+}
+
+async fn read_capped(
+    resp: reqwest::Response,
+    limit: usize,
+    overflow: Overflow,
+) -> Result<Bytes, Facts> {
     let mut out = Vec::new();
     let mut stream = resp.bytes_stream();
     while let Some(chunk) = stream.next().await {
         let chunk = chunk.map_err(|e| Facts::transport(Phase::PreCommit, describe(&e)))?;
         let room = limit.saturating_sub(out.len());
+        if chunk.len() > room && overflow == Overflow::Refuse {
+            return Err(Facts::transport(
+                Phase::PreCommit,
+                format!("the answer exceeds {limit} bytes"),
+            ));
+        }
         out.extend_from_slice(&chunk[..chunk.len().min(room)]);
         if out.len() >= limit {
             break;
@@ -290,4 +333,90 @@ pub fn describe(e: &(dyn std::error::Error + 'static)) -> String {
         src = c.source();
     }
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    /// A peer on loopback that answers every request with `head` and `body`, then holds the
+    /// connection open.
+    async fn peer(head: &'static str, body: Vec<u8>) -> String {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            while let Ok((mut conn, _)) = listener.accept().await {
+                let body = body.clone();
+                tokio::spawn(async move {
+                    let mut buf = [0u8; 4096];
+                    let _ = conn.read(&mut buf).await;
+                    let _ = conn.write_all(head.as_bytes()).await;
+                    let _ = conn.write_all(&body).await;
+                    std::future::pending::<()>().await;
+                });
+            }
+        });
+        format!("http://{addr}")
+    }
+
+    fn upstream(base: String) -> Upstream {
+        let config = UpstreamConfig {
+            base_url: base,
+            header_timeout: Duration::from_millis(300),
+            ..UpstreamConfig::default()
+        };
+        Upstream::new(&config).unwrap()
+    }
+
+    fn identity() -> Identity {
+        Identity {
+            access_token: "t".into(),
+            chatgpt_account_id: "a".into(),
+            installation_id: "i".into(),
+        }
+    }
+
+    #[tokio::test]
+    async fn an_answer_over_the_cap_is_refused_and_an_error_body_cut() {
+        let head =
+            "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2048\r\n\r\n";
+        let u = upstream(peer(head, vec![b'x'; 2048]).await);
+        let resp = u
+            .post("/responses/compact", &identity(), &[], Bytes::new(), false)
+            .await
+            .unwrap();
+        let err = u.read_body(resp, 1024, Overflow::Refuse).await.unwrap_err();
+        assert!(
+            err.summary().contains("exceeds 1024 bytes"),
+            "{}",
+            err.summary()
+        );
+        let u = upstream(peer(head, vec![b'x'; 2048]).await);
+        let resp = u
+            .post("/responses/compact", &identity(), &[], Bytes::new(), false)
+            .await
+            .unwrap();
+        let cut = u.read_body(resp, 1024, Overflow::Truncate).await.unwrap();
+        assert_eq!(cut.len(), 1024);
+    }
+
+    #[tokio::test]
+    async fn a_body_that_never_comes_fails_within_the_header_timeout() {
+        let head = "HTTP/1.1 502 Bad Gateway\r\ncontent-length: 100\r\n\r\n";
+        let u = upstream(peer(head, b"partial".to_vec()).await);
+        let resp = u
+            .post("/responses", &identity(), &[], Bytes::new(), true)
+            .await
+            .unwrap();
+        let err = u
+            .read_body(resp, MAX_ERROR_BODY, Overflow::Truncate)
+            .await
+            .unwrap_err();
+        assert!(
+            err.summary().contains("not read within"),
+            "{}",
+            err.summary()
+        );
+    }
 }
