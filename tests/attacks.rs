@@ -400,3 +400,79 @@ async fn a_compact_answer_that_never_ends_fails_within_the_header_timeout() {
     let record = &gw.requests(1).await[0];
     assert_eq!(classes(record), ["transient", "success"], "{record}");
 }
+
+/// One account cooled by a failure, then half-open on a manual clock.
+async fn half_open_single() -> (Gw, String) {
+    use std::sync::Arc;
+    use switchyard::clock::{Clock, ManualClock};
+    let clock = ManualClock::new(switchyard::clock::SystemClock.now_ms());
+    let gw = Gw::start_opts(common::gw::GwOptions {
+        accounts: 1,
+        clock: Arc::new(clock.clone()),
+        ..Default::default()
+    })
+    .await;
+    let a = gw.rr_order()[0].clone();
+    gw.fault(&a, FaultKind::ServerError { status: 500 }, Some(1));
+    gw.stream(&body_plain("gpt-5.5", "x", true), &[]).await;
+    assert_eq!(gw.account(&a).await["state"], "cooling");
+    clock.advance(std::time::Duration::from_secs(31));
+    assert_eq!(gw.account(&a).await["state"], "half_open");
+    (gw, a)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_wait_for_a_half_open_probe_and_are_served_at_its_first_output() {
+    let (gw, a) = half_open_single().await;
+    // The probe's answer is long; its first delta comes at once.
+    gw.fault(&a, FaultKind::SlowDeltas { ms: 200 }, Some(1));
+    let probe = gw.spawn_stream(body_plain("gpt-5.5", "probe", true));
+    common::gw::until("the probe to reach the account", || async {
+        gw.served(&a) == 2
+    })
+    .await;
+    let sse = gw
+        .stream(&body_plain("gpt-5.5", "meanwhile", true), &[])
+        .await;
+    assert_eq!(sse.status, 200, "{}", sse.body);
+    assert_eq!(sse.last().0, "response.completed");
+    assert!(
+        !probe.is_finished(),
+        "served while the probe's own answer still streams"
+    );
+    let probe = probe.await.unwrap();
+    assert_eq!(probe.last().0, "response.completed");
+    assert_eq!(gw.account(&a).await["state"], "ready");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_probe_answers_its_waiters_at_once_with_retry_after() {
+    let (gw, a) = half_open_single().await;
+    gw.fault(
+        &a,
+        FaultKind::SlowServerError {
+            status: 502,
+            ms: 300,
+        },
+        Some(1),
+    );
+    let probe = gw.spawn_stream(body_plain("gpt-5.5", "probe", true));
+    common::gw::until("the probe to reach the account", || async {
+        gw.served(&a) == 2
+    })
+    .await;
+    let resp = gw
+        .post_raw(
+            "/v1/responses",
+            &body_plain("gpt-5.5", "meanwhile", true),
+            &[],
+        )
+        .await;
+    assert_eq!(resp.status(), 503);
+    assert!(resp.headers().contains_key("retry-after"));
+    let v: Value = resp.json().await.unwrap();
+    assert_eq!(v["error"]["code"], "no_available_account", "{v}");
+    let record = &gw.requests(1).await[0];
+    assert_eq!(record["queue"]["outcome"], "withdrawn", "{record}");
+    assert!(probe.await.unwrap().status >= 500);
+}

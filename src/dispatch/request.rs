@@ -281,13 +281,18 @@ impl Dispatcher {
                         walk.remaining.remove(i);
                         return Acquire::Lease(Box::new(lease));
                     }
-                    Err(SkipReason::Full) => {
+                    // Busy (or deciding its half-open probe): worth waiting for.
+                    Err(reason @ (SkipReason::Full | SkipReason::Probing)) => {
                         let id = walk.remaining[i].clone();
-                        self.skip(trace, &id, SkipReason::Full);
+                        self.skip(trace, &id, reason);
                         i += 1;
                     }
                     Err(reason) => {
                         let id = walk.remaining.remove(i);
+                        if plan.sticky.as_ref() == Some(&id) {
+                            // The session's account became unusable since the plan.
+                            trace.rebound.get_or_insert(Rebound::Skipped(reason));
+                        }
                         self.skip(trace, &id, reason);
                     }
                 }
@@ -322,6 +327,8 @@ impl Dispatcher {
                     }
                     (None, QueueOutcome::ClientLeft) => return Acquire::ClientLeft,
                     (None, _) if walk.past_deadline() => return Acquire::Deadline,
+                    // It became unusable: the next round skips it, with its reason.
+                    (None, QueueOutcome::Withdrawn) => continue,
                     (None, _) if plan.owner_only => return Acquire::Busy,
                     (None, _) => {
                         // Busy for too long: the session moves on.
@@ -352,6 +359,8 @@ impl Dispatcher {
                 }
                 (None, QueueOutcome::ClientLeft) => Acquire::ClientLeft,
                 (None, _) if walk.past_deadline() => Acquire::Deadline,
+                // Every account it waited for became unusable: the next round finds out why.
+                (None, QueueOutcome::Withdrawn) => continue,
                 (None, _) => Acquire::Busy,
             };
         }

@@ -147,6 +147,8 @@ impl Attempt<'_> {
             }
             if !b.output_seen && !is_precommit(ev.kind()) {
                 b.output_seen = true;
+                // A half-open account's probe is judged by its first output, not its end.
+                self.d.fleet.first_output(&mut self.lease);
             }
             if !streaming {
                 continue; // a JSON client gets only the final response

@@ -491,6 +491,17 @@ impl Health {
         })
     }
 
+    /// A half-open account's probe showed output: the cooldown is over (the successes that
+    /// clear an escalated ladder are still counted when answers complete). True when that
+    /// changed the state.
+    pub fn probe_passed(&mut self, now_ms: u64) -> bool {
+        if self.effective(now_ms) != Effective::HalfOpen {
+            return false;
+        }
+        self.state = State::Ready;
+        true
+    }
+
     /// Remembers a failure for the operator without changing the state.
     pub fn note_error(&mut self, class: Class, facts: &Facts, now_ms: u64) {
         self.last_error = Some(format!("{}: {}", class.as_str(), facts.summary()));

@@ -30,7 +30,7 @@ use crate::upstream::quota::QuotaSnapshot;
 
 pub use self::accounts::{AccountView, Imported};
 use self::auth_file::AuthFileError;
-use self::health::{Class, Effective, Health, State, Transition};
+use self::health::{AccountState, Class, Effective, Health, State, Transition};
 pub use self::scheduler::{Lease, Plan, SkipReason};
 use self::settings::{Settings, SettingsPatch};
 
@@ -398,6 +398,12 @@ impl Fleet {
             "account transition"
         );
         self.persist_health(id, &health);
+        if matches!(
+            transition.to,
+            AccountState::Cooling | AccountState::NeedsReauth
+        ) {
+            self.withdraw_waiters(id);
+        }
         Some(transition)
     }
 
@@ -417,7 +423,7 @@ impl Fleet {
     }
 
     /// Queues a health write; the request path never waits for it.
-    fn persist_health(&self, id: &str, health: &Health) {
+    pub(crate) fn persist_health(&self, id: &str, health: &Health) {
         match Store::health_mutation(id, &health.to_record()) {
             Ok(m) => self.store.enqueue(vec![m]),
             Err(e) => tracing::error!(error = %e, "cannot encode account health"),

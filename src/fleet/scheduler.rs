@@ -65,6 +65,8 @@ named! {
         Timeout => "timeout",
         QueueFull => "queue_full",
         ClientLeft => "client_left",
+        /// Every account it waited for became unusable (it cooled, or needs a login).
+        Withdrawn => "withdrawn",
     }
 }
 
@@ -205,7 +207,8 @@ impl Fleet {
         match e.health.effective(now_ms) {
             Effective::NeedsReauth => return Some(SkipReason::NeedsReauth),
             Effective::Cooling { .. } => return Some(SkipReason::Cooling),
-            Effective::HalfOpen if e.probing => return Some(SkipReason::Probing),
+            // A half-open account whose probe runs is a candidate that is busy (see
+            // `try_lease`): requests wait for its verdict instead of being turned away.
             Effective::HalfOpen | Effective::Ready => {}
         }
         if !model.is_empty() && e.is_unsupported(model, now_ms) {
@@ -355,6 +358,10 @@ impl Fleet {
         if let Some(r) = self.skip_reason(e, model, now) {
             return Err(r);
         }
+        // One probe at a time decides a half-open account; others wait for its verdict.
+        if e.probing {
+            return Err(SkipReason::Probing);
+        }
         // Waiters go first: a free slot with a queue in front of it is not ours.
         if e.in_flight >= e.limit.floor() as u32 || !e.waiters.is_empty() {
             return Err(SkipReason::Full);
@@ -474,7 +481,8 @@ impl Fleet {
         let outcome = tokio::select! {
             r = &mut rx => match r {
                 Ok(lease) => return (Some(lease), done(QueueOutcome::Acquired)),
-                Err(_) => QueueOutcome::Timeout,
+                // Taken off the queue without a slot: what it waited for became unusable.
+                Err(_) => QueueOutcome::Withdrawn,
             },
             _ = tokio::time::sleep(wait) => QueueOutcome::Timeout,
             _ = cancel => QueueOutcome::ClientLeft,
@@ -514,7 +522,7 @@ impl Fleet {
             let mut guard = self.write();
             let inner: &mut Inner = &mut guard;
             while let Some(e) = inner.accounts.get_mut(id) {
-                if e.in_flight >= e.limit.floor() as u32 {
+                if e.in_flight >= e.limit.floor() as u32 || e.probing {
                     break;
                 }
                 let waiter = if let Some(w) = e.waiters.front() {
@@ -553,6 +561,67 @@ impl Fleet {
             }
         }
         drop(undelivered);
+    }
+
+    /// The first output of an attempt: when it is a half-open account's probe, that is the
+    /// verdict — the account is ready again, and the requests waiting for it get its slots
+    /// while the probe's own answer goes on.
+    pub fn first_output(&self, lease: &mut Lease) {
+        if !lease.probe {
+            return;
+        }
+        lease.probe = false;
+        let now = self.clock.now_ms();
+        let health = {
+            let mut inner = self.write();
+            let Some(e) = inner.accounts.get_mut(&lease.id) else {
+                return;
+            };
+            e.probing = false;
+            e.health.probe_passed(now).then(|| e.health.clone())
+        };
+        if let Some(h) = health {
+            tracing::info!(account = %lease.id, "half-open probe committed; account ready");
+            self.persist_health(&lease.id, &h);
+        }
+        self.hand_off(&lease.id);
+    }
+
+    /// Takes off the queues every waiter that can no longer be served: the sticky waiters of
+    /// `id` (it became unusable), and the pool waiters none of whose accounts is usable.
+    /// Each learns at once (`withdrawn`) instead of waiting out its queue time.
+    pub(crate) fn withdraw_waiters(&self, id: &str) {
+        let now = self.clock.now_ms();
+        let mut withdrawn = Vec::new();
+        {
+            let mut guard = self.write();
+            let inner: &mut Inner = &mut guard;
+            let Some(e) = inner.accounts.get_mut(id) else {
+                return;
+            };
+            withdrawn.extend(e.waiters.drain(..));
+            let accounts = &inner.accounts;
+            let mut kept = std::collections::VecDeque::with_capacity(inner.pool.len());
+            for w in inner.pool.drain(..) {
+                let usable = w.accepts.as_ref().is_some_and(|set| {
+                    set.iter().any(|a| {
+                        accounts
+                            .get(a)
+                            .is_some_and(|e| self.skip_reason(e, &w.model, now).is_none())
+                    })
+                });
+                if usable {
+                    kept.push_back(w);
+                } else {
+                    withdrawn.push(w);
+                }
+            }
+            inner.pool = kept;
+        }
+        if !withdrawn.is_empty() {
+            tracing::debug!(account = %id, waiters = withdrawn.len(), "waiters withdrawn");
+        }
+        drop(withdrawn);
     }
 
     /// AIMD: a burst rate limit halves the account's limit (never below 1).
