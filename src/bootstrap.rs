@@ -332,7 +332,7 @@ fn spawn_background(
             .fleet
             .spawn_sweepers(Duration::from_secs(60), stop.clone()),
     );
-    tasks.push(
+    tasks.extend(
         state
             .dispatcher
             .spawn_sweepers(Duration::from_secs(60), stop),

@@ -126,11 +126,21 @@ async fn openai_python_sdk_websocket_two_turns_with_previous_response_id() {
         "{v}"
     );
     let recs = gw.requests(5).await;
+    let served: Vec<&Value> = recs
+        .iter()
+        .rev()
+        .filter(|r| r["ws"] == true && r["outcome"] == "success")
+        .collect();
+    assert_eq!(served.len(), 2);
+    // The SDK sends no session header: the connection is the session, so the continuation
+    // stays on its account and upstream socket instead of replaying the history elsewhere.
+    assert_eq!(served[0]["account"], served[1]["account"], "{v}");
     assert_eq!(
-        recs.iter()
-            .filter(|r| r["ws"] == true && r["outcome"] == "success")
-            .count(),
-        2
+        (
+            served[0]["transport"].as_str(),
+            served[1]["transport"].as_str()
+        ),
+        (Some("ws_connected"), Some("ws_reused"))
     );
 }
 

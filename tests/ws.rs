@@ -624,3 +624,203 @@ async fn the_current_turns_model_picks_the_accounts() {
     assert_eq!(rec["model"], "gpt-5.4");
     assert_eq!(rec["account"], order[1].as_str());
 }
+
+/// A connection without any session header (what `client.responses.connect()` opens).
+async fn connect_without_session(gw: &Gw) -> Ws {
+    let mut req = format!("ws://{}/v1/responses", gw.addr)
+        .into_client_request()
+        .unwrap();
+    req.headers_mut().insert(
+        "authorization",
+        format!("Bearer {}", gw.key).parse().unwrap(),
+    );
+    tokio_tungstenite::connect_async(req).await.unwrap().0
+}
+
+async fn idle_sockets(gw: &Gw) -> u64 {
+    let text = gw.metrics_text().await;
+    text.lines()
+        .find_map(|l| l.strip_prefix("switchyard_ws_pool_idle "))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap()
+}
+
+#[tokio::test]
+async fn turns_of_a_connection_without_a_session_keep_their_account_and_socket() {
+    let gw = Gw::start(2).await;
+    let mut ws = connect_without_session(&gw).await;
+    ws.send(create(json!({"prompt_cache_key": null})))
+        .await
+        .unwrap();
+    let first = turn(&mut ws).await;
+    assert_eq!(first.last().unwrap()["type"], "response.completed");
+    let id = response_id(&first);
+    for i in 0..3 {
+        ws.send(create(json!({"previous_response_id": id, "input": [{"type": "message", "role": "user", "content": [{"type": "input_text", "text": format!("more {i}")}]}]})))
+            .await
+            .unwrap();
+        let next = turn(&mut ws).await;
+        assert_eq!(
+            next.last().unwrap()["type"],
+            "response.completed",
+            "{next:?}"
+        );
+    }
+    let records = gw.requests(4).await;
+    let accounts: Vec<&str> = records
+        .iter()
+        .map(|r| r["account"].as_str().unwrap())
+        .collect();
+    assert!(accounts.iter().all(|a| *a == accounts[0]), "{accounts:?}");
+    let transports: Vec<&str> = records
+        .iter()
+        .rev()
+        .map(|r| r["transport"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        transports,
+        ["ws_connected", "ws_reused", "ws_reused", "ws_reused"],
+        "one upstream socket for the connection"
+    );
+}
+
+#[tokio::test]
+async fn a_rejected_handshake_is_recorded_as_rejected() {
+    let gw = Gw::start(1).await;
+    let a = gw.rr_order()[0].clone();
+    gw.fault(&a, FaultKind::WsHandshakeError { status: 429 }, Some(1));
+    let (events, rec) = one_turn(&gw).await;
+    assert_eq!(events.last().unwrap()["type"], "error", "{events:?}");
+    assert_eq!(rec["transport"], "ws_rejected", "{rec}");
+}
+
+#[tokio::test]
+async fn a_half_open_breaker_is_settled_by_a_rejected_handshake() {
+    use std::sync::Arc;
+    use switchyard::clock::{Clock, ManualClock, SystemClock};
+    let clock = ManualClock::new(SystemClock.now_ms());
+    let gw = Gw::start_opts(common::gw::GwOptions {
+        accounts: 2,
+        clock: Arc::new(clock.clone()),
+        ..Default::default()
+    })
+    .await;
+    let order = gw.rr_order();
+    for a in &order {
+        gw.fault(a, FaultKind::WsRefuse426, Some(3));
+    }
+    for _ in 0..3 {
+        assert_eq!(one_turn(&gw).await.1["transport"], "http_ws_failed");
+    }
+    assert_eq!(one_turn(&gw).await.1["transport"], "http_breaker_open");
+    for a in &order {
+        gw.sim.sim.clear_faults(a);
+    }
+    // Half-open: the probe's handshake is refused (429) by the session's account.
+    clock.advance(std::time::Duration::from_secs(31));
+    let bound = gw.requests(1).await[0]["account"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    gw.fault(&bound, FaultKind::WsHandshakeError { status: 429 }, Some(1));
+    let (events, rec) = one_turn(&gw).await;
+    assert_eq!(
+        events.last().unwrap()["type"],
+        "response.completed",
+        "{events:?}"
+    );
+    assert_eq!(rec["attempts"][0]["class"], "rate_limited", "{rec}");
+    // The origin answered: the breaker closed, and the other account dialled its own socket.
+    assert_eq!(rec["transport"], "ws_connected", "{rec}");
+    assert!(
+        gw.metrics_text()
+            .await
+            .contains("switchyard_ws_breaker_open 0")
+    );
+}
+
+#[tokio::test]
+async fn idle_upstream_sockets_are_bounded_per_account_and_evicted_when_it_cools() {
+    let gw = Gw::start(2).await;
+    let order = gw.rr_order();
+    // Twelve sessions leave an idle socket each, on the first account.
+    gw.admin_call(
+        axum::http::Method::POST,
+        &format!("/api/admin/accounts/{}/disable", order[1]),
+        None,
+    )
+    .await;
+    for i in 0..12 {
+        let mut req = format!("ws://{}/v1/responses", gw.addr)
+            .into_client_request()
+            .unwrap();
+        req.headers_mut().insert(
+            "authorization",
+            format!("Bearer {}", gw.key).parse().unwrap(),
+        );
+        req.headers_mut()
+            .insert("session-id", format!("sess-{i}").parse().unwrap());
+        let mut ws = tokio_tungstenite::connect_async(req).await.unwrap().0;
+        ws.send(create(json!({}))).await.unwrap();
+        assert_eq!(
+            turn(&mut ws).await.last().unwrap()["type"],
+            "response.completed"
+        );
+    }
+    assert_eq!(idle_sockets(&gw).await, 8, "at most eight per account");
+    gw.admin_call(
+        axum::http::Method::POST,
+        &format!("/api/admin/accounts/{}/enable", order[1]),
+        None,
+    )
+    .await;
+    // The account cools: its idle sockets go.
+    gw.fault(
+        &order[0],
+        FaultKind::Burst429 {
+            retry_after_secs: 30,
+        },
+        Some(1),
+    );
+    let sse = gw
+        .stream(
+            &common::gw::body("gpt-5.5", "x", true),
+            &[("session-id", "sess-0")],
+        )
+        .await;
+    assert_eq!(sse.last().0, "response.completed");
+    assert_eq!(gw.account(&order[0]).await["state"], "cooling");
+    assert_eq!(idle_sockets(&gw).await, 0);
+}
+
+#[tokio::test]
+async fn idle_upstream_sockets_are_dropped_after_their_idle_life() {
+    use std::sync::Arc;
+    use switchyard::clock::{Clock, ManualClock, SystemClock};
+    let clock = ManualClock::new(SystemClock.now_ms());
+    let gw = Gw::start_opts(common::gw::GwOptions {
+        accounts: 1,
+        clock: Arc::new(clock.clone()),
+        ..Default::default()
+    })
+    .await;
+    one_turn(&gw).await;
+    assert_eq!(idle_sockets(&gw).await, 1);
+    clock.advance(std::time::Duration::from_secs(301));
+    // Another session's socket goes into the pool; the stale one is swept on the way.
+    let mut req = format!("ws://{}/v1/responses", gw.addr)
+        .into_client_request()
+        .unwrap();
+    req.headers_mut().insert(
+        "authorization",
+        format!("Bearer {}", gw.key).parse().unwrap(),
+    );
+    req.headers_mut()
+        .insert("session-id", "another".parse().unwrap());
+    let mut ws = tokio_tungstenite::connect_async(req).await.unwrap().0;
+    ws.send(create(json!({}))).await.unwrap();
+    turn(&mut ws).await;
+    assert_eq!(idle_sockets(&gw).await, 1);
+}

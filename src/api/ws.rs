@@ -31,8 +31,9 @@ use crate::keys::KeyIdentity;
 use crate::upstream::event::Event;
 use crate::upstream::ws::{MAX_FRAME, SOCKET_BUFFER};
 
-/// Responses remembered per connection for continuations.
-const MAX_HISTORY: usize = 64;
+/// Bytes of history remembered per connection for continuations (the newest response is
+/// always kept).
+const MAX_HISTORY_BYTES: usize = 16 * 1024 * 1024;
 
 pub async fn upgrade(
     State(state): State<Arc<AppState>>,
@@ -71,9 +72,14 @@ struct Connection {
     state: Arc<AppState>,
     key: KeyIdentity,
     headers: HeaderMap,
+    /// The connection is a session: its turns without a session key of their own keep one
+    /// account and one upstream socket while it is healthy.
+    session: String,
     /// Response id -> the full input that led to it, plus its output.
     history: HashMap<String, Vec<Value>>,
-    order: Vec<String>,
+    /// Oldest first, with the size of each entry (about the bytes it was made of).
+    order: std::collections::VecDeque<(String, usize)>,
+    history_bytes: usize,
 }
 
 /// Why a connection ends.
@@ -100,22 +106,35 @@ fn error_frame(status: u16, error: Value) -> Message {
 
 impl Connection {
     fn new(state: Arc<AppState>, key: KeyIdentity, headers: HeaderMap) -> Self {
+        static CONNECTIONS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let n = CONNECTIONS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let session = format!(
+            "ws-{}",
+            crate::keys::random_base62(16).unwrap_or_else(|_| n.to_string())
+        );
         Connection {
             state,
             key,
             headers,
+            session,
             history: HashMap::new(),
-            order: Vec::new(),
+            order: std::collections::VecDeque::new(),
+            history_bytes: 0,
         }
     }
 
-    fn remember(&mut self, id: String, items: Vec<Value>) {
+    /// Keeps a response's history (`size`: about the bytes it was made of), dropping the
+    /// oldest entries beyond the connection's budget.
+    fn remember(&mut self, id: String, items: Vec<Value>, size: usize) {
         if self.history.insert(id.clone(), items).is_none() {
-            self.order.push(id);
+            self.order.push_back((id, size));
+            self.history_bytes += size;
         }
-        if self.order.len() > MAX_HISTORY {
-            let old = self.order.remove(0);
-            self.history.remove(&old);
+        while self.history_bytes > MAX_HISTORY_BYTES && self.order.len() > 1 {
+            if let Some((old, size)) = self.order.pop_front() {
+                self.history.remove(&old);
+                self.history_bytes -= size;
+            }
         }
     }
 
@@ -235,6 +254,8 @@ impl Connection {
             }
         };
         let mut ctx = ctx;
+        ctx.session.get_or_insert_with(|| self.session.clone());
+        let body_bytes = ctx.body.len();
         frame.insert("model".into(), Value::String(ctx.model.clone()));
         frame.insert("stream".into(), Value::Bool(true));
         ctx.ws_turn = Some(WsTurn {
@@ -248,6 +269,7 @@ impl Connection {
         self.state.dispatcher.spawn(ctx, tx);
         let mut output: Vec<Value> = Vec::new();
         let mut completed_id: Option<String> = None;
+        let mut completed_bytes = 0;
         loop {
             tokio::select! {
                 frame = rx.recv() => match frame {
@@ -266,6 +288,7 @@ impl Connection {
                             if ev.kind() == "response.completed"
                                 && let Some(v) = ev.json()
                             {
+                                completed_bytes = ev.data().len();
                                 completed_id = v["response"]["id"].as_str().map(str::to_string);
                                 output = v["response"]["output"].as_array().cloned().unwrap_or_default();
                             }
@@ -284,7 +307,7 @@ impl Connection {
         if let Some(id) = completed_id {
             let mut items = full;
             items.extend(output);
-            self.remember(id, items);
+            self.remember(id, items, body_bytes + completed_bytes);
         }
         Ok(())
     }

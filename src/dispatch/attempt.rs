@@ -203,7 +203,9 @@ impl<'a> Attempt<'a> {
     fn via(&mut self, transport: Transport) {
         self.trace.transport = Some(transport);
         self.endpoint = match transport {
-            Transport::WsReused | Transport::WsConnected => Endpoint::WebSocket,
+            Transport::WsReused | Transport::WsConnected | Transport::WsRejected => {
+                Endpoint::WebSocket
+            }
             _ => Endpoint::Responses,
         };
     }
@@ -288,9 +290,9 @@ impl<'a> Attempt<'a> {
         headers: &[(HeaderName, HeaderValue)],
     ) -> Result<Sent, Transport> {
         let d = self.d;
-        if !d.breaker.allow() {
+        let Some(permit) = d.breaker.allow() else {
             return Err(Transport::HttpBreakerOpen);
-        }
+        };
         let want = self
             .ctx
             .ws_turn
@@ -301,6 +303,7 @@ impl<'a> Attempt<'a> {
             None => None,
         };
         let socket = match pooled {
+            // No dial: the permit says nothing about the origin.
             Some(s) => {
                 self.via(Transport::WsReused);
                 s
@@ -309,25 +312,28 @@ impl<'a> Attempt<'a> {
                 let t0 = Instant::now();
                 match d.upstream.dial(&self.identity, headers, DIAL_BUDGET).await {
                     Ok(s) => {
-                        d.breaker.success();
+                        permit.success();
                         self.via(Transport::WsConnected);
                         self.trace.ws_connect_ms = Some(ms_since(t0));
                         s
                     }
                     Err(DialError::Budget) => {
-                        d.breaker.degraded();
+                        permit.degraded();
                         return Err(Transport::HttpWsBudgetExhausted);
                     }
                     Err(DialError::Refused) => {
-                        d.breaker.degraded();
+                        permit.degraded();
                         return Err(Transport::HttpWsFailed);
                     }
+                    // The origin answered: the breaker's question is settled; the account's
+                    // is judged like an HTTP answer.
                     Err(DialError::Rejected(facts)) => {
-                        self.via(Transport::WsConnected);
+                        permit.success();
+                        self.via(Transport::WsRejected);
                         return Ok(self.failed(facts));
                     }
                     Err(DialError::Transport(facts)) => {
-                        d.breaker.degraded();
+                        permit.degraded();
                         self.via(Transport::HttpWsFailed);
                         return Ok(self.failed(facts));
                     }
@@ -455,6 +461,10 @@ impl<'a> Attempt<'a> {
             self.d
                 .fleet
                 .report_failure(&self.lease.id, facts, origin, &mut self.trace.blame);
+        if class.cools_account() {
+            // Its idle upstream sockets are no use while it cools.
+            self.d.ws_pool.evict(&self.lease.id);
+        }
         if class == Class::Policy {
             if let Some(session) = &self.ctx.session {
                 self.d

@@ -28,6 +28,9 @@ use crate::ttl::{TtlConfig, TtlMap};
 use crate::upstream::Upstream;
 use crate::upstream::event::Event;
 
+/// How often idle upstream WebSockets are looked at.
+const WS_SWEEP_EVERY: Duration = Duration::from_secs(15);
+
 /// Tunables of the lifecycle.
 #[derive(Debug, Clone)]
 pub struct DispatchConfig {
@@ -208,18 +211,39 @@ impl Dispatcher {
             log,
             config: Arc::new(config),
             metrics: Arc::new(Metrics::default()),
-            ws_pool: crate::upstream::ws::WsPool::default(),
+            ws_pool: crate::upstream::ws::WsPool::new(Arc::clone(&clock)),
             breaker: Arc::new(crate::upstream::ws::Breaker::new(Arc::clone(&clock))),
             turn_states,
         }
     }
 
+    /// The sweepers of the dispatcher's own state: turn-state tokens, and idle upstream
+    /// WebSockets (too old, idle too long, closed by the backend, or of an account that is
+    /// no longer usable).
     pub fn spawn_sweepers(
         &self,
         every: Duration,
         stop: tokio_util::sync::CancellationToken,
-    ) -> tokio::task::JoinHandle<()> {
-        self.turn_states.spawn_sweeper(every, stop)
+    ) -> Vec<tokio::task::JoinHandle<()>> {
+        let sockets = {
+            let d = self.clone();
+            let stop = stop.clone();
+            tokio::spawn(async move {
+                let mut tick = tokio::time::interval(WS_SWEEP_EVERY);
+                tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                loop {
+                    tokio::select! {
+                        _ = stop.cancelled() => break,
+                        _ = tick.tick() => {}
+                    }
+                    let dropped = d.ws_pool.sweep(|account| d.fleet.usable(account));
+                    if dropped > 0 {
+                        tracing::debug!(dropped, "idle upstream WebSockets swept");
+                    }
+                }
+            })
+        };
+        vec![self.turn_states.spawn_sweeper(every, stop), sockets]
     }
 
     /// Resolves a model alias.

@@ -83,6 +83,20 @@ impl Reauth {
     }
 }
 
+impl Class {
+    /// Whether the class takes the account out of service for a while.
+    pub fn cools_account(self) -> bool {
+        matches!(
+            self,
+            Class::Quota
+                | Class::RateLimited
+                | Class::EdgeChallenge
+                | Class::Transient
+                | Class::AuthDead
+        )
+    }
+}
+
 const QUOTA_CODES: [&str; 3] = [
     "usage_limit_reached",
     "insufficient_quota",

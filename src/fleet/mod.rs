@@ -273,6 +273,15 @@ impl Fleet {
         self.len() == 0
     }
 
+    /// Whether the account could serve a request now (slots aside).
+    pub fn usable(&self, id: &str) -> bool {
+        let now = self.clock.now_ms();
+        self.read()
+            .accounts
+            .get(id)
+            .is_some_and(|e| self.skip_reason(e, "", now).is_none())
+    }
+
     pub fn in_flight(&self) -> u64 {
         self.read()
             .accounts

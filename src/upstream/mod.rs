@@ -58,6 +58,9 @@ named! {
         WsReused => "ws_reused",
         /// A WebSocket dialled for this turn.
         WsConnected => "ws_connected",
+        /// A WebSocket dialled for this turn whose handshake the backend refused (401, 429,
+        /// 5xx…): judged like an HTTP answer.
+        WsRejected => "ws_rejected",
         /// No socket within the dial budget: HTTP.
         HttpWsBudgetExhausted => "http_ws_budget_exhausted",
         /// The origin breaker is open: HTTP.

@@ -40,6 +40,10 @@ pub const MAX_LIFE: Duration = Duration::from_secs(55 * 60);
 pub const PING_AFTER: Duration = Duration::from_secs(25);
 /// ...and dropped if the pong does not come within this long.
 pub const PONG_DEADLINE: Duration = Duration::from_secs(5);
+/// An idle socket not used for this long is closed.
+pub const IDLE_LIFE: Duration = Duration::from_secs(300);
+/// Idle sockets kept per account, over all its sessions (the least recently used go first).
+pub const MAX_IDLE_PER_ACCOUNT: usize = 8;
 
 /// How a socket could not be had.
 #[derive(Debug)]
@@ -58,7 +62,8 @@ pub enum DialError {
 pub struct UpstreamSocket {
     socket: Socket,
     opened: Instant,
-    last_used: Instant,
+    /// When it went idle (unix ms, on the pool's clock).
+    last_used_ms: u64,
     /// The handshake's answer headers (turn state, rate limits).
     pub headers: HeaderMap,
     /// Responses this socket produced (the backend keeps their state on the socket).
@@ -74,30 +79,106 @@ impl UpstreamSocket {
 /// (account id, session key) -> its idle sockets.
 type IdleSockets = HashMap<(String, String), Vec<UpstreamSocket>>;
 
-/// Idle sockets by (account, session).
-#[derive(Default, Clone)]
+/// Idle sockets by (account, session): bounded per account, swept when idle too long, and
+/// evicted when their account goes bad.
+#[derive(Clone)]
 pub struct WsPool {
     idle: Arc<Mutex<IdleSockets>>,
+    clock: SharedClock,
 }
 
 impl WsPool {
+    pub fn new(clock: SharedClock) -> WsPool {
+        WsPool {
+            idle: Arc::new(Mutex::new(HashMap::new())),
+            clock,
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, IdleSockets> {
+        self.idle.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn expired(&self, s: &UpstreamSocket, now_ms: u64) -> bool {
+        s.opened.elapsed() >= MAX_LIFE || now_ms.saturating_sub(s.last_used_ms) >= ms(IDLE_LIFE)
+    }
+
     pub fn put(&self, account: &str, session: &str, mut s: UpstreamSocket) {
         if s.opened.elapsed() >= MAX_LIFE {
             return;
         }
-        s.last_used = Instant::now();
-        let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
+        let now = self.clock.now_ms();
+        s.last_used_ms = now;
+        let mut idle = self.lock();
         let v = idle
             .entry((account.to_string(), session.to_string()))
             .or_default();
         if v.len() < 4 {
             v.push(s);
         }
+        // Idle too long anywhere, and beyond the account's bound: the least recently used go.
+        idle.retain(|_, v| {
+            v.retain(|s| !self.expired(s, now));
+            !v.is_empty()
+        });
+        loop {
+            let of_account = idle
+                .iter()
+                .filter(|((a, _), _)| a == account)
+                .map(|(_, v)| v.len())
+                .sum::<usize>();
+            if of_account <= MAX_IDLE_PER_ACCOUNT {
+                break;
+            }
+            let oldest = idle
+                .iter()
+                .filter(|((a, _), _)| a == account)
+                .flat_map(|(k, v)| {
+                    v.iter()
+                        .enumerate()
+                        .map(move |(i, s)| (s.last_used_ms, k, i))
+                })
+                .min_by_key(|(t, _, _)| *t)
+                .map(|(_, k, i)| (k.clone(), i));
+            let Some((key, i)) = oldest else { break };
+            if let Some(v) = idle.get_mut(&key) {
+                v.remove(i);
+                if v.is_empty() {
+                    idle.remove(&key);
+                }
+            }
+        }
+    }
+
+    /// Drops idle sockets that are too old, idle too long, closed by the backend (read without
+    /// waiting: pings are answered on the way), or of an account `usable` says no to.
+    pub fn sweep(&self, usable: impl Fn(&str) -> bool) -> usize {
+        use futures_util::FutureExt;
+        let now = self.clock.now_ms();
+        let mut dropped = 0;
+        self.lock().retain(|(account, _), v| {
+            let keep_account = usable(account);
+            v.retain_mut(|s| {
+                let alive = keep_account
+                    && !self.expired(s, now)
+                    && loop {
+                        match s.socket.next().now_or_never() {
+                            None => break true,
+                            Some(Some(Ok(Message::Ping(_) | Message::Pong(_)))) => continue,
+                            Some(_) => break false,
+                        }
+                    };
+                dropped += usize::from(!alive);
+                alive
+            });
+            !v.is_empty()
+        });
+        dropped
     }
 
     /// An idle socket, the one holding `want` if there is one.
     fn take(&self, account: &str, session: &str, want: Option<&str>) -> Option<UpstreamSocket> {
-        let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
+        let mut idle = self.lock();
         let key = (account.to_string(), session.to_string());
         let v = idle.get_mut(&key)?;
         let s = match want.and_then(|w| v.iter().position(|s| s.holds(w))) {
@@ -119,10 +200,11 @@ impl WsPool {
         want: Option<&str>,
     ) -> Option<UpstreamSocket> {
         while let Some(mut s) = self.take(account, session, want) {
-            if s.opened.elapsed() >= MAX_LIFE {
+            let now = self.clock.now_ms();
+            if self.expired(&s, now) {
                 continue;
             }
-            if s.last_used.elapsed() < PING_AFTER || ping(&mut s.socket).await {
+            if now.saturating_sub(s.last_used_ms) < ms(PING_AFTER) || ping(&mut s.socket).await {
                 return Some(s);
             }
         }
@@ -131,18 +213,13 @@ impl WsPool {
 
     /// Idle sockets held.
     pub fn len(&self) -> usize {
-        self.idle
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .values()
-            .map(Vec::len)
-            .sum()
+        self.lock().values().map(Vec::len).sum()
     }
 
     /// Idle sockets held per account.
     pub fn per_account(&self) -> std::collections::BTreeMap<String, usize> {
         let mut m = std::collections::BTreeMap::new();
-        for ((account, _), v) in self.idle.lock().unwrap_or_else(|e| e.into_inner()).iter() {
+        for ((account, _), v) in self.lock().iter() {
             *m.entry(account.clone()).or_insert(0) += v.len();
         }
         m
@@ -154,10 +231,7 @@ impl WsPool {
 
     /// Drops every idle socket of an account (it was found bad).
     pub fn evict(&self, account: &str) {
-        self.idle
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .retain(|(a, _), _| a != account);
+        self.lock().retain(|(a, _), _| a != account);
     }
 }
 
@@ -223,29 +297,38 @@ impl Breaker {
         }
     }
 
-    /// Whether this turn may try a socket (a half-open breaker lets one probe through).
-    pub fn allow(&self) -> bool {
+    fn lock(&self) -> std::sync::MutexGuard<'_, BreakerInner> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Whether this turn may try a socket: a permit to report what the origin did, or `None`
+    /// while the breaker is open (a half-open breaker lets one probe through).
+    pub fn allow(&self) -> Option<Permit<'_>> {
         let now = self.clock.now_ms();
-        let mut s = self.inner.lock().unwrap_or_else(|e| e.into_inner());
-        match s.open_until {
-            None => true,
-            Some(t) if now < t => false,
-            Some(_) if s.probing => false,
+        let mut s = self.lock();
+        let probe = match s.open_until {
+            None => false,
+            Some(t) if now < t => return None,
+            Some(_) if s.probing => return None,
             Some(_) => {
                 s.probing = true;
                 true
             }
-        }
+        };
+        Some(Permit {
+            breaker: self,
+            probe,
+            resolved: false,
+        })
     }
 
-    pub fn success(&self) {
-        let mut s = self.inner.lock().unwrap_or_else(|e| e.into_inner());
-        *s = BreakerInner::default();
+    fn success(&self) {
+        *self.lock() = BreakerInner::default();
     }
 
-    pub fn degraded(&self) {
+    fn degraded(&self) {
         let now = self.clock.now_ms();
-        let mut s = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        let mut s = self.lock();
         if s.open_until.is_some() {
             // The probe failed: open again.
             s.open_until = Some(now + ms(BREAKER_OPEN));
@@ -264,11 +347,42 @@ impl Breaker {
 
     pub fn state(&self) -> BreakerState {
         let now = self.clock.now_ms();
-        let s = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        let s = self.lock();
         match s.open_until {
             None => BreakerState::Closed,
             Some(t) if now < t => BreakerState::Open,
             Some(_) => BreakerState::HalfOpen,
+        }
+    }
+}
+
+/// A turn's permission to try a socket. Every way it ends reports: `success` (a socket
+/// opened, or the origin answered the handshake at all), `degraded` (no socket in time, a
+/// 426, a failed connection), or — dropped unresolved, when a pooled socket was reused and no
+/// dial said anything about the origin — nothing, handing a half-open breaker's probe to the
+/// next turn instead of keeping it forever.
+pub struct Permit<'a> {
+    breaker: &'a Breaker,
+    probe: bool,
+    resolved: bool,
+}
+
+impl Permit<'_> {
+    pub fn success(mut self) {
+        self.resolved = true;
+        self.breaker.success();
+    }
+
+    pub fn degraded(mut self) {
+        self.resolved = true;
+        self.breaker.degraded();
+    }
+}
+
+impl Drop for Permit<'_> {
+    fn drop(&mut self) {
+        if !self.resolved && self.probe {
+            self.breaker.lock().probing = false;
         }
     }
 }
@@ -326,7 +440,7 @@ impl Upstream {
             Ok(Ok((socket, resp))) => Ok(UpstreamSocket {
                 socket,
                 opened: Instant::now(),
-                last_used: Instant::now(),
+                last_used_ms: 0,
                 headers: resp.headers().clone(),
                 produced: Vec::new(),
             }),
@@ -435,5 +549,37 @@ impl WsTurn {
                 _ => continue,
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::clock::ManualClock;
+
+    #[test]
+    fn every_way_a_permit_ends_settles_a_half_open_breaker() {
+        let clock = ManualClock::new(1_000_000);
+        let b = Breaker::new(Arc::new(clock.clone()));
+        for _ in 0..BREAKER_THRESHOLD {
+            b.allow().unwrap().degraded();
+        }
+        assert_eq!(b.state(), BreakerState::Open);
+        assert!(b.allow().is_none());
+        clock.advance(BREAKER_OPEN);
+        let probe = b.allow().unwrap();
+        assert!(b.allow().is_none(), "one probe at a time");
+        // A turn that reused a pooled socket says nothing: the next turn probes.
+        drop(probe);
+        let probe = b.allow().unwrap();
+        probe.degraded();
+        assert_eq!(
+            b.state(),
+            BreakerState::Open,
+            "a failed probe opens it again"
+        );
+        clock.advance(BREAKER_OPEN);
+        b.allow().unwrap().success();
+        assert_eq!(b.state(), BreakerState::Closed);
     }
 }
