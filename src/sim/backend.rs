@@ -254,6 +254,7 @@ pub(crate) fn decide(account: &mut Account, req: &TurnRequest<'_>, ctx: &Ctx<'_>
         .or_else(|| scripted_fault(account, now));
     let mut shape = StreamShape::default();
     let mut fail_code = None;
+    let mut answer_bytes = None;
     match fault {
         None => {}
         Some(FaultKind::Quota { resets_in_seconds }) => {
@@ -308,6 +309,9 @@ pub(crate) fn decide(account: &mut Account, req: &TurnRequest<'_>, ctx: &Ctx<'_>
         Some(FaultKind::SlowDeltas { ms }) => {
             shape.delta_pause = Some(Duration::from_millis(ms));
         }
+        Some(FaultKind::LongAnswer { kib }) => {
+            answer_bytes = Some(usize::try_from(kib).unwrap_or(0) * 1024);
+        }
         // Never taken for a turn (see `FaultKind::applies_to`).
         Some(
             FaultKind::RefreshFails { .. }
@@ -352,6 +356,7 @@ pub(crate) fn decide(account: &mut Account, req: &TurnRequest<'_>, ctx: &Ctx<'_>
         fail_code,
         generate: req.generate,
         previous_response_id: req.previous_response_id.map(str::to_string),
+        answer_bytes,
     };
     let plan = if req.compact {
         Plan::Compaction

@@ -50,6 +50,9 @@ pub enum FaultKind {
     SlowHeaders { ms: u64 },
     /// A normal answer paced with a pause of `ms` between deltas (a long answer).
     SlowDeltas { ms: u64 },
+    /// An answer whose message is `kib` KiB of text, in 4 KiB deltas (larger than a socket's
+    /// buffers can hide).
+    LongAnswer { kib: u32 },
     /// The token endpoint answers `status` to this account's refresh.
     RefreshFails { status: u16 },
     /// The token endpoint's edge answers this account's refresh with a Cloudflare challenge

@@ -91,6 +91,8 @@ pub(crate) struct TurnSpec<'a> {
     pub generate: bool,
     /// Echoed in the response object (WebSocket continuations).
     pub previous_response_id: Option<String>,
+    /// The message is this many bytes of text instead of the greeting.
+    pub answer_bytes: Option<usize>,
 }
 
 /// A generated event: its `type` and full JSON (with `sequence_number`).
@@ -257,6 +259,14 @@ pub(crate) fn build(spec: &TurnSpec<'_>, plan: &Plan) -> Turn {
             };
             let (item, chars) = reasoning(&mut b, spec, title, thought);
             output.push(item);
+            let long = spec.answer_bytes.map(|n| {
+                "All work and no play makes a long answer. "
+                    .chars()
+                    .cycle()
+                    .take(n)
+                    .collect::<String>()
+            });
+            let text = long.as_deref().unwrap_or(text);
             output.push(message(&mut b, spec, text));
             (text.len(), chars)
         }
@@ -373,7 +383,8 @@ fn message(b: &mut Builder, spec: &TurnSpec<'_>, text: &str) -> Value {
     let base = json!({"item_id": msg, "output_index": 1, "content_index": 0});
     let at = |extra: Value| merged(&base, extra);
     b.push("response.content_part.added", at(json!({"part": part("")})));
-    for d in chunks(text, 16) {
+    let chunk = if spec.answer_bytes.is_some() { 4096 } else { 16 };
+    for d in chunks(text, chunk) {
         b.push(
             "response.output_text.delta",
             at(json!({"delta": d, "logprobs": []})),
