@@ -383,8 +383,16 @@ fn message(b: &mut Builder, spec: &TurnSpec<'_>, text: &str) -> Value {
     let base = json!({"item_id": msg, "output_index": 1, "content_index": 0});
     let at = |extra: Value| merged(&base, extra);
     b.push("response.content_part.added", at(json!({"part": part("")})));
-    let chunk = if spec.answer_bytes.is_some() { 4096 } else { 16 };
-    for d in chunks(text, chunk) {
+    // A long answer goes in 4 KiB deltas; a short one word by word.
+    let deltas = if spec.answer_bytes.is_some() {
+        text.as_bytes()
+            .chunks(4096)
+            .map(|c| String::from_utf8_lossy(c).into_owned())
+            .collect()
+    } else {
+        chunks(text, 16)
+    };
+    for d in deltas {
         b.push(
             "response.output_text.delta",
             at(json!({"delta": d, "logprobs": []})),
