@@ -4,8 +4,9 @@
 //! Start-up: state directory checks and store lock -> accounts and keys loaded -> TCP listener
 //! and admin socket bound -> servers spawned -> `READY=1`.
 //! Shutdown (graceful, SIGTERM): `STOPPING=1` -> `/readyz` answers 503 -> listeners stop
-//! accepting -> in-flight connections get `shutdown_grace` to finish, then are cut -> the
-//! store writer commits what it holds and stops -> the admin socket file is removed -> exit 0.
+//! accepting -> requests in flight get `shutdown_grace` to finish (connections stay open
+//! meanwhile) -> what still runs is cut, each with a terminal event and a record -> the store
+//! writer commits what it holds and stops -> the admin socket file is removed -> exit 0.
 //! Fast (SIGINT): the same with no grace period.
 
 use std::future::Future;
@@ -15,7 +16,6 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::serve::ListenerExt;
 use tokio::net::{TcpListener, UnixListener};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -115,6 +115,7 @@ pub fn dispatch_config(config: &Config) -> DispatchConfig {
         first_output_timeout: Some(config.upstream.first_output_timeout).filter(|d| !d.is_zero()),
         aliases: config.models.aliases.clone(),
         request_deadline: config.upstream.request_deadline,
+        client_write_timeout: config.server.client_write_timeout,
         ..DispatchConfig::default()
     }
 }
@@ -169,17 +170,19 @@ pub async fn run(
     let state = build_state(store.clone(), &config, clock, listen.clone())?;
     let stop_accepting = CancellationToken::new();
 
-    let http = spawn_server(
-        "http",
-        axum::serve(
-            // Events are small writes: without TCP_NODELAY, delayed ACKs add ~40 ms per turn.
-            listeners.http.tap_io(|tcp| {
-                let _ = tcp.set_nodelay(true);
-            }),
-            api::router(Arc::clone(&state)),
-        )
-        .with_graceful_shutdown(stop_accepting.clone().cancelled_owned()),
-    );
+    let limits = api::server::Limits {
+        header_read_timeout: config.server.header_read_timeout,
+        keepalive_idle_timeout: config.server.keepalive_idle_timeout,
+        client_write_timeout: config.server.client_write_timeout,
+        max_connections: config.server.max_connections,
+    };
+    let http = tokio::spawn(api::server::serve(
+        listeners.http,
+        api::router(Arc::clone(&state)),
+        limits,
+        Arc::clone(&state.edge),
+        stop_accepting.clone(),
+    ));
     let admin = spawn_server(
         "admin",
         axum::serve(listeners.admin, api::admin_router(Arc::clone(&state)))
@@ -226,8 +229,8 @@ pub async fn run(
         ShutdownKind::Graceful => config.server.shutdown_grace,
         ShutdownKind::Fast => Duration::ZERO,
     };
-    drain(http, grace).await;
-    drain(admin, grace).await;
+    drain(&state, http, grace).await;
+    drain_admin(admin).await;
     if let Some(w) = watchdog {
         w.abort();
     }
@@ -355,12 +358,57 @@ where
     })
 }
 
-/// Waits up to `grace` for a server to finish its connections, then cuts them.
-async fn drain(mut server: JoinHandle<()>, grace: Duration) {
-    if tokio::time::timeout(grace, &mut server).await.is_err() {
-        tracing::warn!(?grace, "grace period over; cutting remaining connections");
-        server.abort();
-        let _ = server.await;
+/// How long the requests cut at the end of the grace period get to send their last frames.
+const CUT_FLUSH: Duration = Duration::from_secs(3);
+
+/// Waits up to `grace` for the client connections (HTTP and WebSocket) to finish what they
+/// have in flight. Then the requests still running are cut — each ends with `response.failed`
+/// `server_shutting_down` (or a 503 before its commit) and a record — and what is left of the
+/// connections after [`CUT_FLUSH`] is closed.
+async fn drain(state: &AppState, http: JoinHandle<()>, grace: Duration) {
+    let mut http = Some(http);
+    if tokio::time::timeout(grace, closed(state, &mut http))
+        .await
+        .is_ok()
+    {
+        return;
+    }
+    tracing::warn!(
+        ?grace,
+        "grace period over; cutting the requests still running"
+    );
+    state.dispatcher.cut();
+    let flushed = async {
+        state.dispatcher.settled().await;
+        closed(state, &mut http).await;
+    };
+    if tokio::time::timeout(CUT_FLUSH, flushed).await.is_err() {
+        tracing::warn!("closing the client connections still open");
+        if let Some(http) = http {
+            http.abort();
+            let _ = http.await;
+        }
+        // Their requests now find their clients gone: let them keep their records.
+        let _ = tokio::time::timeout(CUT_FLUSH, state.dispatcher.settled()).await;
+    }
+}
+
+/// Resolves once the HTTP server has closed its connections and every WebSocket connection
+/// has ended.
+async fn closed(state: &AppState, http: &mut Option<JoinHandle<()>>) {
+    if let Some(task) = http.as_mut() {
+        let _ = task.await;
+        *http = None;
+    }
+    state.ws_open.close();
+    state.ws_open.wait().await;
+}
+
+/// Gives admin calls in flight a moment, then closes the admin socket.
+async fn drain_admin(mut admin: JoinHandle<()>) {
+    if tokio::time::timeout(CUT_FLUSH, &mut admin).await.is_err() {
+        admin.abort();
+        let _ = admin.await;
     }
 }
 

@@ -6,11 +6,11 @@ pub mod error;
 pub mod health;
 pub mod models;
 pub mod responses;
+pub mod server;
 pub mod view;
 pub mod ws;
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 
 use axum::Router;
 use axum::extract::{DefaultBodyLimit, Request, State};
@@ -48,7 +48,12 @@ pub struct AppState {
     pub feed: crate::telemetry::feed::FeedHub,
     /// The last fetched model catalog and when (unix ms).
     pub models_cache: std::sync::Mutex<Option<(u64, serde_json::Value)>>,
-    draining: AtomicBool,
+    /// Cancelled when shutdown begins.
+    draining: tokio_util::sync::CancellationToken,
+    /// The open downstream WebSocket connections.
+    pub ws_open: tokio_util::task::TaskTracker,
+    /// Client connections: open, and closed by the gateway.
+    pub edge: Arc<server::EdgeStats>,
 }
 
 impl AppState {
@@ -77,17 +82,25 @@ impl AppState {
             ws_connections: ws::ConnectionCounts::default(),
             feed: crate::telemetry::feed::FeedHub::default(),
             models_cache: std::sync::Mutex::new(None),
-            draining: AtomicBool::new(false),
+            draining: tokio_util::sync::CancellationToken::new(),
+            ws_open: tokio_util::task::TaskTracker::new(),
+            edge: Arc::default(),
         }
     }
 
-    /// Marks the gateway as shutting down: `/readyz` answers 503 from now on.
+    /// Marks the gateway as shutting down: `/readyz` answers 503 from now on, and WebSocket
+    /// connections close (after the turn they are in).
     pub fn start_draining(&self) {
-        self.draining.store(true, Ordering::SeqCst);
+        self.draining.cancel();
     }
 
     pub fn is_draining(&self) -> bool {
-        self.draining.load(Ordering::SeqCst)
+        self.draining.is_cancelled()
+    }
+
+    /// Resolves when shutdown begins.
+    pub async fn drained(&self) {
+        self.draining.cancelled().await;
     }
 
     /// The state the console shows, with `requests` as its request list.
@@ -179,19 +192,21 @@ pub fn admin_router(state: Arc<AppState>) -> Router {
 }
 
 async fn metrics(State(state): State<Arc<AppState>>) -> impl IntoResponse {
+    let mut text = state.dispatcher.metrics.render(
+        &state.fleet,
+        &state.store,
+        (
+            state.dispatcher.ws_pool.len(),
+            state.dispatcher.breaker.state(),
+        ),
+    );
+    state.edge.render(&mut text);
     (
         [(
             axum::http::header::CONTENT_TYPE,
             "text/plain; version=0.0.4",
         )],
-        state.dispatcher.metrics.render(
-            &state.fleet,
-            &state.store,
-            (
-                state.dispatcher.ws_pool.len(),
-                state.dispatcher.breaker.state(),
-            ),
-        ),
+        text,
     )
 }
 

@@ -17,6 +17,7 @@ use tokio::sync::mpsc;
 
 use super::AppState;
 use super::error::ApiError;
+use super::server::ClientConn;
 use crate::dispatch::{ErrorReply, Frame, Mode, RequestCtx};
 use crate::keys::KeyIdentity;
 use crate::upstream::PASS_THROUGH;
@@ -100,23 +101,35 @@ pub fn session_key(headers: &HeaderMap, body: &Map<String, Value>) -> Option<Str
         })
 }
 
+/// The client's connection (absent on the admin socket), to tell a stalled client from one
+/// that left.
+pub type Conn = Option<axum::Extension<Arc<ClientConn>>>;
+
 pub async fn create(
     State(state): State<Arc<AppState>>,
+    conn: Conn,
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    handle(state, headers, body, false).await
+    handle(state, conn, headers, body, false).await
 }
 
 pub async fn compact(
     State(state): State<Arc<AppState>>,
+    conn: Conn,
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    handle(state, headers, body, true).await
+    handle(state, conn, headers, body, true).await
 }
 
-async fn handle(state: Arc<AppState>, headers: HeaderMap, body: Body, compact: bool) -> Response {
+async fn handle(
+    state: Arc<AppState>,
+    conn: Conn,
+    headers: HeaderMap,
+    body: Body,
+    compact: bool,
+) -> Response {
     let received = Instant::now();
     let key = match authenticate(&state, &headers) {
         Ok(k) => k,
@@ -131,10 +144,11 @@ async fn handle(state: Arc<AppState>, headers: HeaderMap, body: Body, compact: b
         Err(e) => return e.into_response(),
     };
     let kind = if compact { Turn::Compact } else { Turn::Http };
-    let ctx = match request_ctx(&state, &key, &headers, obj, kind, received) {
+    let mut ctx = match request_ctx(&state, &key, &headers, obj, kind, received) {
         Ok(c) => c,
         Err(e) => return e.into_response(),
     };
+    ctx.stalled = conn.map(|c| c.stall_flag());
     let mode = ctx.mode;
     let (tx, rx) = mpsc::channel(64);
     state.dispatcher.spawn(ctx, tx);
@@ -220,6 +234,7 @@ pub fn request_ctx(
         previous_response_id,
         ws: turn == Turn::WebSocket,
         ws_turn: None,
+        stalled: None,
         path: match turn {
             Turn::Compact => "/v1/responses/compact",
             Turn::Http | Turn::WebSocket => "/v1/responses",

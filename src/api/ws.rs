@@ -37,13 +37,29 @@ const MAX_HISTORY_BYTES: usize = 16 * 1024 * 1024;
 
 pub async fn upgrade(
     State(state): State<Arc<AppState>>,
+    conn: super::responses::Conn,
     headers: HeaderMap,
     ws: WebSocketUpgrade,
 ) -> Response {
+    let stalled = conn.map(|c| c.stall_flag());
     let key = match authenticate(&state, &headers) {
         Ok(k) => k,
         Err(e) => return e.into_response(),
     };
+    if state.is_draining() {
+        let mut resp = ApiError::new(
+            axum::http::StatusCode::SERVICE_UNAVAILABLE,
+            "server_error",
+            Some("server_shutting_down"),
+            "the gateway is shutting down; retry in a moment",
+        )
+        .into_response();
+        resp.headers_mut().insert(
+            axum::http::header::RETRY_AFTER,
+            axum::http::HeaderValue::from_static("5"),
+        );
+        return resp;
+    }
     let Some(slot) = state.try_open_ws(&key.id) else {
         return ApiError::new(
             axum::http::StatusCode::TOO_MANY_REQUESTS,
@@ -63,7 +79,10 @@ pub async fn upgrade(
         .write_buffer_size(SOCKET_BUFFER)
         .on_upgrade(move |socket| async move {
             let _slot = slot;
-            Connection::new(state, key, headers).run(socket).await;
+            let _open = state.ws_open.token();
+            Connection::new(state, key, headers, stalled)
+                .run(socket)
+                .await;
         })
 }
 
@@ -75,6 +94,8 @@ struct Connection {
     /// The connection is a session: its turns without a session key of their own keep one
     /// account and one upstream socket while it is healthy.
     session: String,
+    /// Set when a write to the client made no progress for the write timeout.
+    stalled: Option<Arc<std::sync::atomic::AtomicBool>>,
     /// Response id -> the full input that led to it, plus its output.
     history: HashMap<String, Vec<Value>>,
     /// Oldest first, with the size of each entry (about the bytes it was made of).
@@ -105,7 +126,12 @@ fn error_frame(status: u16, error: Value) -> Message {
 }
 
 impl Connection {
-    fn new(state: Arc<AppState>, key: KeyIdentity, headers: HeaderMap) -> Self {
+    fn new(
+        state: Arc<AppState>,
+        key: KeyIdentity,
+        headers: HeaderMap,
+        stalled: Option<Arc<std::sync::atomic::AtomicBool>>,
+    ) -> Self {
         static CONNECTIONS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
         let n = CONNECTIONS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let session = format!(
@@ -117,6 +143,7 @@ impl Connection {
             key,
             headers,
             session,
+            stalled,
             history: HashMap::new(),
             order: std::collections::VecDeque::new(),
             history_bytes: 0,
@@ -144,7 +171,11 @@ impl Connection {
         let mut first = true;
         let end = loop {
             let wait = if first { first_timeout } else { idle_timeout };
-            let msg = match tokio::time::timeout(wait, socket.recv()).await {
+            let received = tokio::select! {
+                r = tokio::time::timeout(wait, socket.recv()) => r,
+                _ = self.state.drained() => break End::Close(close_code::AWAY, "server shutting down"),
+            };
+            let msg = match received {
                 Err(_) => {
                     break End::Close(
                         close_code::NORMAL,
@@ -255,6 +286,7 @@ impl Connection {
         };
         let mut ctx = ctx;
         ctx.session.get_or_insert_with(|| self.session.clone());
+        ctx.stalled.clone_from(&self.stalled);
         let body_bytes = ctx.body.len();
         frame.insert("model".into(), Value::String(ctx.model.clone()));
         frame.insert("stream".into(), Value::Bool(true));

@@ -40,6 +40,8 @@ pub(crate) enum End {
     Reply(ErrorReply, Outcome),
     /// The client went away.
     ClientGone,
+    /// The client stopped reading its answer.
+    ClientStalled,
 }
 
 /// The account that answered a request.
@@ -124,6 +126,8 @@ pub(crate) struct Attempt<'a> {
     started_ms: u64,
     /// The access token was refreshed for this try (after the backend refused the first).
     refreshed: bool,
+    /// A frame waited for the client for the whole write timeout.
+    pub(super) client_stalled: bool,
     /// The backend endpoint this try talks to (for the facts of its failures).
     pub(super) endpoint: Endpoint,
 }
@@ -156,6 +160,7 @@ impl<'a> Attempt<'a> {
             started,
             started_ms: d.fleet.clock().now_ms(),
             refreshed: false,
+            client_stalled: false,
             endpoint: Endpoint::Responses,
         };
         tracing::debug!(account = %a.lease.id, "attempt_start");
@@ -258,6 +263,7 @@ impl<'a> Attempt<'a> {
             r = send => r,
             _ = self.tx.closed() => return Sent::End(self.client_gone(None)),
             _ = tokio::time::sleep_until(self.deadline()) => return Sent::End(self.abandon()),
+            _ = self.d.cut_off() => return Sent::End(self.shut_down(None, None)),
         };
         let resp = match resp {
             Ok(r) => r,
@@ -271,6 +277,7 @@ impl<'a> Attempt<'a> {
             let body = tokio::select! {
                 b = self.d.upstream.read_body(resp, MAX_ERROR_BODY, Overflow::Truncate) => b.unwrap_or_default(),
                 _ = self.tx.closed() => return Sent::End(self.client_gone(Some(status))),
+                _ = self.d.cut_off() => return Sent::End(self.shut_down(None, None)),
             };
             return self.failed(Facts::from_response(status, &resp_headers, body));
         }
@@ -535,10 +542,67 @@ impl<'a> Attempt<'a> {
         )
     }
 
+    /// The client is gone: it left, or it stopped reading (a frame waited for it for the
+    /// whole write timeout, or the edge found a write to it stuck). Neutral for the account
+    /// either way; dropping the attempt frees the slot and the upstream request.
     pub(super) fn client_gone(&mut self, status: Option<u16>) -> End {
-        tracing::info!(account = %self.lease.id, "client went away");
-        self.record(Class::ClientCancelled, status, None, None);
-        End::ClientGone
+        let stalled = self.client_stalled
+            || self
+                .ctx
+                .stalled
+                .as_ref()
+                .is_some_and(|s| s.load(std::sync::atomic::Ordering::SeqCst));
+        if stalled {
+            tracing::info!(account = %self.lease.id, "client stopped reading; request cut");
+            self.record(Class::ClientStalled, status, None, None);
+            End::ClientStalled
+        } else {
+            tracing::info!(account = %self.lease.id, "client went away");
+            self.record(Class::ClientCancelled, status, None, None);
+            End::ClientGone
+        }
+    }
+
+    /// Shutdown cut the request (neutral for the account). A committed stream (`Some` with its
+    /// response id) is told with `response.failed` `server_shutting_down`; anything else gets
+    /// a 503 of that code.
+    pub(super) fn shut_down(
+        &mut self,
+        committed: Option<Option<String>>,
+        phase: Option<Phase>,
+    ) -> End {
+        tracing::info!(account = %self.lease.id, "shutdown cut the request");
+        let status = committed.as_ref().map(|_| 200);
+        self.record(
+            Class::Abandoned,
+            status,
+            phase,
+            Some("the gateway shut down".into()),
+        );
+        match committed {
+            Some(response_id) => End::Done {
+                outcome: Outcome::ShuttingDown,
+                status: 200,
+                tail: vec![Frame::Events(vec![Event::failed(
+                    response_id.as_deref(),
+                    "server_shutting_down",
+                    "the gateway shut down before the response completed; resend the request",
+                )])],
+            },
+            None => End::Reply(super::request::shutting_down_reply(), Outcome::ShuttingDown),
+        }
+    }
+
+    /// Sends a frame to the client, waiting at most the write timeout for room. False when
+    /// the client is gone (or stalled).
+    pub(super) async fn emit(&mut self, frame: Frame) -> bool {
+        match tokio::time::timeout(self.d.config.client_write_timeout, self.tx.send(frame)).await {
+            Ok(sent) => sent.is_ok(),
+            Err(_) => {
+                self.client_stalled = true;
+                false
+            }
+        }
     }
 
     /// Adds this try to the request's attempt chain.

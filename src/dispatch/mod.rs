@@ -48,6 +48,9 @@ pub struct DispatchConfig {
     pub aliases: BTreeMap<String, String>,
     /// The longest a request may take to get a first answer, failovers and waits included.
     pub request_deadline: Duration,
+    /// How long a frame may wait for the client to take it before the client counts as
+    /// stalled.
+    pub client_write_timeout: Duration,
 }
 
 impl Default for DispatchConfig {
@@ -60,6 +63,7 @@ impl Default for DispatchConfig {
             max_event_bytes: 16 * 1024 * 1024,
             aliases: BTreeMap::new(),
             request_deadline: Duration::from_secs(600),
+            client_write_timeout: Duration::from_secs(60),
         }
     }
 }
@@ -98,6 +102,9 @@ pub struct RequestCtx {
     /// For WebSocket turns: the frame as the client sent it, for an upstream socket that
     /// holds its previous response (`body` is the same turn with the full history instead).
     pub ws_turn: Option<WsTurn>,
+    /// Set by the edge when a write to the client made no progress for the write timeout: a
+    /// client gone that way stalled rather than left.
+    pub stalled: Option<Arc<std::sync::atomic::AtomicBool>>,
     pub path: &'static str,
     pub received: Instant,
 }
@@ -187,6 +194,10 @@ pub struct Dispatcher {
     pub breaker: Arc<crate::upstream::ws::Breaker>,
     /// Turn-state token -> the account that issued it.
     turn_states: TtlMap<String, String>,
+    /// Cancelled when shutdown's grace period is over: every request still running ends.
+    cut: tokio_util::sync::CancellationToken,
+    /// The running requests.
+    tasks: tokio_util::task::TaskTracker,
 }
 
 impl Dispatcher {
@@ -214,7 +225,33 @@ impl Dispatcher {
             ws_pool: crate::upstream::ws::WsPool::new(Arc::clone(&clock)),
             breaker: Arc::new(crate::upstream::ws::Breaker::new(Arc::clone(&clock))),
             turn_states,
+            cut: tokio_util::sync::CancellationToken::new(),
+            tasks: tokio_util::task::TaskTracker::new(),
         }
+    }
+
+    /// Shutdown's grace period is over: every request still running ends now and is recorded
+    /// — a committed stream with `response.failed` (`server_shutting_down`), anything else
+    /// with a 503 of that code. Requests that arrive later get the 503 at once.
+    pub fn cut(&self) {
+        self.cut.cancel();
+    }
+
+    /// Whether shutdown has cut the requests.
+    pub fn is_cut(&self) -> bool {
+        self.cut.is_cancelled()
+    }
+
+    /// Resolves when shutdown cuts the requests.
+    pub(crate) async fn cut_off(&self) {
+        self.cut.cancelled().await;
+    }
+
+    /// Waits until every request has ended (its last frame handed to the edge, its record
+    /// kept).
+    pub async fn settled(&self) {
+        self.tasks.close();
+        self.tasks.wait().await;
     }
 
     /// The sweepers of the dispatcher's own state: turn-state tokens, and idle upstream
@@ -258,6 +295,6 @@ impl Dispatcher {
     /// Runs one request to the end, sending frames to `tx`.
     pub fn spawn(&self, ctx: RequestCtx, tx: mpsc::Sender<Frame>) {
         let d = self.clone();
-        tokio::spawn(async move { d.run(ctx, tx).await });
+        self.tasks.spawn(async move { d.run(ctx, tx).await });
     }
 }

@@ -99,7 +99,8 @@ impl Dispatcher {
         };
         let tail = self.finish(&ctx, &plan, trace, candidate_pool, end);
         for frame in tail {
-            if tx.send(frame).await.is_err() {
+            let sent = tokio::time::timeout(self.config.client_write_timeout, tx.send(frame));
+            if !matches!(sent.await, Ok(Ok(()))) {
                 break;
             }
         }
@@ -119,8 +120,14 @@ impl Dispatcher {
             deadline: ctx.received + self.config.request_deadline,
         };
         loop {
+            if self.is_cut() {
+                return End::Reply(shutting_down_reply(), Outcome::ShuttingDown);
+            }
             let lease = match self.acquire(plan, &mut walk, tx, trace).await {
                 Acquire::Lease(l) => *l,
+                Acquire::ClientLeft if self.is_cut() => {
+                    return End::Reply(shutting_down_reply(), Outcome::ShuttingDown);
+                }
                 Acquire::Busy => return End::Reply(self.pool_busy(plan), Outcome::PoolBusy),
                 Acquire::Deadline => {
                     let reply = self.deadline_reply(trace.attempts.len());
@@ -179,6 +186,7 @@ impl Dispatcher {
             } => (outcome, status, tail),
             End::Reply(reply, outcome) => (outcome, reply.status, vec![Frame::Error(reply)]),
             End::ClientGone => (Outcome::ClientCancelled, 499, Vec::new()),
+            End::ClientStalled => (Outcome::ClientStalled, 499, Vec::new()),
             End::Next => (Outcome::NoAccount, 503, Vec::new()),
         };
         let affinity = self.settle_affinity(ctx, plan, &trace, outcome);
@@ -316,7 +324,7 @@ impl Dispatcher {
                         &plan.model,
                         wait_for,
                         settings.sticky_max_waiting,
-                        tx.closed(),
+                        self.gone(tx),
                     )
                     .await;
                 self.note_wait(trace, wait);
@@ -348,7 +356,7 @@ impl Dispatcher {
                     &plan.model,
                     wait_for,
                     settings.queue_max_waiting,
-                    tx.closed(),
+                    self.gone(tx),
                 )
                 .await;
             self.note_wait(trace, wait);
@@ -402,6 +410,15 @@ impl Dispatcher {
         };
         self.fleet.affinity.bind(session, &served.id);
         decision
+    }
+
+    /// Resolves when a waiting request has no one to wait for: its client left, or shutdown
+    /// cut it.
+    async fn gone(&self, tx: &mpsc::Sender<Frame>) {
+        tokio::select! {
+            _ = tx.closed() => {}
+            _ = self.cut_off() => {}
+        }
     }
 
     /// 504 `request_deadline_exceeded`: no account answered in time.
@@ -524,4 +541,20 @@ pub fn session_hash(s: &str) -> String {
         .iter()
         .map(|b| format!("{b:02x}"))
         .collect()
+}
+
+/// 503 `server_shutting_down`: the gateway stopped before this request had an answer.
+pub(crate) fn shutting_down_reply() -> ErrorReply {
+    let mut reply = ErrorReply::openai(
+        503,
+        "server_error",
+        "server_shutting_down",
+        "the gateway is shutting down; retry in a moment",
+        Map::new(),
+    );
+    reply.headers.push((
+        HeaderName::from_static("retry-after"),
+        HeaderValue::from_static("5"),
+    ));
+    reply
 }

@@ -124,6 +124,10 @@ impl Attempt<'_> {
                             Ok(Some(r)) => r,
                         },
                         _ = self.tx.closed() => return self.client_gone(Some(200)),
+                        _ = self.d.cut_off() => {
+                            let committed = (b.committed && streaming).then(|| b.response_id.clone());
+                            return with_batch(batch, self.shut_down(committed, Some(b.phase())));
+                        }
                     }
                 }
             };
@@ -131,7 +135,12 @@ impl Attempt<'_> {
                 Ok(Item::Event(ev)) => ev,
                 Ok(Item::KeepAlive) => {
                     if b.committed && streaming {
-                        batch_then(&mut batch, Frame::KeepAlive, self).await;
+                        let sent = (batch.is_empty()
+                            || self.emit(Frame::Events(std::mem::take(&mut batch))).await)
+                            && self.emit(Frame::KeepAlive).await;
+                        if !sent {
+                            return self.client_gone(Some(200));
+                        }
                     }
                     continue;
                 }
@@ -180,11 +189,6 @@ impl Attempt<'_> {
             }
             batch.push(ev);
         }
-    }
-
-    /// False when the client is gone.
-    async fn emit(&self, frame: Frame) -> bool {
-        self.tx.send(frame).await.is_ok()
     }
 
     /// A terminal event: the end of a good answer, or a failure to judge.
@@ -304,14 +308,6 @@ impl Attempt<'_> {
             )])],
         }
     }
-}
-
-/// Sends the batch, then `frame` (keeping their order).
-async fn batch_then(batch: &mut Vec<Event>, frame: Frame, a: &Attempt<'_>) {
-    if !batch.is_empty() {
-        let _ = a.tx.send(Frame::Events(std::mem::take(batch))).await;
-    }
-    let _ = a.tx.send(frame).await;
 }
 
 /// Puts events already read (and not yet sent) in front of the final frames.

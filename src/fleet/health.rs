@@ -27,6 +27,8 @@ named! {
         Caller => "caller",
         Transient => "transient",
         ClientCancelled => "client_cancelled",
+        /// The client stopped reading its answer: neutral.
+        ClientStalled => "client_stalled",
         /// The gateway gave the attempt up (the request's deadline, shutdown): neutral.
         Abandoned => "abandoned",
     }
@@ -473,6 +475,7 @@ impl Health {
             | Class::Policy
             | Class::Caller
             | Class::ClientCancelled
+            | Class::ClientStalled
             | Class::Abandoned => {}
         }
         if !matches!(
@@ -481,6 +484,7 @@ impl Health {
                 | Class::Caller
                 | Class::Policy
                 | Class::ClientCancelled
+                | Class::ClientStalled
                 | Class::Abandoned
                 | Class::ModelUnsupported
                 | Class::AuthExpired

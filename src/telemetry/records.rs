@@ -38,6 +38,8 @@ named! {
         NoAccount => "no_account",
         ModelNotFound => "model_not_found",
         ClientCancelled => "client_cancelled",
+        /// The client stopped reading its answer for the write timeout: cut, slot freed.
+        ClientStalled => "client_stalled",
         /// Every candidate stayed busy for the whole wait.
         PoolBusy => "pool_busy",
         PreviousResponseNotFound => "previous_response_not_found",
@@ -45,6 +47,8 @@ named! {
         PolicyRefused => "policy_refused",
         /// No account answered within the request's deadline.
         DeadlineExceeded => "deadline_exceeded",
+        /// Cut by shutdown when its grace period ran out.
+        ShuttingDown => "shutting_down",
     }
 }
 

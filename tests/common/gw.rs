@@ -254,6 +254,13 @@ impl Gw {
         }
     }
 
+    /// Begins a graceful shutdown (SIGTERM) without waiting for it.
+    pub fn begin_shutdown(&mut self) {
+        if let Some(tx) = self.stop.take() {
+            let _ = tx.send(ShutdownKind::Graceful);
+        }
+    }
+
     /// Stops and starts the gateway on the same state directory and simulator.
     pub async fn restart(&mut self) {
         self.shutdown().await;

@@ -1,0 +1,554 @@
+//! The client-facing HTTP server: an accept loop over hyper of our own, so that every
+//! connection is bounded and timed.
+//!
+//! - A new connection must send a whole request head within `header_read_timeout`; a kept-alive
+//!   one is closed after `keepalive_idle_timeout` without a request (hyper's head timer, which
+//!   runs while a connection waits for its next request).
+//! - At most `max_connections` are open: beyond, the oldest idle one is closed to make room,
+//!   else the new one is refused (with a warning at most every 10 s).
+//! - A write to a client that makes no progress for `client_write_timeout` fails the
+//!   connection and marks it stalled ([`ClientConn::stalled`]), so the request that was
+//!   streaming to it ends as `client_stalled` and frees its account slot.
+//! - Shutdown stops accepting and winds the connections down: each finishes the requests it
+//!   has in flight and answers one more (`/readyz` says 503 meanwhile) with `Connection:
+//!   close`; once nothing is in flight anywhere, the idle ones are closed.
+//!
+//! The admin socket keeps its own server (`axum::serve`): none of this limits it.
+
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::future::Future;
+use std::io;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::body::{Body, HttpBody};
+use hyper::body::Incoming;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+
+use crate::names::named;
+
+/// The limits of client connections (`[server]`).
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    pub header_read_timeout: Duration,
+    pub keepalive_idle_timeout: Duration,
+    pub client_write_timeout: Duration,
+    pub max_connections: usize,
+}
+
+named! {
+    /// Why the gateway closed (or refused) a client connection.
+    pub enum Closed {
+        /// No whole request head within `header_read_timeout`.
+        HeadTimeout => "head_timeout",
+        /// Kept alive with no request for `keepalive_idle_timeout`.
+        IdleTimeout => "idle_timeout",
+        /// The oldest idle connection, closed to make room under `max_connections`.
+        Evicted => "evicted",
+        /// Refused at `max_connections`: every open connection was busy.
+        Refused => "refused",
+        /// A write to it made no progress for `client_write_timeout`.
+        Stalled => "stalled",
+    }
+}
+
+/// What `/metrics` says of the client connections.
+#[derive(Debug, Default)]
+pub struct EdgeStats {
+    open: AtomicU64,
+    closed: [AtomicU64; Closed::ALL.len()],
+}
+
+impl EdgeStats {
+    fn closed(&self, why: Closed) {
+        self.closed[why as usize].fetch_add(1, Ordering::Relaxed);
+        tracing::debug!(reason = why.as_str(), "client connection closed");
+    }
+
+    /// The connection gauge and the closed-by-reason counters, in the text format.
+    pub fn render(&self, out: &mut String) {
+        use std::fmt::Write;
+        let _ = writeln!(
+            out,
+            "# HELP switchyard_client_connections Open client connections.\n\
+             # TYPE switchyard_client_connections gauge\n\
+             switchyard_client_connections {}",
+            self.open.load(Ordering::Relaxed)
+        );
+        let _ = writeln!(
+            out,
+            "# HELP switchyard_client_connections_closed_total Client connections the gateway closed or refused, by reason.\n\
+             # TYPE switchyard_client_connections_closed_total counter"
+        );
+        for why in Closed::ALL {
+            let _ = writeln!(
+                out,
+                "switchyard_client_connections_closed_total{{reason=\"{}\"}} {}",
+                why.as_str(),
+                self.closed[*why as usize].load(Ordering::Relaxed)
+            );
+        }
+    }
+}
+
+/// One client connection, as its requests see it (a request extension).
+#[derive(Debug)]
+pub struct ClientConn {
+    id: u64,
+    /// Requests whose answers are not sent whole yet.
+    active: AtomicU32,
+    /// A request head has arrived.
+    started: AtomicBool,
+    /// A write to the client made no progress for the write timeout.
+    stalled: Arc<AtomicBool>,
+    /// Since when it has had no request in flight (ms since the server started).
+    /// When it last became idle, on the registry's idle clock (a sequence: no two are equal).
+    idle_since: AtomicU64,
+    idle_clock: Arc<AtomicU64>,
+    /// Finish what is in flight, keep nothing alive.
+    wind_down: CancellationToken,
+    close: CancellationToken,
+    /// Told when a connection has nothing left in flight.
+    settled: Arc<tokio::sync::Notify>,
+}
+
+impl ClientConn {
+    /// The flag a request's dispatcher reads to tell a stalled client from one that left.
+    pub fn stall_flag(&self) -> Arc<AtomicBool> {
+        Arc::clone(&self.stalled)
+    }
+
+    fn idle(&self) -> bool {
+        self.active.load(Ordering::SeqCst) == 0
+    }
+}
+
+/// Marks a request in flight on its connection until the answer's body is sent whole (or
+/// dropped).
+struct Active {
+    conn: Arc<ClientConn>,
+}
+
+impl Active {
+    fn new(conn: Arc<ClientConn>) -> Active {
+        conn.started.store(true, Ordering::SeqCst);
+        conn.active.fetch_add(1, Ordering::SeqCst);
+        Active { conn }
+    }
+}
+
+impl Drop for Active {
+    fn drop(&mut self) {
+        let tick = self.conn.idle_clock.fetch_add(1, Ordering::SeqCst);
+        self.conn.idle_since.store(tick, Ordering::SeqCst);
+        if self.conn.active.fetch_sub(1, Ordering::SeqCst) == 1 {
+            self.conn.settled.notify_waiters();
+        }
+    }
+}
+
+/// An answer's body that keeps its request marked in flight until it is done.
+struct Tracked {
+    inner: Body,
+    active: Option<Active>,
+}
+
+impl HttpBody for Tracked {
+    type Data = axum::body::Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<hyper::body::Frame<Self::Data>, Self::Error>>> {
+        let polled = Pin::new(&mut self.inner).poll_frame(cx);
+        if matches!(polled, Poll::Ready(None) | Poll::Ready(Some(Err(_)))) {
+            self.active = None;
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+/// The open connections.
+struct Registry {
+    conns: Mutex<HashMap<u64, Arc<ClientConn>>>,
+    /// Shutdown has begun: every connection winds down at its next request.
+    draining: AtomicBool,
+    next: AtomicU64,
+    /// Orders the moments connections became idle.
+    idle_clock: Arc<AtomicU64>,
+    /// Refused connections since the last warning, and when that was.
+    refused: Mutex<(u64, Option<Instant>)>,
+    settled: Arc<tokio::sync::Notify>,
+    stats: Arc<EdgeStats>,
+}
+
+impl Registry {
+    fn new(stats: Arc<EdgeStats>) -> Registry {
+        Registry {
+            conns: Mutex::new(HashMap::new()),
+            draining: AtomicBool::new(false),
+            next: AtomicU64::new(0),
+            idle_clock: Arc::new(AtomicU64::new(0)),
+            refused: Mutex::new((0, None)),
+            settled: Arc::new(tokio::sync::Notify::new()),
+            stats,
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Arc<ClientConn>>> {
+        self.conns.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Makes room for one more connection: true when there is (closing the oldest idle one if
+    /// needed), false when every connection is busy.
+    fn admit(&self, max: usize) -> bool {
+        let conns = self.lock();
+        if conns.len() < max {
+            return true;
+        }
+        let oldest_idle = conns
+            .values()
+            .filter(|c| c.idle() && !c.close.is_cancelled())
+            .min_by_key(|c| c.idle_since.load(Ordering::SeqCst));
+        match oldest_idle {
+            Some(c) => {
+                c.close.cancel();
+                self.stats.closed(Closed::Evicted);
+                true
+            }
+            None => false,
+        }
+    }
+
+    fn register(&self) -> Arc<ClientConn> {
+        let conn = Arc::new(ClientConn {
+            id: self.next.fetch_add(1, Ordering::Relaxed),
+            active: AtomicU32::new(0),
+            started: AtomicBool::new(false),
+            stalled: Arc::new(AtomicBool::new(false)),
+            idle_since: AtomicU64::new(self.idle_clock.fetch_add(1, Ordering::SeqCst)),
+            idle_clock: Arc::clone(&self.idle_clock),
+            wind_down: CancellationToken::new(),
+            close: CancellationToken::new(),
+            settled: Arc::clone(&self.settled),
+        });
+        self.lock().insert(conn.id, Arc::clone(&conn));
+        self.stats.open.fetch_add(1, Ordering::Relaxed);
+        conn
+    }
+
+    fn remove(&self, id: u64) {
+        if self.lock().remove(&id).is_some() {
+            self.stats.open.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+
+    fn refused(&self) {
+        self.stats.closed(Closed::Refused);
+        let mut r = self.refused.lock().unwrap_or_else(|e| e.into_inner());
+        r.0 += 1;
+        if r.1.is_none_or(|at| at.elapsed() >= Duration::from_secs(10)) {
+            tracing::warn!(
+                refused = r.0,
+                "client connection limit reached and every connection is busy: refusing new ones"
+            );
+            *r = (0, Some(Instant::now()));
+        }
+    }
+
+    /// Shutdown: connections with requests in flight finish them and close; idle ones do so
+    /// after their next request.
+    fn drain(&self) {
+        self.draining.store(true, Ordering::SeqCst);
+        for c in self.lock().values() {
+            if !c.idle() {
+                c.wind_down.cancel();
+            }
+        }
+    }
+
+    /// Resolves once no connection has a request in flight.
+    async fn quiet(&self) {
+        loop {
+            let settled = self.settled.notified();
+            tokio::pin!(settled);
+            settled.as_mut().enable();
+            if self.lock().values().all(|c| c.idle()) {
+                return;
+            }
+            settled.await;
+        }
+    }
+
+    fn close_all(&self) {
+        for c in self.lock().values() {
+            c.close.cancel();
+        }
+    }
+}
+
+/// Serves `app` on `listener` until `stop` is cancelled, then drains: the requests in flight
+/// finish (their connections still answer new requests meanwhile), then every connection is
+/// closed. Aborting the returned future's task cuts every connection.
+pub async fn serve(
+    listener: TcpListener,
+    app: Router,
+    limits: Limits,
+    stats: Arc<EdgeStats>,
+    stop: CancellationToken,
+) {
+    let registry = Arc::new(Registry::new(stats));
+    let mut tasks = JoinSet::new();
+    loop {
+        let tcp = tokio::select! {
+            _ = stop.cancelled() => break,
+            accepted = listener.accept() => match accepted {
+                Ok((tcp, _)) => tcp,
+                Err(e) => {
+                    // Out of file descriptors and the like: say so, and keep serving.
+                    tracing::warn!(error = %e, "cannot accept a connection");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+        };
+        while tasks.try_join_next().is_some() {}
+        if !registry.admit(limits.max_connections) {
+            registry.refused();
+            drop(tcp);
+            continue;
+        }
+        // Events are small writes: without TCP_NODELAY, delayed ACKs add ~40 ms per turn.
+        let _ = tcp.set_nodelay(true);
+        let conn = registry.register();
+        tasks.spawn(connection(
+            tcp,
+            app.clone(),
+            limits,
+            conn,
+            Arc::clone(&registry),
+        ));
+    }
+    drop(listener);
+    registry.drain();
+    registry.quiet().await;
+    registry.close_all();
+    while tasks.join_next().await.is_some() {}
+}
+
+async fn connection(
+    tcp: TcpStream,
+    app: Router,
+    limits: Limits,
+    conn: Arc<ClientConn>,
+    registry: Arc<Registry>,
+) {
+    let io = TokioIo::new(ClientIo::new(
+        tcp,
+        limits.client_write_timeout,
+        conn.stall_flag(),
+    ));
+    let service = {
+        let conn = Arc::clone(&conn);
+        let registry = Arc::clone(&registry);
+        hyper::service::service_fn(move |mut req: hyper::Request<Incoming>| {
+            let active = Active::new(Arc::clone(&conn));
+            if registry.draining.load(Ordering::SeqCst) {
+                conn.wind_down.cancel();
+            }
+            req.extensions_mut().insert(Arc::clone(&conn));
+            let mut app = app.clone();
+            async move {
+                let resp = tower_service::Service::call(&mut app, req.map(Body::new)).await?;
+                Ok::<_, Infallible>(resp.map(|inner| {
+                    Body::new(Tracked {
+                        inner,
+                        active: Some(active),
+                    })
+                }))
+            }
+        })
+    };
+    let mut builder = hyper::server::conn::http1::Builder::new();
+    builder
+        .timer(TokioTimer::new())
+        .header_read_timeout(limits.keepalive_idle_timeout)
+        .keep_alive(true);
+    let served = builder.serve_connection(io, service).with_upgrades();
+    tokio::pin!(served);
+    let first_head = tokio::time::sleep(limits.header_read_timeout);
+    tokio::pin!(first_head);
+    let mut winding_down = false;
+    let closed = loop {
+        tokio::select! {
+            served = &mut served => {
+                break match served {
+                    _ if conn.stalled.load(Ordering::SeqCst) => Some(Closed::Stalled),
+                    Err(e) if e.is_timeout() => Some(if conn.started.load(Ordering::SeqCst) {
+                        Closed::IdleTimeout
+                    } else {
+                        Closed::HeadTimeout
+                    }),
+                    _ => None,
+                };
+            }
+            _ = conn.wind_down.cancelled(), if !winding_down => {
+                winding_down = true;
+                served.as_mut().graceful_shutdown();
+            }
+            _ = &mut first_head, if !conn.started.load(Ordering::SeqCst) => break Some(Closed::HeadTimeout),
+            // Evicted (counted then) or closed at the end of shutdown.
+            _ = conn.close.cancelled() => break None,
+        }
+    };
+    if let Some(why) = closed {
+        registry.stats.closed(why);
+    }
+    registry.remove(conn.id);
+}
+
+/// A client's socket whose writes fail when they make no progress for a while (the client
+/// stopped reading), marking the connection stalled.
+pub struct ClientIo<S> {
+    inner: S,
+    timeout: Duration,
+    stalled: Arc<AtomicBool>,
+    /// Armed while a write waits.
+    waiting: Option<Pin<Box<tokio::time::Sleep>>>,
+}
+
+impl<S> ClientIo<S> {
+    pub fn new(inner: S, timeout: Duration, stalled: Arc<AtomicBool>) -> ClientIo<S> {
+        ClientIo {
+            inner,
+            timeout,
+            stalled,
+            waiting: None,
+        }
+    }
+
+    /// A write is pending: fails it once it has waited for the whole timeout.
+    fn pending<T>(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<T>> {
+        let timeout = self.timeout;
+        let waiting = self
+            .waiting
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep(timeout)));
+        if waiting.as_mut().poll(cx).is_ready() {
+            self.stalled.store(true, Ordering::SeqCst);
+            return Poll::Ready(Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                "the client read nothing of its answer for the write timeout",
+            )));
+        }
+        Poll::Pending
+    }
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for ClientIo<S> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_read(cx, buf)
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for ClientIo<S> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        match Pin::new(&mut self.inner).poll_write(cx, buf) {
+            Poll::Pending => self.pending(cx),
+            ready => {
+                self.waiting = None;
+                ready
+            }
+        }
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        match Pin::new(&mut self.inner).poll_write_vectored(cx, bufs) {
+            Poll::Pending => self.pending(cx),
+            ready => {
+                self.waiting = None;
+                ready
+            }
+        }
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match Pin::new(&mut self.inner).poll_flush(cx) {
+            Poll::Pending => self.pending(cx),
+            ready => {
+                self.waiting = None;
+                ready
+            }
+        }
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    #[tokio::test]
+    async fn a_write_that_makes_no_progress_fails_and_marks_the_connection() {
+        // A pipe of 64 bytes nobody reads.
+        let (ours, mut theirs) = tokio::io::duplex(64);
+        let stalled = Arc::new(AtomicBool::new(false));
+        let mut io = ClientIo::new(ours, Duration::from_millis(50), Arc::clone(&stalled));
+        io.write_all(&[0; 64]).await.unwrap();
+        let err = io.write_all(&[0; 64]).await.unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::TimedOut);
+        assert!(stalled.load(Ordering::SeqCst));
+        // A reader that keeps up is never cut.
+        let (ours, mut reader) = tokio::io::duplex(64);
+        let stalled = Arc::new(AtomicBool::new(false));
+        let mut io = ClientIo::new(ours, Duration::from_millis(50), Arc::clone(&stalled));
+        let drain = tokio::spawn(async move {
+            let mut buf = vec![0; 1 << 16];
+            let mut n = 0;
+            while n < 1 << 16 {
+                n += reader.read(&mut buf).await.unwrap();
+            }
+        });
+        io.write_all(&vec![1; 1 << 16]).await.unwrap();
+        drain.await.unwrap();
+        assert!(!stalled.load(Ordering::SeqCst));
+        let _ = theirs.read(&mut [0; 1]).await;
+    }
+}
