@@ -712,6 +712,28 @@ async fn failed_event_fault_streams_created_in_progress_then_response_failed() {
 }
 
 #[tokio::test]
+async fn failed_mid_stream_fault_breaks_off_after_its_deltas_with_response_failed() {
+    let (r, _h) = fault_answer(FaultKind::FailedMidStream {
+        code: "usage_limit_reached".into(),
+        after_deltas: 2,
+    })
+    .await;
+    assert_eq!(r.status(), 200);
+    let events = parse_sse(&r.text().await.unwrap());
+    let kinds = types(&events);
+    let deltas = kinds.iter().filter(|k| k.ends_with(".delta")).count();
+    assert_eq!(deltas, 2, "{kinds:?}");
+    assert_eq!(kinds.last().unwrap(), &"response.failed", "{kinds:?}");
+    let last = events.last().unwrap();
+    assert_eq!(last["response"]["status"], "failed");
+    assert_eq!(last["response"]["error"]["code"], "usage_limit_reached");
+    // Sequence numbers stay contiguous.
+    for (i, ev) in events.iter().enumerate() {
+        assert_eq!(ev["sequence_number"], i, "{ev}");
+    }
+}
+
+#[tokio::test]
 async fn reset_before_headers_is_a_client_error_recorded_as_status_0() {
     let h = start(1).await;
     h.sim

@@ -254,6 +254,7 @@ pub(crate) fn decide(account: &mut Account, req: &TurnRequest<'_>, ctx: &Ctx<'_>
         .or_else(|| scripted_fault(account, now));
     let mut shape = StreamShape::default();
     let mut fail_code = None;
+    let mut fail_after = None;
     let mut answer_bytes = None;
     match fault {
         None => {}
@@ -291,6 +292,10 @@ pub(crate) fn decide(account: &mut Account, req: &TurnRequest<'_>, ctx: &Ctx<'_>
             return refuse(faults::ws_error(status, &code));
         }
         Some(FaultKind::FailedEvent { code }) => fail_code = Some(code),
+        Some(FaultKind::FailedMidStream { code, after_deltas }) => {
+            fail_code = Some(code);
+            fail_after = Some(after_deltas);
+        }
         Some(FaultKind::ResetMidStream { after_deltas }) => {
             shape.cut = Some(Cut::Reset { after_deltas });
         }
@@ -354,6 +359,7 @@ pub(crate) fn decide(account: &mut Account, req: &TurnRequest<'_>, ctx: &Ctx<'_>
         input_tokens,
         cached_tokens,
         fail_code,
+        fail_after,
         generate: req.generate,
         previous_response_id: req.previous_response_id.map(str::to_string),
         answer_bytes,

@@ -37,6 +37,10 @@ pub enum FaultKind {
     UnsupportedParameter { param: String },
     /// 200 SSE: `response.created`, `response.in_progress`, then `response.failed` with `code`.
     FailedEvent { code: String },
+    /// A normal stream that ends with `response.failed` with `code` after `after_deltas`
+    /// deltas (a failure after output reached the client; over WebSocket the socket stays
+    /// open).
+    FailedMidStream { code: String, after_deltas: u32 },
     /// The connection is closed without any response.
     ResetBeforeHeaders,
     /// A normal stream cut (connection reset, no terminal event) after `after_deltas` deltas.

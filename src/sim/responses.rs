@@ -85,8 +85,10 @@ pub(crate) struct TurnSpec<'a> {
     pub created_at: u64,
     pub input_tokens: u64,
     pub cached_tokens: u64,
-    /// `response.failed` with this code after `response.in_progress`.
+    /// `response.failed` with this code after `response.in_progress`...
     pub fail_code: Option<String>,
+    /// ...or after this many deltas of a normal answer.
+    pub fail_after: Option<u32>,
     /// False for a WebSocket warm-up (`generate:false`): created, then completed, no output.
     pub generate: bool,
     /// Echoed in the response object (WebSocket continuations).
@@ -223,7 +225,11 @@ pub(crate) fn build(spec: &TurnSpec<'_>, plan: &Plan) -> Turn {
         };
     }
     b.push("response.in_progress", json!({"response": response}));
-    if let Some(code) = &spec.fail_code {
+    if let Some(code) = spec
+        .fail_code
+        .as_ref()
+        .filter(|_| spec.fail_after.is_none())
+    {
         response["status"] = json!("failed");
         response["error"] = json!({"code": code, "message": super::faults::failed_message(code)});
         b.push("response.failed", json!({"response": response}));
@@ -283,6 +289,24 @@ pub(crate) fn build(spec: &TurnSpec<'_>, plan: &Plan) -> Turn {
         "output_tokens_details": {"reasoning_tokens": reasoning_tokens},
         "total_tokens": spec.input_tokens + output_tokens,
     });
+    if let (Some(code), Some(after)) = (&spec.fail_code, spec.fail_after) {
+        // The answer breaks off after `after` deltas with a failure.
+        let mut deltas = 0;
+        let cut = b.events.iter().position(|ev| {
+            deltas += u32::from(ev.is_delta());
+            ev.is_delta() && deltas > after
+        });
+        if let Some(at) = cut {
+            b.events.truncate(at);
+        }
+        let mut failed = response_object(spec, "failed");
+        failed["error"] = json!({"code": code, "message": super::faults::failed_message(code)});
+        b.push("response.failed", json!({"response": failed}));
+        return Turn {
+            events: b.events,
+            response: failed,
+        };
+    }
     b.push("response.completed", json!({"response": response}));
     Turn {
         events: b.events,

@@ -10,7 +10,7 @@
 //! not. The socket stays open across turns.
 //!
 //! The other faults, per `response.create`: `FailedEvent` streams `response.failed` (the
-//! socket stays open); `ResetMidStream` drops the TCP connection without a close frame after
+//! socket stays open), and `FailedMidStream` does so after some deltas; `ResetMidStream` drops the TCP connection without a close frame after
 //! N deltas, `HangMidStream` goes silent, `WsCloseMidTurn` sends close 1011, `SlowFirstToken`
 //! pauses before the first delta and `SlowHeaders` before the turn's first frame;
 //! `ResetBeforeHeaders` and `Cloudflare403` drop the connection without a frame (the edge does
