@@ -128,6 +128,9 @@ pub(crate) struct Attempt<'a> {
     refreshed: bool,
     /// A frame waited for the client for the whole write timeout.
     pub(super) client_stalled: bool,
+    /// The backend refused the access token as expired inside the answer (a WebSocket error
+    /// frame, or an event in a 200) before anything was shown.
+    pub(super) token_refused: bool,
     /// The backend endpoint this try talks to (for the facts of its failures).
     pub(super) endpoint: Endpoint,
 }
@@ -161,6 +164,7 @@ impl<'a> Attempt<'a> {
             started_ms: d.fleet.clock().now_ms(),
             refreshed: false,
             client_stalled: false,
+            token_refused: false,
             endpoint: Endpoint::Responses,
         };
         tracing::debug!(account = %a.lease.id, "attempt_start");
@@ -187,6 +191,15 @@ impl<'a> Attempt<'a> {
     }
 
     async fn send(&mut self) -> Sent {
+        match self.send_once().await {
+            Sent::End(End::Next) if std::mem::take(&mut self.token_refused) => {
+                Sent::TokenRefused(self.identity.access_token.clone())
+            }
+            sent => sent,
+        }
+    }
+
+    async fn send_once(&mut self) -> Sent {
         let headers = self.headers();
         if self.ctx.ws && self.ctx.mode == Mode::Stream {
             match self.over_websocket(&headers).await {
@@ -460,6 +473,16 @@ impl<'a> Attempt<'a> {
     /// policy refusal keeps this key's session away from the account and is remembered, to
     /// answer with if no candidate is left.
     pub(super) fn verdict(&mut self, facts: &Facts) -> Class {
+        let refreshed;
+        let facts = if self.refreshed && !facts.after_refresh {
+            refreshed = Facts {
+                after_refresh: true,
+                ..facts.clone()
+            };
+            &refreshed
+        } else {
+            facts
+        };
         let origin = Origin {
             model: &self.ctx.model,
             started_ms: self.started_ms,

@@ -203,12 +203,14 @@ impl Attempt<'_> {
             None => Class::Success,
         };
 
-        // A failure before anything was shown fails over, unless it is the caller's own.
+        // A failure before anything was shown fails over, unless it is the caller's own; an
+        // expired token is refreshed and the same account tried again.
         if let Some(f) = &facts
             && class != Class::Caller
             && (!b.committed || !streaming)
         {
             self.record_failure(class, f);
+            self.token_refused = class == Class::AuthExpired;
             return End::Next;
         }
 
