@@ -28,6 +28,9 @@ pub struct GwOptions {
     /// The gateway's clock (the simulator keeps the real one).
     pub clock: SharedClock,
     pub sim_access_ttl: std::time::Duration,
+    /// The backend's origin refuses connections (the simulator still answers the token and
+    /// usage endpoints).
+    pub origin_down: bool,
 }
 
 impl Default for GwOptions {
@@ -37,6 +40,7 @@ impl Default for GwOptions {
             configure: no_change,
             clock: clock::system(),
             sim_access_ttl: std::time::Duration::from_secs(3600),
+            origin_down: false,
         }
     }
 }
@@ -55,6 +59,8 @@ pub struct Gw {
     /// chatgpt_account_id -> gateway account id.
     pub ids: BTreeMap<String, String>,
     configure: fn(&mut Config),
+    /// Where the backend's origin is, when not the simulator (a port nothing listens on).
+    origin: Option<String>,
 }
 
 fn no_change(_: &mut Config) {}
@@ -171,6 +177,7 @@ impl Gw {
             configure,
             clock,
             sim_access_ttl,
+            origin_down,
         } = opts;
         let sim = Sim::start(SimOptions {
             accounts,
@@ -211,6 +218,7 @@ impl Gw {
             http: reqwest::Client::new(),
             ids,
             configure,
+            origin: origin_down.then(closed_origin),
         };
         gw.launch(store).await;
         gw
@@ -218,7 +226,7 @@ impl Gw {
 
     fn config(&self) -> Config {
         let mut c = Config::default();
-        c.upstream.base_url = self.sim.base_url();
+        c.upstream.base_url = self.origin.clone().unwrap_or_else(|| self.sim.base_url());
         c.upstream.usage_url = self.sim.usage_url();
         c.upstream.oauth_token_url = self.sim.oauth_token_url();
         c.server.shutdown_grace = std::time::Duration::from_secs(5);
@@ -440,6 +448,16 @@ pub async fn read_sse(resp: reqwest::Response) -> Sse {
         body,
         broken,
     }
+}
+
+/// A backend URL on a port nothing listens on (bound, then released).
+fn closed_origin() -> String {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    format!("http://127.0.0.1:{port}/backend-api/codex")
 }
 
 pub fn path_exists(p: &Path) -> bool {
