@@ -824,3 +824,24 @@ async fn idle_upstream_sockets_are_dropped_after_their_idle_life() {
     turn(&mut ws).await;
     assert_eq!(idle_sockets(&gw).await, 1);
 }
+
+/// A client may send its next request the moment it has read `response.completed` — before
+/// the turn has ended on the gateway's side — or even send two at once: none is lost, they
+/// run in order.
+#[tokio::test]
+async fn a_request_sent_while_a_turn_runs_is_answered_after_it() {
+    let gw = Gw::start(1).await;
+    let mut ws = connect(&gw, Some(&gw.key)).await.unwrap();
+    ws.send(create(json!({"input": "first"}))).await.unwrap();
+    ws.send(create(json!({"input": "second"}))).await.unwrap();
+    let first = tokio::time::timeout(std::time::Duration::from_secs(20), turn(&mut ws))
+        .await
+        .expect("the first turn");
+    let second = tokio::time::timeout(std::time::Duration::from_secs(20), turn(&mut ws))
+        .await
+        .expect("the second turn is answered, not dropped");
+    assert_eq!(first.last().unwrap()["type"], "response.completed");
+    assert_eq!(second.last().unwrap()["type"], "response.completed");
+    assert_ne!(response_id(&first), response_id(&second));
+    assert_eq!(gw.requests(10).await.len(), 2);
+}

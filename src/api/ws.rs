@@ -34,6 +34,8 @@ use crate::upstream::ws::{MAX_FRAME, SOCKET_BUFFER};
 /// Bytes of history remembered per connection for continuations (the newest response is
 /// always kept).
 const MAX_HISTORY_BYTES: usize = 16 * 1024 * 1024;
+/// Requests a client may send while one of its turns runs; they run in order after it.
+const MAX_QUEUED_TURNS: usize = 8;
 
 pub async fn upgrade(
     State(state): State<Arc<AppState>>,
@@ -101,6 +103,9 @@ struct Connection {
     /// Oldest first, with the size of each entry (about the bytes it was made of).
     order: std::collections::VecDeque<(String, usize)>,
     history_bytes: usize,
+    /// Requests that arrived while a turn ran (a client may send its next request the moment
+    /// it has read `response.completed`, before the turn has ended here).
+    queued: std::collections::VecDeque<axum::extract::ws::Utf8Bytes>,
 }
 
 /// Why a connection ends.
@@ -147,6 +152,7 @@ impl Connection {
             history: HashMap::new(),
             order: std::collections::VecDeque::new(),
             history_bytes: 0,
+            queued: std::collections::VecDeque::new(),
         }
     }
 
@@ -170,6 +176,15 @@ impl Connection {
         let idle_timeout = self.state.ws.idle_timeout;
         let mut first = true;
         let end = loop {
+            if let Some(text) = self.queued.pop_front() {
+                if self.state.is_draining() {
+                    break End::Close(close_code::AWAY, "server shutting down");
+                }
+                if let Err(end) = self.turn(&mut socket, text.as_str()).await {
+                    break end;
+                }
+                continue;
+            }
             let wait = if first { first_timeout } else { idle_timeout };
             let received = tokio::select! {
                 r = tokio::time::timeout(wait, socket.recv()) => r,
@@ -332,6 +347,13 @@ impl Connection {
                     // The client left mid-turn: dropping `rx` cancels the turn.
                     None | Some(Err(_)) | Some(Ok(Message::Close(_))) => return Err(End::Closed),
                     Some(Ok(Message::Binary(_))) => return Err(End::Close(close_code::UNSUPPORTED, "binary frames are not supported")),
+                    // The next request, sent before this turn ended here: it runs after it.
+                    Some(Ok(Message::Text(next))) => {
+                        if self.queued.len() >= MAX_QUEUED_TURNS {
+                            return Err(End::Close(close_code::POLICY, "too many requests sent while one runs"));
+                        }
+                        self.queued.push_back(next);
+                    }
                     Some(Ok(_)) => {}
                 },
             }
