@@ -104,7 +104,7 @@ fn main() {
             let auth = sim.sim.auth_json(&a).expect("auth");
             fleet.import(fleet.parse_auth(auth.to_string().as_bytes()).expect("parse")).await.expect("import");
         }
-        let key = KeyRing::load(store.clone(), clock::system()).expect("keys").create("bench").await.expect("key").key;
+        let key = KeyRing::load(store.clone(), clock::system()).expect("keys").create("bench", &Default::default()).await.expect("key").key;
         let mut config = Config::default();
         config.upstream.base_url = sim.base_url();
         config.upstream.usage_url = sim.usage_url();

@@ -45,7 +45,7 @@ fn main() {
             let auth = sim.sim.auth_json(&a).unwrap();
             fleet.import(fleet.parse_auth(auth.to_string().as_bytes()).unwrap()).await.unwrap();
         }
-        let key = KeyRing::load(store.clone(), clock::system()).unwrap().create("bench").await.unwrap().key;
+        let key = KeyRing::load(store.clone(), clock::system()).unwrap().create("bench", &Default::default()).await.unwrap().key;
         let mut config = Config::default();
         config.upstream.base_url = sim.base_url();
         config.upstream.usage_url = sim.usage_url();

@@ -30,6 +30,7 @@ use crate::store::{Store, StoreError};
 use crate::systemd::{self, Notifier};
 use crate::telemetry::records::RequestLog;
 use crate::upstream::Upstream;
+use crate::usage::UsageBook;
 
 #[derive(Debug, thiserror::Error)]
 pub enum BootError {
@@ -133,9 +134,16 @@ pub fn build_state(
         Err(e) => tracing::warn!(error = %e, "cannot restore affinity"),
     }
     let keys = KeyRing::load(store.clone(), Arc::clone(&clock))?;
+    let usage = UsageBook::load(store.clone(), Arc::clone(&clock))?;
     let upstream = Arc::new(Upstream::new(&config.upstream).map_err(BootError::Upstream)?);
     let log = RequestLog::load(store.clone(), Arc::clone(&clock));
-    let dispatcher = Dispatcher::new(fleet.clone(), upstream, log, dispatch_config(config));
+    let dispatcher = Dispatcher::new(
+        fleet.clone(),
+        upstream,
+        log,
+        (keys.clone(), usage),
+        dispatch_config(config),
+    );
     let mut state = AppState::new(
         store,
         fleet,
@@ -241,6 +249,10 @@ pub async fn run(
         Ok((sessions, responses)) => tracing::info!(sessions, responses, "affinity saved"),
         Err(e) => tracing::warn!(error = %e, "cannot save affinity"),
     }
+    // Every request has ended: their usage is complete.
+    if let Err(e) = state.dispatcher.usage.flush().await {
+        tracing::error!(error = %e, "cannot write the last usage totals");
+    }
     store.close().await?;
     let _ = std::fs::remove_file(&listeners.admin_path);
     tracing::info!("stopped");
@@ -274,18 +286,24 @@ fn spawn_background(
     };
     let pruner = {
         let log = state.dispatcher.log.clone();
+        let usage = state.dispatcher.usage.clone();
         let days = config.storage.request_retention_days;
+        let usage_days = config.storage.usage_retention_days;
         let stop = stop.clone();
         tokio::spawn(async move {
             let mut tick = tokio::time::interval(Duration::from_secs(3600));
             loop {
                 tokio::select! {
                     _ = stop.cancelled() => break,
-                    _ = tick.tick() => log.prune(days),
+                    _ = tick.tick() => {
+                        log.prune(days);
+                        usage.prune(usage_days);
+                    }
                 }
             }
         })
     };
+    let usage_flusher = state.dispatcher.usage.spawn_flusher(stop.clone());
     let snapshots = {
         let fleet = state.fleet.clone();
         let store = state.store.clone();
@@ -329,7 +347,7 @@ fn spawn_background(
             }
         })
     };
-    let mut tasks = vec![refresher, pruner, snapshots, poller, feed];
+    let mut tasks = vec![refresher, pruner, usage_flusher, snapshots, poller, feed];
     tasks.extend(
         state
             .fleet

@@ -1,4 +1,5 @@
-//! The command line (clap derive). Every flag can also be set by an environment variable.
+//! The command line (clap derive). Every flag can also be set by an environment variable, except
+//! the values of one key's policy and of one report, which belong on the command line.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -44,6 +45,124 @@ pub enum Command {
     Demo(DemoArgs),
     /// Watch and act on a running daemon: accounts, affinity, queues, transports, requests.
     Console(ConsoleArgs),
+    /// Usage totals per key, model, account, day or hour: requests, errors, tokens by kind,
+    /// cache hit ratio (and the API-equivalent cost with `[pricing]`).
+    Usage(UsageArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct UsageArgs {
+    /// Group by these, in order (`--by key,day`); without it, one line of totals.
+    #[arg(long, value_delimiter = ',', value_name = "key|model|account|day|hour")]
+    pub by: Vec<String>,
+    /// The period: this long before now, e.g. "7d", "24h" (default 7d).
+    #[arg(long, value_parser = humantime::parse_duration, value_name = "DURATION", conflicts_with_all = ["from", "to"])]
+    pub since: Option<std::time::Duration>,
+    /// Start of the period: YYYY-MM-DD (00:00 UTC) or an RFC 3339 time.
+    #[arg(long, value_name = "DATE", requires = "to")]
+    pub from: Option<String>,
+    /// End of the period: YYYY-MM-DD (that whole day, UTC) or an RFC 3339 time.
+    #[arg(long, value_name = "DATE", requires = "from")]
+    pub to: Option<String>,
+    /// Only this key (id or name).
+    #[arg(long, value_name = "ID|NAME")]
+    pub key: Option<String>,
+    #[arg(long, default_value = "table", value_parser = ["table", "csv", "json"])]
+    pub format: String,
+}
+
+/// A policy value given on the command line: a value, or `none` to remove it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Setting<T> {
+    Set(T),
+    Clear,
+}
+
+fn limit(s: &str) -> Result<Setting<u64>, String> {
+    if s.eq_ignore_ascii_case("none") {
+        return Ok(Setting::Clear);
+    }
+    let digits: String = s.chars().filter(|c| *c != '_').collect();
+    let (num, mult) = match digits.chars().last() {
+        Some('k' | 'K') => (&digits[..digits.len() - 1], 1_000),
+        Some('m' | 'M') => (&digits[..digits.len() - 1], 1_000_000),
+        _ => (digits.as_str(), 1),
+    };
+    num.parse::<u64>()
+        .ok()
+        .and_then(|n| n.checked_mul(mult))
+        .filter(|n| *n > 0)
+        .map(Setting::Set)
+        .ok_or_else(|| format!("`{s}` is not a positive number (or `none`); 1500, 200k, 2M"))
+}
+
+fn text(s: &str) -> Result<Setting<String>, String> {
+    Ok(if s.eq_ignore_ascii_case("none") {
+        Setting::Clear
+    } else {
+        Setting::Set(s.to_string())
+    })
+}
+
+/// A key's policy on the command line (`key create`, `key update`).
+#[derive(Debug, Clone, Default, Args)]
+pub struct PolicyArgs {
+    /// Models the key may use, as globs: `gpt-5*,o4-mini` (`none`: every model).
+    #[arg(long, value_name = "GLOB,…", value_parser = text)]
+    pub models: Option<Setting<String>>,
+    /// Requests of this key running at once; more wait in the key's queue.
+    #[arg(long, value_name = "N|none", value_parser = limit)]
+    pub max_concurrency: Option<Setting<u64>>,
+    /// Requests per rolling minute.
+    #[arg(long, value_name = "N|none", value_parser = limit)]
+    pub rpm: Option<Setting<u64>>,
+    /// Input + output tokens per rolling 5 hours (200k, 2M, …).
+    #[arg(long = "tokens-per-5h", value_name = "N|none", value_parser = limit)]
+    pub tokens_per_5h: Option<Setting<u64>>,
+    /// Input + output tokens per rolling 24 hours.
+    #[arg(long, value_name = "N|none", value_parser = limit)]
+    pub tokens_per_day: Option<Setting<u64>>,
+    /// Input + output tokens per rolling 7 days.
+    #[arg(long, value_name = "N|none", value_parser = limit)]
+    pub tokens_per_week: Option<Setting<u64>>,
+    /// When the key stops working: YYYY-MM-DD, an RFC 3339 time, or a duration from now ("30d").
+    #[arg(long, value_name = "DATE|DURATION|none", value_parser = text)]
+    pub expires: Option<Setting<String>>,
+    /// A note for operators.
+    #[arg(long, value_name = "TEXT", value_parser = text)]
+    pub note: Option<Setting<String>>,
+    #[arg(long, conflicts_with = "models", help = "Remove the model restriction")]
+    pub clear_models: bool,
+    #[arg(
+        long,
+        conflicts_with = "max_concurrency",
+        help = "Remove --max-concurrency"
+    )]
+    pub clear_max_concurrency: bool,
+    #[arg(long, conflicts_with = "rpm", help = "Remove --rpm")]
+    pub clear_rpm: bool,
+    #[arg(
+        long = "clear-tokens-per-5h",
+        conflicts_with = "tokens_per_5h",
+        help = "Remove --tokens-per-5h"
+    )]
+    pub clear_tokens_per_5h: bool,
+    #[arg(
+        long,
+        conflicts_with = "tokens_per_day",
+        help = "Remove --tokens-per-day"
+    )]
+    pub clear_tokens_per_day: bool,
+    #[arg(
+        long,
+        conflicts_with = "tokens_per_week",
+        help = "Remove --tokens-per-week"
+    )]
+    pub clear_tokens_per_week: bool,
+    #[arg(long, conflicts_with = "expires", help = "Remove --expires")]
+    pub clear_expires: bool,
+    #[arg(long, conflicts_with = "note", help = "Remove --note")]
+    pub clear_note: bool,
 }
 
 #[derive(Debug, Args)]
@@ -144,12 +263,33 @@ pub enum AccountCommand {
 
 #[derive(Debug, Subcommand)]
 pub enum KeyCommand {
-    /// Create a client key; prints it once, alone on its line.
-    Create { name: String },
+    /// Create a client key, with its policy; prints the key once, alone on its line.
+    Create {
+        name: String,
+        #[command(flatten)]
+        policy: PolicyArgs,
+    },
+    /// Change a key's policy (applies to its next request).
+    Update {
+        #[arg(value_name = "ID|NAME")]
+        id: String,
+        #[command(flatten)]
+        policy: PolicyArgs,
+    },
+    /// Show one key and its policy.
+    Show {
+        #[arg(value_name = "ID|NAME")]
+        id: String,
+        #[command(flatten)]
+        list: ListArgs,
+    },
     /// List client keys (never the keys themselves).
     List(ListArgs),
     /// Revoke a client key.
-    Revoke { id: String },
+    Revoke {
+        #[arg(value_name = "ID|NAME")]
+        id: String,
+    },
 }
 
 #[derive(Debug, Subcommand)]

@@ -12,7 +12,9 @@ use switchyard_tui::wire;
 use crate::admin_client::{AdminClient, ClientError, Target};
 use crate::api::view;
 use crate::bootstrap::{self, BootError};
-use crate::cli::{AccountCommand, Cli, Command, ConfigCommand, KeyCommand};
+use crate::cli::{
+    AccountCommand, Cli, Command, ConfigCommand, KeyCommand, PolicyArgs, Setting, UsageArgs,
+};
 use crate::clock::{self, SharedClock};
 use crate::config::{self, Config, ConfigError};
 use crate::fleet::auth_file::AuthFileError;
@@ -63,6 +65,8 @@ pub enum CommandError {
     Demo(#[from] crate::demo::DemoError),
     #[error("cannot start the runtime: {0}")]
     Runtime(std::io::Error),
+    #[error("{0}")]
+    Usage(String),
 }
 
 /// Runs a parsed command line.
@@ -100,6 +104,10 @@ pub fn run(cli: Cli) -> Result<(), CommandError> {
         Command::Key(cmd) => {
             telemetry::init_logging("warn", config.log.format);
             runtime()?.block_on(key(&config, cmd))
+        }
+        Command::Usage(args) => {
+            telemetry::init_logging("warn", config.log.format);
+            runtime()?.block_on(usage(&config, args))
         }
         Command::Sim(args) => {
             telemetry::init_logging(&config.log.level, config.log.format);
@@ -273,16 +281,77 @@ impl Backend {
         }
     }
 
-    async fn create_key(&self, name: &str) -> Result<wire::CreatedKey, CommandError> {
+    async fn create_key(
+        &self,
+        name: &str,
+        policy: wire::KeyPolicyPatch,
+    ) -> Result<wire::CreatedKey, CommandError> {
         match self {
             Backend::Daemon(c) => {
                 let body = serde_json::to_vec(&wire::CreateKey {
                     name: name.to_string(),
+                    policy,
                 })
                 .map_err(|e| ClientError::Decode(e.to_string()))?;
                 Ok(c.call(Method::POST, "/api/admin/keys", Some(body)).await?)
             }
-            Backend::Direct { keys, .. } => Ok(view::created_key(&keys.create(name).await?)),
+            Backend::Direct { keys, .. } => {
+                Ok(view::created_key(&keys.create(name, &policy).await?))
+            }
+        }
+    }
+
+    async fn update_key(
+        &self,
+        id: &str,
+        patch: wire::KeyPolicyPatch,
+    ) -> Result<wire::Key, CommandError> {
+        match self {
+            Backend::Daemon(c) => {
+                let body =
+                    serde_json::to_vec(&patch).map_err(|e| ClientError::Decode(e.to_string()))?;
+                Ok(c.call(
+                    Method::PATCH,
+                    &format!("/api/admin/keys/{}", path_segment(id)),
+                    Some(body),
+                )
+                .await?)
+            }
+            Backend::Direct { keys, .. } => Ok(view::key(&keys.update(id, &patch).await?)),
+        }
+    }
+
+    async fn show_key(&self, id: &str) -> Result<wire::Key, CommandError> {
+        match self {
+            Backend::Daemon(c) => Ok(c
+                .call(
+                    Method::GET,
+                    &format!("/api/admin/keys/{}", path_segment(id)),
+                    None,
+                )
+                .await?),
+            Backend::Direct { keys, .. } => Ok(view::key(&keys.resolve(id)?)),
+        }
+    }
+
+    /// The usage buckets of the hours starting in `[from, to)` (unix seconds).
+    async fn usage(&self, from: u64, to: u64) -> Result<Vec<wire::UsageBucket>, CommandError> {
+        match self {
+            Backend::Daemon(c) => Ok(c
+                .call(
+                    Method::GET,
+                    &format!("/api/admin/usage?from={from}&to={to}"),
+                    None,
+                )
+                .await?),
+            Backend::Direct { store, keys, .. } => {
+                let names = keys.names();
+                Ok(store
+                    .usage_between(from, to)?
+                    .into_iter()
+                    .map(|r| crate::usage::to_wire(r, &names))
+                    .collect())
+            }
         }
     }
 
@@ -416,13 +485,32 @@ async fn key(config: &Config, cmd: KeyCommand) -> Result<(), CommandError> {
 
 async fn key_with(backend: &Backend, cmd: KeyCommand) -> Result<(), CommandError> {
     match cmd {
-        KeyCommand::Create { name } => {
-            let created = backend.create_key(&name).await?;
+        KeyCommand::Create { name, policy } => {
+            let created = backend.create_key(&name, policy_patch(&policy)?).await?;
             eprintln!(
                 "created key {} ({}); this is the only time it is shown:",
                 created.info.id, created.info.name
             );
             println!("{}", created.key);
+        }
+        KeyCommand::Update { id, policy } => {
+            let patch = policy_patch(&policy)?;
+            if patch.is_empty() {
+                return Err(CommandError::Usage(
+                    "nothing to change: give a policy flag (see `switchyard key update --help`)"
+                        .into(),
+                ));
+            }
+            let k = backend.update_key(&id, patch).await?;
+            print!("{}", key_detail(&k));
+        }
+        KeyCommand::Show { id, list } => {
+            let k = backend.show_key(&id).await?;
+            if list.json {
+                println!("{}", to_json(&k));
+            } else {
+                print!("{}", key_detail(&k));
+            }
         }
         KeyCommand::List(args) => {
             let keys = backend.list_keys().await?;
@@ -515,12 +603,253 @@ fn account_table(accounts: &[wire::Account]) -> String {
     out
 }
 
+/// The policy flags as a change: `none` and `--clear-…` remove a limit; a duration for
+/// `--expires` counts from now.
+fn policy_patch(p: &PolicyArgs) -> Result<wire::KeyPolicyPatch, CommandError> {
+    fn num<T: TryFrom<u64>>(
+        name: &str,
+        v: &Option<Setting<u64>>,
+        clear: bool,
+    ) -> Result<Option<Option<T>>, CommandError> {
+        match (v, clear) {
+            (_, true) | (Some(Setting::Clear), _) => Ok(Some(None)),
+            (Some(Setting::Set(n)), _) => T::try_from(*n)
+                .map(|n| Some(Some(n)))
+                .map_err(|_| CommandError::Usage(format!("--{name} {n} is too large"))),
+            (None, false) => Ok(None),
+        }
+    }
+    let models = match (&p.models, p.clear_models) {
+        (_, true) | (Some(Setting::Clear), _) => Some(Vec::new()),
+        (Some(Setting::Set(list)), _) => Some(
+            list.split(',')
+                .map(|m| m.trim().to_string())
+                .filter(|m| !m.is_empty())
+                .collect(),
+        ),
+        (None, false) => None,
+    };
+    let expires_at = match (&p.expires, p.clear_expires) {
+        (_, true) | (Some(Setting::Clear), _) => Some(None),
+        (Some(Setting::Set(t)), _) => Some(Some(expiry(t)?)),
+        (None, false) => None,
+    };
+    let note = match (&p.note, p.clear_note) {
+        (_, true) | (Some(Setting::Clear), _) => Some(None),
+        (Some(Setting::Set(t)), _) => Some(Some(t.clone())),
+        (None, false) => None,
+    };
+    Ok(wire::KeyPolicyPatch {
+        models,
+        max_concurrency: num(
+            "max-concurrency",
+            &p.max_concurrency,
+            p.clear_max_concurrency,
+        )?,
+        rpm: num("rpm", &p.rpm, p.clear_rpm)?,
+        tokens_per_5h: num("tokens-per-5h", &p.tokens_per_5h, p.clear_tokens_per_5h)?,
+        tokens_per_day: num("tokens-per-day", &p.tokens_per_day, p.clear_tokens_per_day)?,
+        tokens_per_week: num(
+            "tokens-per-week",
+            &p.tokens_per_week,
+            p.clear_tokens_per_week,
+        )?,
+        expires_at,
+        note,
+    })
+}
+
+/// `--expires`: a date (00:00 UTC that day), an RFC 3339 time, or a duration from now.
+fn expiry(t: &str) -> Result<String, CommandError> {
+    if let Some(ms) = parse_time(t) {
+        return Ok(clock::rfc3339(ms / 1000));
+    }
+    match humantime::parse_duration(t) {
+        Ok(d) => Ok(clock::rfc3339(clock::system().now_secs() + d.as_secs())),
+        Err(_) => Err(CommandError::Usage(format!(
+            "--expires `{t}` is not a date (2027-01-31), an RFC 3339 time or a duration (30d)"
+        ))),
+    }
+}
+
+/// YYYY-MM-DD (00:00 UTC) or RFC 3339, as unix ms.
+fn parse_time(t: &str) -> Option<u64> {
+    clock::parse_rfc3339_ms(t).or_else(|| clock::parse_rfc3339_ms(&format!("{t}T00:00:00Z")))
+}
+
+/// One key with its policy, a line per setting.
+fn key_detail(k: &wire::Key) -> String {
+    let p = &k.policy;
+    let num = |v: Option<u64>| v.map_or_else(|| "none".to_string(), |n| n.to_string());
+    let mut out = format!(
+        "{} {} ({}, {}…, created {})\n",
+        k.id,
+        k.name,
+        if k.enabled { "active" } else { "revoked" },
+        k.prefix,
+        k.created_at
+    );
+    let lines = [
+        (
+            "models",
+            if p.models.is_empty() {
+                "any".to_string()
+            } else {
+                p.models.join(", ")
+            },
+        ),
+        ("max concurrency", num(p.max_concurrency.map(u64::from))),
+        ("rpm", num(p.rpm.map(u64::from))),
+        ("tokens per 5h", num(p.tokens_per_5h)),
+        ("tokens per day", num(p.tokens_per_day)),
+        ("tokens per week", num(p.tokens_per_week)),
+        (
+            "expires",
+            p.expires_at.clone().unwrap_or_else(|| "never".into()),
+        ),
+        ("note", p.note.clone().unwrap_or_default()),
+    ];
+    for (name, value) in lines {
+        out.push_str(&format!("  {name:<16} {value}\n"));
+    }
+    out
+}
+
+/// A key's limits in a few words, for the key table.
+fn limits_summary(p: &wire::KeyPolicy) -> String {
+    let mut parts = Vec::new();
+    if !p.models.is_empty() {
+        parts.push(p.models.join(","));
+    }
+    if let Some(n) = p.max_concurrency {
+        parts.push(format!("{n} at once"));
+    }
+    if let Some(n) = p.rpm {
+        parts.push(format!("{n} rpm"));
+    }
+    for (w, v) in [
+        ("5h", p.tokens_per_5h),
+        ("day", p.tokens_per_day),
+        ("week", p.tokens_per_week),
+    ] {
+        if let Some(n) = v {
+            parts.push(format!("{n} tok/{w}"));
+        }
+    }
+    if let Some(t) = &p.expires_at {
+        parts.push(format!("expires {t}"));
+    }
+    if parts.is_empty() {
+        "-".into()
+    } else {
+        parts.join(" · ")
+    }
+}
+
+async fn usage(config: &Config, args: UsageArgs) -> Result<(), CommandError> {
+    let backend = Backend::connect(config).await?;
+    let result = usage_with(&backend, config, args).await;
+    backend.close().await?;
+    result
+}
+
+async fn usage_with(
+    backend: &Backend,
+    config: &Config,
+    args: UsageArgs,
+) -> Result<(), CommandError> {
+    use switchyard_tui::usage as report;
+    let by = args
+        .by
+        .iter()
+        .map(|g| report::Group::parse(g))
+        .collect::<Result<Vec<_>, String>>()
+        .map_err(CommandError::Usage)?;
+    let now = clock::system().now_secs();
+    let (from, to) = match (&args.from, &args.to) {
+        (Some(f), Some(t)) => {
+            let bad = |what: &str, v: &str| {
+                CommandError::Usage(format!(
+                    "--{what} `{v}` is not a date (2026-11-01) or an RFC 3339 time"
+                ))
+            };
+            let from = parse_time(f).ok_or_else(|| bad("from", f))? / 1000;
+            // A bare date means that whole day.
+            let to = match clock::parse_rfc3339_ms(t) {
+                Some(ms) => ms / 1000,
+                None => parse_time(t).ok_or_else(|| bad("to", t))? / 1000 + 86_400,
+            };
+            if to <= from {
+                return Err(CommandError::Usage("--to must be after --from".into()));
+            }
+            (from, to)
+        }
+        _ => {
+            let since = args
+                .since
+                .unwrap_or(std::time::Duration::from_secs(7 * 86_400));
+            (now.saturating_sub(since.as_secs()), now + 3600)
+        }
+    };
+    // Hours are whole: the one `from` falls in counts.
+    let mut buckets = backend.usage(from - from % 3600, to).await?;
+    if let Some(k) = &args.key {
+        let keys = backend.list_keys().await?;
+        let id = match keys.iter().find(|x| x.id == *k) {
+            Some(x) => x.id.clone(),
+            None => {
+                let named: Vec<&wire::Key> = keys.iter().filter(|x| x.name == *k).collect();
+                match named.as_slice() {
+                    [] => return Err(crate::keys::KeyError::NotFound(k.clone()).into()),
+                    [one] => one.id.clone(),
+                    many => {
+                        return Err(crate::keys::KeyError::Ambiguous {
+                            name: k.clone(),
+                            ids: many.iter().map(|x| x.id.clone()).collect(),
+                        }
+                        .into());
+                    }
+                }
+            }
+        };
+        buckets.retain(|b| b.key_id == id);
+    }
+    let accounts: std::collections::BTreeMap<String, String> = backend
+        .list_accounts()
+        .await?
+        .into_iter()
+        .map(|a| (a.chatgpt_account_id, a.email.unwrap_or(a.label)))
+        .collect();
+    let prices = config
+        .pricing
+        .iter()
+        .map(|(m, p)| {
+            (
+                m.clone(),
+                report::Price {
+                    input: p.input,
+                    cached_input: p.cached_input,
+                    output: p.output,
+                },
+            )
+        })
+        .collect();
+    let r = report::report(&buckets, &by, &prices, &accounts);
+    let text = match args.format.as_str() {
+        "csv" => report::render_csv(&r),
+        "json" => report::render_json(&r),
+        _ => report::render_table(&r),
+    };
+    print!("{text}");
+    Ok(())
+}
+
 fn key_table(keys: &[wire::Key]) -> String {
     if keys.is_empty() {
         return "no keys (create one with `switchyard key create NAME`)\n".into();
     }
     table(
-        &["ID", "NAME", "PREFIX", "STATUS", "CREATED"],
+        &["ID", "NAME", "PREFIX", "STATUS", "CREATED", "LIMITS"],
         keys.iter()
             .map(|k| {
                 vec![
@@ -533,6 +862,7 @@ fn key_table(keys: &[wire::Key]) -> String {
                         "revoked".into()
                     },
                     k.created_at.clone(),
+                    limits_summary(&k.policy),
                 ]
             })
             .collect(),

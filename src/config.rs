@@ -31,6 +31,17 @@ pub struct Config {
     pub models: ModelsConfig,
     pub scheduling: crate::fleet::settings::Settings,
     pub log: LogConfig,
+    /// USD per million tokens by model, for the "API-equivalent cost" of `switchyard usage`.
+    pub pricing: std::collections::BTreeMap<String, Price>,
+}
+
+/// A model's API price in USD per million tokens.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Price {
+    pub input: f64,
+    pub cached_input: f64,
+    pub output: f64,
 }
 
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
@@ -105,6 +116,8 @@ pub struct StorageConfig {
     pub state_dir: Option<PathBuf>,
     /// Request records older than this are pruned.
     pub request_retention_days: u32,
+    /// Hourly usage buckets older than this are pruned.
+    pub usage_retention_days: u32,
 }
 
 impl Default for StorageConfig {
@@ -112,6 +125,7 @@ impl Default for StorageConfig {
         Self {
             state_dir: None,
             request_retention_days: 7,
+            usage_retention_days: 400,
         }
     }
 }
@@ -462,6 +476,8 @@ max_connections = 4096
 # state_dir = "/var/lib/switchyard"
 # Request records older than this many days are pruned.
 request_retention_days = 7
+# Hourly usage totals (per key, model and account) older than this many days are pruned.
+usage_retention_days = 400
 
 [upstream]
 # The Codex backend. Environment overrides: SWITCHYARD_UPSTREAM_BASE_URL,
@@ -521,6 +537,14 @@ affinity_idle_ttl = "1day"
 level = "info"
 # auto (JSON when stderr is not a terminal), json, or text.
 format = "auto"
+
+# API prices per model, in USD per million tokens: with them, `switchyard usage` adds an
+# "API-equivalent cost" column (what the same tokens would cost on the metered API). None are
+# shipped; an example (check current prices yourself):
+# [pricing."gpt-5.5"]
+# input = 1.25
+# cached_input = 0.125
+# output = 10.0
 "#;
 
 #[cfg(test)]

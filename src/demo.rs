@@ -478,7 +478,7 @@ async fn populate(store: &Store, sim: &Sim, clock: &SharedClock) -> Result<Strin
             .await?;
     }
     let keys = KeyRing::load(store.clone(), Arc::clone(clock))?;
-    Ok(keys.create("demo").await?.key)
+    Ok(keys.create("demo", &Default::default()).await?.key)
 }
 
 /// One step of the injector's cycle: which account gets which fault.

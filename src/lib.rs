@@ -19,3 +19,4 @@ pub mod systemd;
 pub mod telemetry;
 pub mod ttl;
 pub mod upstream;
+pub mod usage;

@@ -312,12 +312,12 @@ fn revoking_an_unknown_key_fails_both_ways() {
     let state = tmp.path().join("state");
     assert_one_line_error(
         &cli(&state, &["key", "revoke", "key_nope"]),
-        &["no key with id `key_nope`"],
+        &["no key with id or name `key_nope`"],
     );
     let daemon = Daemon::start(&state);
     assert_one_line_error(
         &cli(&state, &["key", "revoke", "key_nope"]),
-        &["no key with id `key_nope`"],
+        &["no key with id or name `key_nope`"],
     );
     assert!(daemon.terminate().success());
 }

@@ -43,7 +43,11 @@ pub fn routes() -> Router<Arc<AppState>> {
         .route("/api/admin/requests", get(requests))
         .route("/api/admin/console", get(console))
         .route("/api/admin/keys", get(list_keys).post(create_key))
-        .route("/api/admin/keys/{id}", delete(revoke_key))
+        .route(
+            "/api/admin/keys/{id}",
+            get(show_key).patch(update_key).delete(revoke_key),
+        )
+        .route("/api/admin/usage", get(usage))
 }
 
 /// Parses a JSON body, answering 400 with the parse position when it is not valid.
@@ -295,7 +299,7 @@ async fn list_keys(State(state): State<Arc<AppState>>) -> Json<Vec<wire::Key>> {
 
 async fn create_key(State(state): State<Arc<AppState>>, body: Bytes) -> Result<Response, ApiError> {
     let req: wire::CreateKey = json_body(&body)?;
-    let created = state.keys.create(&req.name).await?;
+    let created = state.keys.create(&req.name, &req.policy).await?;
     tracing::info!(key = %created.info.id, name = %created.info.name, "client key created");
     Ok((StatusCode::CREATED, Json(view::created_key(&created))).into_response())
 }
@@ -307,4 +311,46 @@ async fn revoke_key(
     let k = state.keys.revoke(&id).await?;
     tracing::info!(key = %k.id, "client key revoked");
     Ok(Json(view::key(&k)))
+}
+
+/// One key by id or name.
+async fn show_key(
+    State(state): State<Arc<AppState>>,
+    Path(id): Path<String>,
+) -> Result<Json<wire::Key>, ApiError> {
+    Ok(Json(view::key(&state.keys.resolve(&id)?)))
+}
+
+/// Changes a key's policy (id or name): absent fields stay, `null` clears one.
+async fn update_key(
+    State(state): State<Arc<AppState>>,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> Result<Json<wire::Key>, ApiError> {
+    let patch: wire::KeyPolicyPatch = json_body(&body)?;
+    let k = state.keys.update(&id, &patch).await?;
+    tracing::info!(key = %k.id, name = %k.name, "client key policy changed");
+    Ok(Json(view::key(&k)))
+}
+
+#[derive(serde::Deserialize)]
+struct UsageQuery {
+    /// Unix seconds; hours starting at or after it.
+    from: u64,
+    /// Unix seconds; hours starting before it.
+    to: u64,
+}
+
+/// The hourly usage buckets of `[from, to)`, unflushed totals included.
+async fn usage(
+    State(state): State<Arc<AppState>>,
+    axum::extract::Query(q): axum::extract::Query<UsageQuery>,
+) -> Result<Json<Vec<wire::UsageBucket>>, ApiError> {
+    let rows = state.dispatcher.usage.between(q.from, q.to)?;
+    let names = state.keys.names();
+    Ok(Json(
+        rows.into_iter()
+            .map(|r| crate::usage::to_wire(r, &names))
+            .collect(),
+    ))
 }

@@ -125,7 +125,14 @@ impl From<KeyError> for ApiError {
     fn from(e: KeyError) -> Self {
         match e {
             KeyError::NotFound(_) => ApiError::not_found(e.to_string()),
+            KeyError::Ambiguous { .. } => ApiError::new(
+                StatusCode::CONFLICT,
+                "invalid_request_error",
+                Some("ambiguous_name"),
+                e.to_string(),
+            ),
             KeyError::BadName(_) => ApiError::bad_request("invalid_name", e.to_string()),
+            KeyError::BadPolicy(_) => ApiError::bad_request("invalid_policy", e.to_string()),
             KeyError::Duplicate(_) => ApiError::new(
                 StatusCode::CONFLICT,
                 "invalid_request_error",

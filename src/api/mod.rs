@@ -7,6 +7,7 @@ pub mod health;
 pub mod models;
 pub mod responses;
 pub mod server;
+pub mod usage;
 pub mod view;
 pub mod ws;
 
@@ -136,7 +137,129 @@ impl AppState {
             now_ms: self.clock.now_ms(),
             breaker: self.dispatcher.breaker.state().as_str().into(),
             dropped_subscribers: self.feed.dropped(),
+            keys: self.keys_live(),
         }
+    }
+
+    /// Per-key counters since start (label `key` = the key's name) and the usage writer's
+    /// backlog, in the text format.
+    pub fn render_key_metrics(&self, out: &mut String) {
+        use std::fmt::Write;
+        let names = self.keys.names();
+        let name =
+            |id: &str| crate::telemetry::metrics::escape(names.get(id).map_or(id, String::as_str));
+        let usage = &self.dispatcher.usage;
+        let totals = usage.since_start();
+        let _ = writeln!(
+            out,
+            "# HELP switchyard_key_requests_total Finished requests per client key, since start.\n\
+             # TYPE switchyard_key_requests_total counter"
+        );
+        for (id, c) in &totals {
+            let _ = writeln!(
+                out,
+                "switchyard_key_requests_total{{key=\"{}\"}} {}",
+                name(id),
+                c.requests
+            );
+        }
+        let _ = writeln!(
+            out,
+            "# HELP switchyard_key_errors_total Requests per client key whose client got an error, since start.\n\
+             # TYPE switchyard_key_errors_total counter"
+        );
+        for (id, c) in &totals {
+            let _ = writeln!(
+                out,
+                "switchyard_key_errors_total{{key=\"{}\"}} {}",
+                name(id),
+                c.errors
+            );
+        }
+        let _ = writeln!(
+            out,
+            "# HELP switchyard_key_tokens_total Tokens per client key and kind as the upstream reported them, since start.\n\
+             # TYPE switchyard_key_tokens_total counter"
+        );
+        for (id, c) in &totals {
+            for (kind, n) in [
+                ("input", c.input_tokens),
+                ("cached", c.cached_tokens),
+                ("output", c.output_tokens),
+                ("reasoning", c.reasoning_tokens),
+            ] {
+                let _ = writeln!(
+                    out,
+                    "switchyard_key_tokens_total{{key=\"{}\",kind=\"{kind}\"}} {n}",
+                    name(id)
+                );
+            }
+        }
+        let _ = writeln!(
+            out,
+            "# HELP switchyard_key_refusals_total Requests refused by their key's policy, by code, since start.\n\
+             # TYPE switchyard_key_refusals_total counter\n\
+             # HELP switchyard_key_in_flight Requests running per client key.\n\
+             # TYPE switchyard_key_in_flight gauge"
+        );
+        for (k, _) in self.keys.active() {
+            let now = self.keys.now(&k.id);
+            for (code, n) in &now.refusals {
+                let _ = writeln!(
+                    out,
+                    "switchyard_key_refusals_total{{key=\"{}\",code=\"{code}\"}} {n}",
+                    name(&k.id)
+                );
+            }
+            let _ = writeln!(
+                out,
+                "switchyard_key_in_flight{{key=\"{}\"}} {}",
+                name(&k.id),
+                now.in_flight
+            );
+        }
+        let _ = writeln!(
+            out,
+            "# HELP switchyard_usage_unflushed_buckets Usage buckets changed since they were last written.\n\
+             # TYPE switchyard_usage_unflushed_buckets gauge\n\
+             switchyard_usage_unflushed_buckets {}\n\
+             # HELP switchyard_usage_flushes_total Usage writes completed since start.\n\
+             # TYPE switchyard_usage_flushes_total counter\n\
+             switchyard_usage_flushes_total {}",
+            usage.unflushed(),
+            usage.flushes()
+        );
+    }
+
+    /// The active keys as the console shows them: running, waiting, rate, tokens today, each
+    /// budget, the last refusal.
+    pub fn keys_live(&self) -> Vec<wire::KeyLive> {
+        let usage = &self.dispatcher.usage;
+        let midnight = self.clock.now_secs() / 86_400 * 86_400;
+        self.keys
+            .active()
+            .into_iter()
+            .map(|(k, policy)| {
+                let now = self.keys.now(&k.id);
+                wire::KeyLive {
+                    in_flight: now.in_flight,
+                    max_concurrency: policy.max_concurrency,
+                    waiting: now.waiting,
+                    rpm: now.rpm,
+                    rpm_limit: policy.rpm,
+                    tokens_today: usage.tokens_since(&k.id, midnight),
+                    budgets: policy
+                        .budgets()
+                        .map(|(w, limit)| view::budget(&usage.budget(&k.id, w, limit)))
+                        .collect(),
+                    last_refusal: now.last_refusal.map(|(code, _)| code.to_string()),
+                    last_refusal_ms: now.last_refusal.map(|(_, ms)| ms),
+                    id: k.id,
+                    name: k.name,
+                    enabled: k.enabled,
+                }
+            })
+            .collect()
     }
 
     pub fn status(&self) -> wire::Status {
@@ -164,6 +287,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/responses", post(responses::create).get(ws::upgrade))
         .route("/v1/responses/compact", post(responses::compact))
         .route("/v1/models", get(models::list))
+        .route("/v1/usage", get(usage::usage))
         // The handlers read the body themselves, with the cap and a JSON 413.
         .layer(DefaultBodyLimit::disable());
     let mut r = Router::new()
@@ -201,6 +325,7 @@ async fn metrics(State(state): State<Arc<AppState>>) -> impl IntoResponse {
         ),
     );
     state.edge.render(&mut text);
+    state.render_key_metrics(&mut text);
     (
         [(
             axum::http::header::CONTENT_TYPE,

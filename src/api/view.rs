@@ -11,6 +11,7 @@ use crate::clock;
 use crate::fleet::health::AccountState;
 use crate::fleet::{AccountView, Imported};
 use crate::keys::CreatedKey;
+use crate::keys::policy::Policy;
 use crate::store::records::ClientKeyRecord;
 use crate::telemetry::records::RequestRecord;
 
@@ -80,6 +81,16 @@ pub fn key(k: &ClientKeyRecord) -> wire::Key {
         enabled: k.enabled,
         created_at: clock::rfc3339(k.created_at),
         revoked_at: k.revoked_at.map(clock::rfc3339),
+        policy: Policy::from_row(&k.policy).to_wire(),
+    }
+}
+
+pub fn budget(b: &crate::usage::BudgetState) -> wire::Budget {
+    wire::Budget {
+        window: b.window.as_str().into(),
+        limit: b.limit,
+        used: b.used,
+        resets_in_s: b.resets_in_s.filter(|_| b.exhausted),
     }
 }
 

@@ -48,6 +48,16 @@ pub async fn upgrade(
         Ok(k) => k,
         Err(e) => return e.into_response(),
     };
+    if let Some(at) = state.keys.expired(&key.id) {
+        let r = crate::keys::policy::Refusal::Expired { at };
+        return ApiError::new(
+            axum::http::StatusCode::UNAUTHORIZED,
+            r.kind(),
+            Some(r.code()),
+            r.message(),
+        )
+        .into_response();
+    }
     if state.is_draining() {
         let mut resp = ApiError::new(
             axum::http::StatusCode::SERVICE_UNAVAILABLE,

@@ -22,11 +22,13 @@ use serde_json::{Map, Value, json};
 use tokio::sync::mpsc;
 
 use crate::fleet::Fleet;
+use crate::keys::KeyRing;
 use crate::telemetry::metrics::Metrics;
 use crate::telemetry::records::RequestLog;
 use crate::ttl::{TtlConfig, TtlMap};
 use crate::upstream::Upstream;
 use crate::upstream::event::Event;
+use crate::usage::UsageBook;
 
 /// How often idle upstream WebSockets are looked at.
 const WS_SWEEP_EVERY: Duration = Duration::from_secs(15);
@@ -198,6 +200,10 @@ pub struct Dispatcher {
     cut: tokio_util::sync::CancellationToken,
     /// The running requests.
     tasks: tokio_util::task::TaskTracker,
+    /// The client keys, whose policies admit requests before they are scheduled.
+    pub keys: KeyRing,
+    /// Usage per key, model and account, by the hour.
+    pub usage: UsageBook,
 }
 
 impl Dispatcher {
@@ -205,6 +211,7 @@ impl Dispatcher {
         fleet: Fleet,
         upstream: Arc<Upstream>,
         log: RequestLog,
+        (keys, usage): (KeyRing, UsageBook),
         config: DispatchConfig,
     ) -> Self {
         let clock = Arc::clone(fleet.clock());
@@ -227,6 +234,8 @@ impl Dispatcher {
             turn_states,
             cut: tokio_util::sync::CancellationToken::new(),
             tasks: tokio_util::task::TaskTracker::new(),
+            keys,
+            usage,
         }
     }
 

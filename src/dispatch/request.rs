@@ -15,8 +15,11 @@ use crate::fleet::affinity::{Decision, Rebound, refusal_scope};
 use crate::fleet::human_duration;
 use crate::fleet::scheduler::{QueueOutcome, Wait};
 use crate::fleet::{Lease, Plan, SkipReason};
+use crate::keys::Denied;
+use crate::keys::policy::Refusal;
 use crate::telemetry::records::{Outcome, QueueRecord, RequestLog, RequestRecord};
 use crate::upstream::Transport;
+use crate::usage::Counters;
 
 /// Where a request's walk over its candidates stands.
 struct Walk {
@@ -61,6 +64,41 @@ impl Dispatcher {
 
     async fn run_traced(&self, ctx: RequestCtx, tx: mpsc::Sender<Frame>, key: u64) {
         let mut trace = Trace::new(key, self.fleet.clock().now_ms());
+        // The key's policy first: a refused request touches no account and joins no queue.
+        let settings = self.fleet.settings();
+        let deadline = ctx.received + self.config.request_deadline;
+        let wait = settings
+            .queue_wait
+            .min(deadline.saturating_duration_since(Instant::now()));
+        let admitted = self
+            .keys
+            .admit(
+                &ctx.key_id,
+                &ctx.model,
+                &self.usage,
+                wait,
+                settings.queue_max_waiting,
+                self.gone(&tx),
+            )
+            .await;
+        let _permit = match admitted {
+            Ok(permit) => permit,
+            Err(denied) => {
+                let end = match denied {
+                    Denied::Refused(r) => {
+                        tracing::info!(code = r.code(), "refused by the key's policy");
+                        End::Reply(refusal_reply(&r), refusal_outcome(&r))
+                    }
+                    Denied::Gone if self.is_cut() => {
+                        End::Reply(shutting_down_reply(), Outcome::ShuttingDown)
+                    }
+                    Denied::Gone => End::ClientGone,
+                };
+                let tail = self.finish(&ctx, None, trace, Vec::new(), end);
+                self.send_tail(&tx, tail).await;
+                return;
+            }
+        };
         let (plan, refused) = match &ctx.previous_response_id {
             None => {
                 let scope = ctx
@@ -97,7 +135,12 @@ impl Dispatcher {
             Some(end) => end,
             None => self.walk(&ctx, &plan, &tx, &mut trace).await,
         };
-        let tail = self.finish(&ctx, &plan, trace, candidate_pool, end);
+        let tail = self.finish(&ctx, Some(&plan), trace, candidate_pool, end);
+        self.send_tail(&tx, tail).await;
+    }
+
+    /// Sends a request's last frames, each within the client write timeout.
+    async fn send_tail(&self, tx: &mpsc::Sender<Frame>, tail: Vec<Frame>) {
         for frame in tail {
             let sent = tokio::time::timeout(self.config.client_write_timeout, tx.send(frame));
             if !matches!(sent.await, Ok(Ok(()))) {
@@ -173,7 +216,7 @@ impl Dispatcher {
     fn finish(
         &self,
         ctx: &RequestCtx,
-        plan: &Plan,
+        plan: Option<&Plan>,
         trace: Trace,
         candidate_pool: Vec<String>,
         end: End,
@@ -189,7 +232,11 @@ impl Dispatcher {
             End::ClientStalled => (Outcome::ClientStalled, 499, Vec::new()),
             End::Next => (Outcome::NoAccount, 503, Vec::new()),
         };
-        let affinity = self.settle_affinity(ctx, plan, &trace, outcome);
+        // A request its key's policy refused was never scheduled: no affinity either way.
+        let affinity = match plan {
+            Some(plan) => self.settle_affinity(ctx, plan, &trace, outcome),
+            None => Decision::None,
+        };
         let duration_ms = self.fleet.clock().now_ms().saturating_sub(trace.started_ms);
         let transport = trace.transport.unwrap_or(Transport::Http);
         self.metrics.request(outcome, &affinity);
@@ -207,6 +254,20 @@ impl Dispatcher {
             affinity = %affinity.label(),
             duration_ms,
             "request_final"
+        );
+        let usage = trace.usage.unwrap_or_default();
+        self.usage.add(
+            trace.started_ms,
+            (&ctx.key_id, &ctx.model, account.as_deref()),
+            Counters {
+                requests: 1,
+                errors: u64::from(outcome.is_error()),
+                input_tokens: usage.input_tokens,
+                cached_tokens: usage.cached_tokens,
+                output_tokens: usage.output_tokens,
+                reasoning_tokens: usage.reasoning_tokens,
+                duration_ms,
+            },
         );
         self.log.push(RequestRecord {
             key: trace.key,
@@ -544,6 +605,35 @@ pub fn session_hash(s: &str) -> String {
 }
 
 /// 503 `server_shutting_down`: the gateway stopped before this request had an answer.
+/// The answer to a request its key's policy refused, in the OpenAI shape; `Retry-After` when
+/// waiting helps, and for a token budget `resets_in_seconds` in the error.
+fn refusal_reply(r: &Refusal) -> ErrorReply {
+    let mut extra = Map::new();
+    if let Refusal::BudgetExhausted { resets_in_s, .. } = r {
+        extra.insert("resets_in_seconds".into(), json!(resets_in_s));
+    }
+    let mut reply = ErrorReply::openai(r.status(), r.kind(), r.code(), r.message(), extra);
+    if let Some(s) = r.retry_after_s()
+        && let Ok(v) = HeaderValue::from_str(&s.to_string())
+    {
+        reply
+            .headers
+            .push((HeaderName::from_static("retry-after"), v));
+    }
+    reply
+}
+
+fn refusal_outcome(r: &Refusal) -> Outcome {
+    match r {
+        Refusal::Revoked => Outcome::KeyRevoked,
+        Refusal::Expired { .. } => Outcome::KeyExpired,
+        Refusal::ModelNotAllowed { .. } => Outcome::ModelNotAllowed,
+        Refusal::RateLimited { .. } => Outcome::KeyRateLimited,
+        Refusal::BudgetExhausted { .. } => Outcome::KeyBudgetExhausted,
+        Refusal::ConcurrencyExceeded { .. } => Outcome::KeyConcurrencyExceeded,
+    }
+}
+
 pub(crate) fn shutting_down_reply() -> ErrorReply {
     let mut reply = ErrorReply::openai(
         503,

@@ -21,7 +21,7 @@ use tokio::sync::{mpsc, oneshot};
 use self::codec::{CodecError, Versioned};
 use self::records::{
     AccountRecord, AccountSecrets, ClientKeyRecord, HealthRecord, RequestRow, SettingsRecord,
-    SnapshotRecord,
+    SnapshotRecord, UsageBucketRow,
 };
 use self::schema::{META, META_KEY_CHECK, META_SCHEMA_VERSION, SCHEMA_VERSION, Table};
 use self::secrets::Sealer;
@@ -560,6 +560,51 @@ impl Store {
     }
 }
 
+impl Store {
+    // ---- usage -----------------------------------------------------------------------------
+
+    /// The row key of a usage bucket: the hour first (10 digits), so keys sort by time.
+    pub fn usage_key(row: &UsageBucketRow) -> String {
+        format!(
+            "{:010}/{}/{}/{}",
+            row.hour, row.key_id, row.account, row.model
+        )
+    }
+
+    /// The mutation that writes a usage bucket (its whole totals: writing it again is harmless).
+    pub fn usage_mutation(row: &UsageBucketRow) -> Result<Mutation, StoreError> {
+        Self::put(Table::UsageHourly, &Self::usage_key(row), row)
+    }
+
+    /// The usage buckets of the hours starting in `[from, to)` (unix seconds), oldest first.
+    /// Undecodable rows are counted, logged and left out.
+    pub fn usage_between(&self, from: u64, to: u64) -> Result<Vec<UsageBucketRow>, StoreError> {
+        let txn = self.inner.db.begin_read().map_err(StoreError::db)?;
+        let table = match txn.open_table(schema::USAGE_HOURLY) {
+            Ok(t) => t,
+            Err(redb::TableError::TableDoesNotExist(_)) => return Ok(Vec::new()),
+            Err(e) => return Err(StoreError::db(e)),
+        };
+        let (lo, hi) = (format!("{from:010}/"), format!("{to:010}/"));
+        let mut out = Vec::new();
+        for row in table
+            .range::<&str>(lo.as_str()..hi.as_str())
+            .map_err(StoreError::db)?
+        {
+            let (k, v) = row.map_err(StoreError::db)?;
+            match codec::decode::<UsageBucketRow>(v.value()) {
+                Ok(r) => out.push(r),
+                Err(e) => self.note_undecodable(
+                    schema::USAGE_HOURLY.name(),
+                    k.value(),
+                    &format!("{}: {e}", UsageBucketRow::NAME),
+                ),
+            }
+        }
+        Ok(out)
+    }
+}
+
 fn secret_aad(id: &str) -> String {
     format!("account_secrets/{id}")
 }
@@ -581,7 +626,8 @@ fn read_meta(db: &Database, key: &str) -> Result<Option<Vec<u8>>, StoreError> {
 ///
 /// 1 -> 2 (0.2.0): values carry their own versions and every older one still decodes, so no
 /// row is rewritten; the number moves so that 0.1.0, which would skip rows it cannot decode,
-/// refuses the file instead.
+/// refuses the file instead. 2 -> 3 (0.3.0): the same, for key policies (client keys at
+/// version 2) and the new `usage_hourly` table, created on first write.
 fn migrate(db: &Database, from: u64) -> Result<(), StoreError> {
     tracing::info!(from, to = SCHEMA_VERSION, "migrating the store's schema");
     let txn = db.begin_write().map_err(StoreError::db)?;

@@ -42,7 +42,9 @@ pub struct AccountSecrets {
     pub refreshed_at: u64,
 }
 
-/// A client key: only its SHA-256 is kept. Version 1 (0.1.0).
+/// A client key: only its SHA-256 is kept.
+///
+/// Version 2 (0.3.0): its policy. Version 1 (0.1.0): no policy.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ClientKeyRecord {
     pub id: String,
@@ -53,6 +55,76 @@ pub struct ClientKeyRecord {
     pub enabled: bool,
     pub created_at: u64,
     pub revoked_at: Option<u64>,
+    pub policy: KeyPolicyRow,
+}
+
+/// Part of version 2 of [`ClientKeyRecord`]: frozen.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KeyPolicyRow {
+    /// Model globs; empty allows every model.
+    pub models: Vec<String>,
+    pub max_concurrency: Option<u32>,
+    pub rpm: Option<u32>,
+    pub tokens_per_5h: Option<u64>,
+    pub tokens_per_day: Option<u64>,
+    pub tokens_per_week: Option<u64>,
+    /// Unix seconds.
+    pub expires_at: Option<u64>,
+    pub note: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct ClientKeyRecordV1 {
+    id: String,
+    name: String,
+    prefix: String,
+    sha256: [u8; 32],
+    enabled: bool,
+    created_at: u64,
+    revoked_at: Option<u64>,
+}
+
+impl Versioned for ClientKeyRecord {
+    const NAME: &'static str = "client key";
+    const VERSION: u8 = 2;
+    fn decode_version(version: u8, b: &[u8]) -> Result<Self, CodecError> {
+        match version {
+            2 => body(b),
+            1 => {
+                let v: ClientKeyRecordV1 = body(b)?;
+                Ok(ClientKeyRecord {
+                    id: v.id,
+                    name: v.name,
+                    prefix: v.prefix,
+                    sha256: v.sha256,
+                    enabled: v.enabled,
+                    created_at: v.created_at,
+                    revoked_at: v.revoked_at,
+                    policy: KeyPolicyRow::default(),
+                })
+            }
+            found => Err(unknown::<Self>(found)),
+        }
+    }
+}
+
+/// One hour of one key's use of one model on one account: the totals of the requests that
+/// finished in it. Version 1 (0.3.0).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UsageBucketRow {
+    /// The hour's start, unix seconds.
+    pub hour: u64,
+    pub key_id: String,
+    pub model: String,
+    /// The `chatgpt_account_id` that served; empty when none did.
+    pub account: String,
+    pub requests: u64,
+    pub errors: u64,
+    pub input_tokens: u64,
+    pub cached_tokens: u64,
+    pub output_tokens: u64,
+    pub reasoning_tokens: u64,
+    pub duration_ms: u64,
 }
 
 /// The entries of a TTL map (session affinity, response ownership), least recently used
@@ -71,8 +143,8 @@ pub struct SnapshotRow {
 versioned_once!(
     AccountRecord => "account",
     AccountSecrets => "account tokens",
-    ClientKeyRecord => "client key",
     SnapshotRecord => "snapshot",
+    UsageBucketRow => "usage bucket",
 );
 
 // ---- account health ------------------------------------------------------------------------
@@ -466,7 +538,15 @@ mod tests {
         let k: ClientKeyRecord = decode(&hex(v1::KEY)).unwrap();
         assert_eq!((k.name.as_str(), k.enabled), ("bob", false));
         assert_eq!(k.revoked_at.map(|r| r - k.created_at), Some(1));
-        assert_eq!(to_hex(&encode(&k).unwrap()), v1::KEY);
+        assert_eq!(k.policy, KeyPolicyRow::default());
+        // Written again, it is version 2: version 1 with an empty policy after it.
+        let again = encode(&k).unwrap();
+        assert_eq!(
+            to_hex(&again[1..]),
+            format!("{}{}", &v1::KEY[2..], "0000000000000000")
+        );
+        assert_eq!(again[0], 2);
+        assert_eq!(decode::<ClientKeyRecord>(&again).unwrap(), k);
 
         let SnapshotRecord(rows) = decode(&hex(v1::SNAPSHOT)).unwrap();
         assert_eq!(rows.len(), 4);

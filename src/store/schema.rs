@@ -5,8 +5,9 @@ use redb::TableDefinition;
 
 /// The schema this binary writes. A file with a larger number was written by a newer
 /// switchyard and is refused; a smaller one is migrated at open (`super::migrate`).
-/// 1: 0.1.0. 2: 0.2.0, whose values carry their own versions.
-pub const SCHEMA_VERSION: u64 = 2;
+/// 1: 0.1.0. 2: 0.2.0, whose values carry their own versions. 3: 0.3.0, with key policies
+/// and hourly usage buckets.
+pub const SCHEMA_VERSION: u64 = 3;
 
 /// `schema_version` (u64 little-endian, never codec-encoded so any future binary can read
 /// it) and `key_check` (a value sealed with `secret.key`, to detect a wrong key at open).
@@ -26,8 +27,9 @@ pub const CLIENT_KEYS: TableDefinition<&str, &[u8]> = TableDefinition::new("clie
 pub const SETTINGS: TableDefinition<&str, &[u8]> = TableDefinition::new("settings");
 /// Time-ordered request id -> request record.
 pub const REQUESTS: TableDefinition<u64, &[u8]> = TableDefinition::new("requests");
-/// `account_id/YYYY-MM-DD` -> usage totals of that day.
-pub const USAGE_DAILY: TableDefinition<&str, &[u8]> = TableDefinition::new("usage_daily");
+/// `HOUR/KEY_ID/ACCOUNT/MODEL` (the hour's start in unix seconds, 10 digits, so that keys sort
+/// by time) -> that hour's usage totals.
+pub const USAGE_HOURLY: TableDefinition<&str, &[u8]> = TableDefinition::new("usage_hourly");
 /// TTL-map name -> its snapshot (session affinity, response ownership).
 pub const SNAPSHOTS: TableDefinition<&str, &[u8]> = TableDefinition::new("snapshots");
 
@@ -41,7 +43,7 @@ pub enum Table {
     ClientKeys,
     Settings,
     Requests,
-    UsageDaily,
+    UsageHourly,
     Snapshots,
 }
 
@@ -57,7 +59,7 @@ impl Table {
             Table::AccountHealth => ACCOUNT_HEALTH,
             Table::ClientKeys => CLIENT_KEYS,
             Table::Settings => SETTINGS,
-            Table::UsageDaily => USAGE_DAILY,
+            Table::UsageHourly => USAGE_HOURLY,
             Table::Snapshots => SNAPSHOTS,
             Table::Requests => return None,
         })
@@ -72,7 +74,7 @@ impl Table {
         Table::ClientKeys,
         Table::Settings,
         Table::Requests,
-        Table::UsageDaily,
+        Table::UsageHourly,
         Table::Snapshots,
     ];
 }

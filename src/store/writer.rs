@@ -38,6 +38,8 @@ pub enum Mutation {
     Delete(Table, Key),
     /// Deletes rows of an integer-keyed table whose key is below the bound (retention).
     DeleteIntBelow(Table, u64),
+    /// Deletes rows of a text-keyed table whose key sorts below the bound (retention).
+    DeleteTextBelow(Table, String),
 }
 
 pub(crate) type Ack = oneshot::Sender<Result<(), StoreError>>;
@@ -158,6 +160,12 @@ fn apply(txn: &WriteTransaction, m: &Mutation) -> Result<(), StoreError> {
             }
             let mut t = txn.open_table(REQUESTS).map_err(StoreError::db)?;
             t.retain_in(..*bound, |_, _| false)
+                .map_err(StoreError::db)?;
+        }
+        Mutation::DeleteTextBelow(table, bound) => {
+            let def = table.text_keyed().ok_or(StoreError::KeyKind(*table))?;
+            let mut t = txn.open_table(def).map_err(StoreError::db)?;
+            t.retain_in::<&str, _>(..bound.as_str(), |_, _| false)
                 .map_err(StoreError::db)?;
         }
     }

@@ -123,6 +123,7 @@ mod tests {
             now_ms: 0,
             breaker: "closed".into(),
             dropped_subscribers: 0,
+            keys: Vec::new(),
         }
     }
 

@@ -49,6 +49,26 @@ named! {
         DeadlineExceeded => "deadline_exceeded",
         /// Cut by shutdown when its grace period ran out.
         ShuttingDown => "shutting_down",
+        /// Refused by its key's policy before scheduling (the error code of each).
+        KeyRevoked => "key_revoked",
+        KeyExpired => "key_expired",
+        ModelNotAllowed => "model_not_allowed",
+        KeyRateLimited => "key_rate_limited",
+        KeyBudgetExhausted => "key_budget_exhausted",
+        KeyConcurrencyExceeded => "key_concurrency_exceeded",
+    }
+}
+
+impl Outcome {
+    /// Whether its client got an error (a client that left or stopped reading got nothing).
+    pub fn is_error(self) -> bool {
+        !matches!(
+            self,
+            Outcome::Success
+                | Outcome::Incomplete
+                | Outcome::ClientCancelled
+                | Outcome::ClientStalled
+        )
     }
 }
 

@@ -201,7 +201,7 @@ impl Gw {
         }
         let key = KeyRing::load(store.clone(), Arc::clone(&clock))
             .unwrap()
-            .create("test")
+            .create("test", &Default::default())
             .await
             .unwrap()
             .key;

@@ -22,15 +22,17 @@ pub enum Pane {
     Queues,
     Transport,
     Requests,
+    Keys,
 }
 
 impl Pane {
-    pub const ALL: [Pane; 5] = [
+    pub const ALL: [Pane; 6] = [
         Pane::Accounts,
         Pane::Affinity,
         Pane::Queues,
         Pane::Transport,
         Pane::Requests,
+        Pane::Keys,
     ];
 
     pub fn title(self) -> &'static str {
@@ -40,6 +42,7 @@ impl Pane {
             Pane::Queues => "Queues",
             Pane::Transport => "Transport",
             Pane::Requests => "Requests",
+            Pane::Keys => "Keys",
         }
     }
 
@@ -143,6 +146,8 @@ pub struct App {
     pub account: Option<String>,
     /// The selected request's id; `None` follows the newest.
     pub request: Option<String>,
+    /// The selected client key's id (the first one when `None`).
+    pub client_key: Option<String>,
     pub overlay: Overlay,
     pub flash: Option<Flash>,
     /// Where the console is connected (`admin.sock` path or URL), for the header.
@@ -171,6 +176,15 @@ impl App {
         self.account
             .as_ref()
             .and_then(|id| accounts.iter().position(|a| &a.id == id))
+            .unwrap_or(0)
+    }
+
+    /// Index of the selected client key in `state.keys`.
+    pub fn selected_key_index(&self) -> usize {
+        let keys = &self.state.keys;
+        self.client_key
+            .as_ref()
+            .and_then(|id| keys.iter().position(|k| &k.id == id))
             .unwrap_or(0)
     }
 
@@ -265,7 +279,7 @@ impl App {
         }
     }
 
-    /// Moves the selection of the focused list (requests when the requests pane has the
+    /// Moves the selection of the focused list (requests or keys when their pane has the
     /// focus, accounts otherwise).
     fn step(&mut self, by: i64) {
         let clamp = |i: usize, len: usize| -> usize {
@@ -278,6 +292,10 @@ impl App {
             self.request = (j > 0)
                 .then(|| self.state.requests.get(j).map(|f| f.record.id.clone()))
                 .flatten();
+        } else if self.focus == Pane::Keys {
+            let len = self.state.keys.len();
+            let j = clamp(self.selected_key_index(), len);
+            self.client_key = self.state.keys.get(j).map(|k| k.id.clone());
         } else {
             let len = self.state.accounts.len();
             let j = clamp(self.selected_account_index(), len);

@@ -46,7 +46,7 @@ pub fn intent(key: KeyEvent) -> Option<Intent> {
         KeyCode::End | KeyCode::Char('G') => Intent::Bottom,
         KeyCode::Tab | KeyCode::Right | KeyCode::Char('l') => Intent::NextPane,
         KeyCode::BackTab | KeyCode::Left | KeyCode::Char('h') => Intent::PrevPane,
-        KeyCode::Char(c @ '1'..='5') => Intent::Pane(Pane::ALL[(c as u8 - b'1') as usize]),
+        KeyCode::Char(c @ '1'..='6') => Intent::Pane(Pane::ALL[(c as u8 - b'1') as usize]),
         KeyCode::Enter => Intent::Open,
         KeyCode::Char('e') => Intent::Act(AccountAction::Enable),
         KeyCode::Char('d') => Intent::Act(AccountAction::Disable),
@@ -62,10 +62,13 @@ pub fn intent(key: KeyEvent) -> Option<Intent> {
 
 /// The keys, for the help screen: (keys, what they do).
 pub const HELP: &[(&str, &str)] = &[
-    ("↑ ↓  j k", "select an account / a request"),
+    ("↑ ↓  j k", "select an account / a request / a key"),
     ("g G", "first / last"),
     ("Tab ← →", "next / previous pane"),
-    ("1-5", "accounts, affinity, queues, transport, requests"),
+    (
+        "1-6",
+        "accounts, affinity, queues, transport, requests, keys",
+    ),
     ("Enter", "open the selected request's record"),
     ("e / d", "enable / disable the selected account"),
     ("n", "drain the account (no new sessions) / end draining"),

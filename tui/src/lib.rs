@@ -3,7 +3,7 @@
 //!
 //! `state/` is the domain model the feed fills; `ui/` draws it, one file per pane; `app` holds
 //! what is selected and open and runs the event loop; `conn` keeps the feed connected; `term`
-//! owns the terminal.
+//! owns the terminal; `usage` turns usage buckets into the reports `switchyard usage` prints.
 
 pub mod admin;
 pub mod app;
@@ -12,6 +12,7 @@ pub mod input;
 pub mod state;
 pub mod term;
 pub mod ui;
+pub mod usage;
 pub mod wire;
 
 pub use app::Error;

@@ -120,6 +120,162 @@ pub struct Key {
     pub enabled: bool,
     pub created_at: String,
     pub revoked_at: Option<String>,
+    /// What the key may do; every limit absent means unlimited.
+    #[serde(default)]
+    pub policy: KeyPolicy,
+}
+
+/// A client key's policy. Absent limits do not apply.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KeyPolicy {
+    /// Model globs (`gpt-5*`) the key may use; empty means every model.
+    #[serde(default)]
+    pub models: Vec<String>,
+    #[serde(default)]
+    pub max_concurrency: Option<u32>,
+    /// Requests per rolling minute.
+    #[serde(default)]
+    pub rpm: Option<u32>,
+    /// Input + output tokens per rolling window.
+    #[serde(default)]
+    pub tokens_per_5h: Option<u64>,
+    #[serde(default)]
+    pub tokens_per_day: Option<u64>,
+    #[serde(default)]
+    pub tokens_per_week: Option<u64>,
+    /// RFC 3339; the key stops authenticating requests then (401 `key_expired`).
+    #[serde(default)]
+    pub expires_at: Option<String>,
+    #[serde(default)]
+    pub note: Option<String>,
+}
+
+/// A change to a key's policy (`PATCH /api/admin/keys/{id}`, and the policy part of a
+/// creation): an absent field stays as it is, `null` removes the limit, a value sets it.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KeyPolicyPatch {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub models: Option<Vec<String>>,
+    #[serde(
+        default,
+        deserialize_with = "present",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub max_concurrency: Option<Option<u32>>,
+    #[serde(
+        default,
+        deserialize_with = "present",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub rpm: Option<Option<u32>>,
+    #[serde(
+        default,
+        deserialize_with = "present",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub tokens_per_5h: Option<Option<u64>>,
+    #[serde(
+        default,
+        deserialize_with = "present",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub tokens_per_day: Option<Option<u64>>,
+    #[serde(
+        default,
+        deserialize_with = "present",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub tokens_per_week: Option<Option<u64>>,
+    /// RFC 3339, or `null` for a key that never expires.
+    #[serde(
+        default,
+        deserialize_with = "present",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub expires_at: Option<Option<String>>,
+    #[serde(
+        default,
+        deserialize_with = "present",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub note: Option<Option<String>>,
+}
+
+impl KeyPolicyPatch {
+    /// Whether it changes nothing.
+    pub fn is_empty(&self) -> bool {
+        *self == KeyPolicyPatch::default()
+    }
+}
+
+/// A field that is present in the JSON: `null` becomes `Some(None)`, a value `Some(Some(v))`.
+fn present<'de, T, D>(d: D) -> Result<Option<Option<T>>, D::Error>
+where
+    T: Deserialize<'de>,
+    D: serde::Deserializer<'de>,
+{
+    Option::<T>::deserialize(d).map(Some)
+}
+
+/// One client key as the console shows it, live.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct KeyLive {
+    pub id: String,
+    pub name: String,
+    pub enabled: bool,
+    /// Requests of this key running now.
+    pub in_flight: u32,
+    pub max_concurrency: Option<u32>,
+    /// Requests waiting in the key's own queue.
+    #[serde(default)]
+    pub waiting: usize,
+    /// Requests admitted in the last 60 s.
+    pub rpm: u32,
+    pub rpm_limit: Option<u32>,
+    /// Input + output tokens since 00:00 UTC.
+    pub tokens_today: u64,
+    /// Each token budget the key has, with what it used of it.
+    #[serde(default)]
+    pub budgets: Vec<Budget>,
+    /// The last refusal (`key_rate_limited`, `key_budget_exhausted`, …) and when (unix ms).
+    #[serde(default)]
+    pub last_refusal: Option<String>,
+    #[serde(default)]
+    pub last_refusal_ms: Option<u64>,
+}
+
+/// A token budget over a rolling window.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Budget {
+    /// `5h`, `day` or `week`.
+    pub window: String,
+    pub limit: u64,
+    pub used: u64,
+    /// When enough of the window's tokens age out for the key to be under its limit again;
+    /// `None` while it is under.
+    pub resets_in_s: Option<u64>,
+}
+
+/// One hour of one key's use of one model on one account (`GET /api/admin/usage`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UsageBucket {
+    /// The hour's start, unix seconds.
+    pub hour: u64,
+    pub key_id: String,
+    /// The key's name (its id when the key is gone).
+    pub key: String,
+    pub model: String,
+    /// The `chatgpt_account_id` that served (empty for requests no account served).
+    pub account: String,
+    pub requests: u64,
+    /// Requests whose client got an error.
+    pub errors: u64,
+    pub input_tokens: u64,
+    pub cached_tokens: u64,
+    pub output_tokens: u64,
+    pub reasoning_tokens: u64,
+    /// Summed request durations.
+    pub duration_ms: u64,
 }
 
 /// `POST /api/admin/keys`: the new key, with its secret.
@@ -135,6 +291,8 @@ pub struct CreatedKey {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CreateKey {
     pub name: String,
+    #[serde(default)]
+    pub policy: KeyPolicyPatch,
 }
 
 /// Error body of every admin and `/v1` error: `{"error": {...}}`, the OpenAI shape.
@@ -310,4 +468,7 @@ pub struct Feed {
     /// Subscribers the daemon disconnected for falling behind, since it started.
     #[serde(default)]
     pub dropped_subscribers: u64,
+    /// The client keys, live (revoked ones left out).
+    #[serde(default)]
+    pub keys: Vec<KeyLive>,
 }

@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, VecDeque};
 
 pub use stats::{AccountStats, AffinityStats, Percentiles, QueueStats, TransportStats};
 
-use crate::wire::{Account, Feed, FeedBody, FeedMessage, RequestRecord, Status};
+use crate::wire::{Account, Feed, FeedBody, FeedMessage, KeyLive, RequestRecord, Status};
 
 /// Requests kept for the tail and the windows.
 pub const KEEP_REQUESTS: usize = 5000;
@@ -50,6 +50,8 @@ pub struct State {
     pub breaker: String,
     pub pool_waiting: usize,
     pub pool_oldest_wait_ms: Option<u64>,
+    /// The client keys, live, as the last message listed them (every message has them all).
+    pub keys: Vec<KeyLive>,
     /// The daemon's clock at its last message (unix ms).
     pub now_ms: u64,
     /// Feed messages the daemon says this subscription missed, over all subscriptions.
@@ -90,6 +92,7 @@ impl State {
         self.pool_waiting = feed.pool_waiting;
         self.pool_oldest_wait_ms = feed.pool_oldest_wait_ms;
         self.dropped_subscribers = feed.dropped_subscribers;
+        self.keys = feed.keys;
         // Records come newest first; push the oldest first so the newest ends up in front.
         for record in feed.requests.into_iter().rev() {
             let at_ms = stats::finished_ms(&record).unwrap_or(now_ms);

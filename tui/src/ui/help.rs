@@ -11,7 +11,7 @@ use crate::app::App;
 use crate::input::HELP;
 
 pub fn render(frame: &mut Frame, area: Rect, app: &App) {
-    let popup = centered(area, 66, HELP.len() as u16 + 4);
+    let popup = centered(area, 70, HELP.len() as u16 + 4);
     frame.render_widget(Clear, popup);
     let mut lines: Vec<Line> = HELP
         .iter()

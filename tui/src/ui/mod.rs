@@ -7,6 +7,7 @@ pub mod affinity;
 pub mod detail;
 pub mod header;
 pub mod help;
+pub mod keys;
 pub mod queues;
 pub mod requests;
 pub mod transport;
@@ -40,7 +41,10 @@ pub fn draw(frame: &mut Frame, app: &App) {
     if is_wide(area) {
         let rows = app.state.accounts.len().max(1) as u16;
         let accounts_h = (rows + 4).min(body.height * 2 / 5).max(6);
-        let middle_h = (rows + 8).clamp(12, body.height.saturating_sub(accounts_h + 6));
+        // The bottom keeps at least 6 rows for Requests and 4 for Keys (one key); the middle
+        // row gets what it wants of the rest, and at least 12 rows when that leaves them.
+        let rest = body.height.saturating_sub(accounts_h);
+        let middle_h = (rows + 8).max(12).min(rest.saturating_sub(10));
         let [top, middle, bottom] = Layout::vertical([
             Constraint::Length(accounts_h),
             Constraint::Length(middle_h),
@@ -57,7 +61,19 @@ pub fn draw(frame: &mut Frame, app: &App) {
         affinity::render(frame, a, app);
         queues::render(frame, q, app);
         transport::render(frame, t, app);
-        requests::render(frame, bottom, app);
+        // Keys and Requests both need the full width (budgets and refusals; the attempt
+        // chain): they share the bottom one above the other, Keys at most 3/5 of it and with
+        // 6 rows left for Requests; more keys than fit scroll with the selection.
+        let keys_h = keys::height(app)
+            .min(bottom.height * 3 / 5)
+            .max(4)
+            .min(bottom.height.saturating_sub(6));
+        let [k, r] =
+            Layout::vertical([Constraint::Length(keys_h), Constraint::Min(6)]).areas(bottom);
+        requests::render(frame, r, app);
+        if k.height >= 3 {
+            keys::render(frame, k, app);
+        }
     } else {
         let [tabs, pane] =
             Layout::vertical([Constraint::Length(1), Constraint::Min(3)]).areas(body);
@@ -78,6 +94,7 @@ pub fn draw(frame: &mut Frame, app: &App) {
             Pane::Queues => queues::render(frame, pane, app),
             Pane::Transport => transport::render(frame, pane, app),
             Pane::Requests => requests::render(frame, pane, app),
+            Pane::Keys => keys::render(frame, pane, app),
         }
     }
     footer(frame, foot, app);

@@ -92,8 +92,54 @@ fn record(n: u64, ago_ms: u64) -> RequestRecord {
     }
 }
 
+/// Three client keys: `laptop` with every limit (an exhausted 5-hour budget, a refusal 12 s
+/// ago), `ci-runner` without any, and a disabled `old-bot`.
+fn keys() -> Vec<KeyLive> {
+    let budget = |window: &str, limit: u64, used: u64, resets_in_s: Option<u64>| Budget {
+        window: window.into(),
+        limit,
+        used,
+        resets_in_s,
+    };
+    vec![
+        KeyLive {
+            id: "key_laptop".into(),
+            name: "laptop".into(),
+            enabled: true,
+            in_flight: 2,
+            max_concurrency: Some(4),
+            waiting: 1,
+            rpm: 12,
+            rpm_limit: Some(60),
+            tokens_today: 1_234_567,
+            budgets: vec![
+                budget("5h", 100_000, 100_000, Some(72 * 60)),
+                budget("day", 1_000_000, 610_000, None),
+                budget("week", 5_000_000, 1_000_000, None),
+            ],
+            last_refusal: Some("key_budget_exhausted".into()),
+            last_refusal_ms: Some(NOW_MS - 12_000),
+        },
+        KeyLive {
+            id: "key_ci".into(),
+            name: "ci-runner".into(),
+            enabled: true,
+            in_flight: 3,
+            rpm: 7,
+            tokens_today: 950,
+            ..KeyLive::default()
+        },
+        KeyLive {
+            id: "key_old".into(),
+            name: "old-bot".into(),
+            enabled: false,
+            ..KeyLive::default()
+        },
+    ]
+}
+
 /// Five accounts in every state, three requests: a failover, a plain success, a dropped
-/// stream.
+/// stream; and the keys above.
 fn fixture() -> App {
     let mut a1 = account(1, "cooling");
     a1.reason = Some("quota".into());
@@ -165,6 +211,7 @@ fn fixture() -> App {
         pool_waiting: 1,
         pool_oldest_wait_ms: Some(2500),
         now_ms: NOW_MS,
+        keys: keys(),
     };
     let mut app = App::new("/run/switchyard/admin.sock".into());
     app.state.apply(FeedMessage {
@@ -374,6 +421,10 @@ fn help_lists_the_keys() {
     for (w, h) in [(160, 48), (80, 24)] {
         let s = screen(&app, w, h);
         has(&s, "drain the account (no new sessions)");
+        has(
+            &s,
+            "1-6         accounts, affinity, queues, transport, requests, keys",
+        );
         has(&s, "q  Ctrl-C");
     }
     app.on_key(key(KeyCode::Esc));
@@ -434,13 +485,18 @@ fn panes_cycle_and_quit_keys_quit() {
         Pane::Queues,
         Pane::Transport,
         Pane::Requests,
+        Pane::Keys,
         Pane::Accounts,
     ] {
         app.on_key(key(KeyCode::Tab));
         assert_eq!(app.focus, expected);
     }
     app.on_key(key(KeyCode::BackTab));
+    assert_eq!(app.focus, Pane::Keys);
+    app.on_key(ch('5'));
     assert_eq!(app.focus, Pane::Requests);
+    app.on_key(ch('6'));
+    assert_eq!(app.focus, Pane::Keys);
     app.on_key(ch('3'));
     assert_eq!(app.focus, Pane::Queues);
     assert_eq!(app.on_key(ch('q')), Some(Command::Quit));
@@ -503,6 +559,197 @@ fn a_snapshot_after_a_reconnection_replaces_the_requests() {
     assert_eq!(app.state.requests.len(), 1);
 }
 
+/// The screen line of the keys table's row for `name` (the pane's left border, then the name).
+fn key_row<'a>(screen: &'a str, name: &str) -> &'a str {
+    let start = format!("│{name} ");
+    screen
+        .lines()
+        .find(|l| l.starts_with(&start))
+        .unwrap_or_else(|| panic!("no key row `{name}`:\n{screen}"))
+}
+
+#[test]
+fn keys_pane_shows_limits_budgets_and_refusals() {
+    let mut app = fixture();
+    let wide = screen(&app, 160, 48);
+    has(&wide, "Keys · 3 keys · tokens since 00:00 UTC");
+    has(&wide, "Tokens today");
+    has(&wide, "Last refusal");
+    let laptop = key_row(&wide, "laptop");
+    for text in [
+        "2/4 +1",
+        "12/60",
+        "1.2M",
+        "5h █████ 100% 1h12m",
+        "day ███░░ 61%",
+        "week █░░░░ 20%",
+        "key_budget_exhausted 12s ago",
+    ] {
+        assert!(laptop.contains(text), "`{text}` not in `{laptop}`");
+    }
+    // Without limits: bare counts, no bars, no refusal.
+    let ci = key_row(&wide, "ci-runner");
+    assert_eq!(
+        ci.split_whitespace().collect::<Vec<_>>(),
+        ["│ci-runner", "3", "7", "950", "│"],
+        "{ci}"
+    );
+    key_row(&wide, "old-bot");
+
+    // The Keys tab of a small terminal: narrower bars, the refusal under the table.
+    app.on_key(ch('6'));
+    let narrow = screen(&app, 80, 24);
+    has(&narrow, "6 Keys");
+    let laptop = key_row(&narrow, "laptop");
+    for text in [
+        "2/4 +1",
+        "12/60",
+        "1.2M",
+        "5h ███ 100% 1h12m",
+        "day ██░ 61%",
+        "week █░░ 20%",
+    ] {
+        assert!(laptop.contains(text), "`{text}` not in `{laptop}`");
+    }
+    let ci = key_row(&narrow, "ci-runner");
+    assert_eq!(
+        ci.split_whitespace().collect::<Vec<_>>(),
+        ["│ci-runner", "3", "7", "950", "│"],
+        "{ci}"
+    );
+    has(
+        &narrow,
+        "laptop id key_laptop · last refusal: key_budget_exhausted 12s ago",
+    );
+    // The selection moves to the next key, which has no refusal.
+    app.on_key(key(KeyCode::Down));
+    assert_eq!(app.selected_key_index(), 1);
+    assert_eq!(app.selected_account_index(), 0);
+    has(&screen(&app, 80, 24), "ci-runner id key_ci · no refusal");
+}
+
+#[test]
+fn keys_pane_fits_under_the_others_at_the_smallest_wide_size() {
+    let app = fixture();
+    let s = screen(&app, 120, 36);
+    // Every pane is there, Requests still with its records.
+    for title in [
+        "Accounts",
+        "Affinity",
+        "Queues",
+        "Transport",
+        "Requests",
+        "Keys",
+    ] {
+        has(&s, &format!(" {title} "));
+    }
+    has(&s, "sim-acct-1 ✗ quota → sim-acct-");
+    has(&s, "sim-acct-3 ✗ transient");
+    has(&s, "wait p50 1.2s · p95 1.2s (n=1)");
+    let laptop = key_row(&s, "laptop");
+    for text in [
+        "2/4 +1",
+        "12/60",
+        "1.2M",
+        "5h ███ 100% 1h12m",
+        "day ██░ 61%",
+        "week █░░ 20%",
+        "key_budget_exhausted 12s ago",
+    ] {
+        assert!(laptop.contains(text), "`{text}` not in `{laptop}`");
+    }
+    key_row(&s, "ci-runner");
+}
+
+#[test]
+fn a_disabled_key_is_dimmed() {
+    let app = fixture();
+    let mut t = Terminal::new(TestBackend::new(160, 48)).unwrap();
+    t.draw(|f| super::draw(f, &app)).unwrap();
+    let buf = t.backend().buffer();
+    let text = screen(&app, 160, 48);
+    let style = |name: &str| {
+        let y = text
+            .lines()
+            .position(|l| l.starts_with(&format!("│{name} ")))
+            .unwrap() as u16;
+        buf[(1, y)].style()
+    };
+    assert_eq!(style("old-bot").fg, Some(ratatui::style::Color::DarkGray));
+    assert!(
+        style("old-bot")
+            .add_modifier
+            .contains(ratatui::style::Modifier::DIM)
+    );
+    assert_ne!(style("ci-runner").fg, Some(ratatui::style::Color::DarkGray));
+}
+
+#[test]
+fn no_keys_says_how_to_make_one() {
+    let mut app = fixture();
+    app.state.keys.clear();
+    app.on_key(ch('6'));
+    has(
+        &screen(&app, 80, 24),
+        "no client keys: create one with `switchyard key create NAME`",
+    );
+}
+
+#[test]
+fn each_message_replaces_the_keys() {
+    let mut app = fixture();
+    assert_eq!(app.state.keys, keys());
+    let mut only = keys()[1].clone();
+    only.in_flight = 0;
+    only.last_refusal = Some("key_rate_limited".into());
+    only.last_refusal_ms = Some(NOW_MS);
+    let feed = Feed {
+        keys: vec![only.clone()],
+        now_ms: NOW_MS + 5_000,
+        ..feed_of(&app)
+    };
+    app.state.apply(FeedMessage {
+        protocol: PROTOCOL_VERSION,
+        dropped: 0,
+        seq: 1,
+        body: FeedBody::Update(feed),
+    });
+    assert_eq!(app.state.keys, vec![only]);
+    app.on_key(ch('6'));
+    let s = screen(&app, 160, 48);
+    has(&s, "Keys · 1 keys");
+    assert!(key_row(&s, "ci-runner").contains("key_rate_limited 5s ago"));
+    assert!(!s.contains("│laptop "), "{s}");
+    // A message without keys (every key revoked) empties the list.
+    let feed = Feed {
+        keys: Vec::new(),
+        ..feed_of(&app)
+    };
+    app.state.apply(FeedMessage {
+        protocol: PROTOCOL_VERSION,
+        dropped: 0,
+        seq: 2,
+        body: FeedBody::Update(feed),
+    });
+    assert!(app.state.keys.is_empty());
+}
+
+#[test]
+fn token_counts_read_short() {
+    use super::keys::human_count;
+    for (n, text) in [
+        (0, "0"),
+        (950, "950"),
+        (1_234, "1.2k"),
+        (34_000, "34k"),
+        (999_999, "1.0M"),
+        (3_400_000, "3.4M"),
+        (12_000_000_000, "12G"),
+    ] {
+        assert_eq!(human_count(n), text, "{n}");
+    }
+}
+
 fn feed_of(app: &App) -> Feed {
     let s = &app.state;
     Feed {
@@ -517,5 +764,6 @@ fn feed_of(app: &App) -> Feed {
         pool_waiting: s.pool_waiting,
         pool_oldest_wait_ms: s.pool_oldest_wait_ms,
         now_ms: s.now_ms,
+        keys: s.keys.clone(),
     }
 }

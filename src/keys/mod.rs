@@ -1,0 +1,498 @@
+//! Client keys: `sk-sy-` + 32 random base62 characters, shown once at creation and stored only
+//! as SHA-256. Authentication is a lookup of the presented key's hash in memory. Each key has a
+//! policy (`policy.rs`) applied before scheduling by [`KeyRing::admit`], with the key's live
+//! state (`gate.rs`).
+
+pub mod gate;
+pub mod policy;
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::time::Duration;
+
+use sha2::{Digest, Sha256};
+use switchyard_tui::wire;
+
+use self::gate::{Gates, KeyNow, KeyPermit, NoSlot};
+use self::policy::{Policy, Refusal};
+use crate::clock::SharedClock;
+use crate::store::records::ClientKeyRecord;
+use crate::store::{Store, StoreError};
+use crate::usage::UsageBook;
+
+pub const KEY_PREFIX: &str = "sk-sy-";
+const KEY_RANDOM_LEN: usize = 32;
+const SHOWN_PREFIX_LEN: usize = KEY_PREFIX.len() + 4;
+const MAX_NAME_LEN: usize = 64;
+
+#[derive(Debug, thiserror::Error)]
+pub enum KeyError {
+    #[error("no key with id or name `{0}`")]
+    NotFound(String),
+    #[error("`{name}` names more than one key ({}); use an id", ids.join(", "))]
+    Ambiguous { name: String, ids: Vec<String> },
+    #[error("invalid key name: {0}")]
+    BadName(String),
+    #[error("an active key named `{0}` already exists")]
+    Duplicate(String),
+    #[error("invalid policy: {0}")]
+    BadPolicy(String),
+    #[error("no randomness available: {0}")]
+    Random(String),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// A new key: its record, and the key itself, known only now (no `Debug`: it is a secret).
+#[derive(Clone)]
+pub struct CreatedKey {
+    pub info: ClientKeyRecord,
+    pub key: String,
+}
+
+/// Who a request authenticated as.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeyIdentity {
+    pub id: String,
+    pub name: String,
+}
+
+/// Why a request was not admitted.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Denied {
+    Refused(Refusal),
+    /// The client left (or shutdown cut the request) while it waited for a slot.
+    Gone,
+}
+
+struct Entry {
+    record: ClientKeyRecord,
+    policy: Arc<Policy>,
+}
+
+#[derive(Default)]
+struct Inner {
+    by_id: HashMap<String, Entry>,
+    by_hash: HashMap<[u8; 32], String>,
+}
+
+/// The client keys. Cloning shares them.
+#[derive(Clone)]
+pub struct KeyRing {
+    inner: Arc<RwLock<Inner>>,
+    store: Store,
+    clock: SharedClock,
+    gates: Gates,
+}
+
+fn sha256(s: &str) -> [u8; 32] {
+    Sha256::digest(s.as_bytes()).into()
+}
+
+/// `n` random characters from `[0-9A-Za-z]`, without modulo bias.
+pub fn random_base62(n: usize) -> Result<String, KeyError> {
+    const ALPHABET: &[u8; 62] = b"0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz";
+    let mut out = String::with_capacity(n);
+    let mut buf = [0u8; 64];
+    while out.len() < n {
+        getrandom::fill(&mut buf).map_err(|e| KeyError::Random(e.to_string()))?;
+        for b in buf {
+            // 248 = 4 * 62: values at or above it would favour the first characters.
+            if b < 248 && out.len() < n {
+                out.push(char::from(ALPHABET[usize::from(b % 62)]));
+            }
+        }
+    }
+    Ok(out)
+}
+
+impl KeyRing {
+    pub fn load(store: Store, clock: SharedClock) -> Result<KeyRing, StoreError> {
+        let mut inner = Inner::default();
+        for k in store.load_keys()? {
+            if k.enabled {
+                inner.by_hash.insert(k.sha256, k.id.clone());
+            }
+            inner.by_id.insert(
+                k.id.clone(),
+                Entry {
+                    policy: Arc::new(Policy::from_row(&k.policy)),
+                    record: k,
+                },
+            );
+        }
+        Ok(KeyRing {
+            inner: Arc::new(RwLock::new(inner)),
+            store,
+            clock,
+            gates: Gates::default(),
+        })
+    }
+
+    fn read(&self) -> RwLockReadGuard<'_, Inner> {
+        self.inner.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn write(&self) -> RwLockWriteGuard<'_, Inner> {
+        self.inner.write().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Every key, oldest first.
+    pub fn list(&self) -> Vec<ClientKeyRecord> {
+        let inner = self.read();
+        let mut v: Vec<ClientKeyRecord> = inner.by_id.values().map(|e| e.record.clone()).collect();
+        v.sort_by(|a, b| a.created_at.cmp(&b.created_at).then(a.id.cmp(&b.id)));
+        v
+    }
+
+    /// Key id -> name, for every key.
+    pub fn names(&self) -> HashMap<String, String> {
+        self.read()
+            .by_id
+            .iter()
+            .map(|(id, e)| (id.clone(), e.record.name.clone()))
+            .collect()
+    }
+
+    /// The key an id or a name stands for. A name shared by several keys (a revoked one and
+    /// its successor) is an error that lists their ids, unless exactly one of them is active.
+    pub fn resolve(&self, id_or_name: &str) -> Result<ClientKeyRecord, KeyError> {
+        let inner = self.read();
+        if let Some(e) = inner.by_id.get(id_or_name) {
+            return Ok(e.record.clone());
+        }
+        let mut named: Vec<&ClientKeyRecord> = inner
+            .by_id
+            .values()
+            .map(|e| &e.record)
+            .filter(|r| r.name == id_or_name)
+            .collect();
+        named.sort_by(|a, b| a.created_at.cmp(&b.created_at).then(a.id.cmp(&b.id)));
+        match named.as_slice() {
+            [] => Err(KeyError::NotFound(id_or_name.to_string())),
+            [one] => Ok((*one).clone()),
+            many => Err(KeyError::Ambiguous {
+                name: id_or_name.to_string(),
+                ids: many.iter().map(|r| r.id.clone()).collect(),
+            }),
+        }
+    }
+
+    /// The policy of a key.
+    pub fn policy(&self, id: &str) -> Option<Arc<Policy>> {
+        self.read().by_id.get(id).map(|e| Arc::clone(&e.policy))
+    }
+
+    /// Creates a key with a policy; the returned value carries the key itself, the only time
+    /// it is known.
+    pub async fn create(
+        &self,
+        name: &str,
+        policy: &wire::KeyPolicyPatch,
+    ) -> Result<CreatedKey, KeyError> {
+        let name = name.trim();
+        if name.is_empty() || name.len() > MAX_NAME_LEN || name.chars().any(char::is_control) {
+            return Err(KeyError::BadName(format!(
+                "`{name}` (use 1 to {MAX_NAME_LEN} printable characters)"
+            )));
+        }
+        if name.starts_with("key_") {
+            return Err(KeyError::BadName(format!(
+                "`{name}` (names starting with `key_` would read as ids)"
+            )));
+        }
+        let policy = Policy::default()
+            .patched(policy)
+            .map_err(KeyError::BadPolicy)?;
+        if self
+            .read()
+            .by_id
+            .values()
+            .any(|e| e.record.enabled && e.record.name == name)
+        {
+            return Err(KeyError::Duplicate(name.to_string()));
+        }
+        let secret = format!("{KEY_PREFIX}{}", random_base62(KEY_RANDOM_LEN)?);
+        let record = ClientKeyRecord {
+            id: format!("key_{}", random_base62(8)?.to_lowercase()),
+            name: name.to_string(),
+            prefix: secret[..SHOWN_PREFIX_LEN].to_string(),
+            sha256: sha256(&secret),
+            enabled: true,
+            created_at: self.clock.now_secs(),
+            revoked_at: None,
+            policy: policy.to_row(),
+        };
+        self.store.put_key(&record).await?;
+        let mut inner = self.write();
+        inner.by_hash.insert(record.sha256, record.id.clone());
+        inner.by_id.insert(
+            record.id.clone(),
+            Entry {
+                record: record.clone(),
+                policy: Arc::new(policy),
+            },
+        );
+        Ok(CreatedKey {
+            info: record,
+            key: secret,
+        })
+    }
+
+    /// Changes a key's policy; it applies to the next request (running ones finish).
+    pub async fn update(
+        &self,
+        id_or_name: &str,
+        patch: &wire::KeyPolicyPatch,
+    ) -> Result<ClientKeyRecord, KeyError> {
+        let id = self.resolve(id_or_name)?.id;
+        // Checked and stored under no lock; the in-memory change is made from what was stored.
+        let (record, policy) = {
+            let inner = self.read();
+            let e = inner
+                .by_id
+                .get(&id)
+                .ok_or_else(|| KeyError::NotFound(id.clone()))?;
+            let policy = e.policy.patched(patch).map_err(KeyError::BadPolicy)?;
+            let mut record = e.record.clone();
+            record.policy = policy.to_row();
+            (record, policy)
+        };
+        self.store.put_key(&record).await?;
+        let limit = policy.max_concurrency;
+        {
+            let mut inner = self.write();
+            inner.by_id.insert(
+                id.clone(),
+                Entry {
+                    record: record.clone(),
+                    policy: Arc::new(policy),
+                },
+            );
+        }
+        self.gates.set_limit(&id, limit);
+        Ok(record)
+    }
+
+    /// Revokes a key: it stops authenticating at once and stays listed as revoked. Revoking a
+    /// revoked key changes nothing.
+    pub async fn revoke(&self, id_or_name: &str) -> Result<ClientKeyRecord, KeyError> {
+        let id = match self.resolve(id_or_name) {
+            Ok(r) => r.id,
+            // Of several keys with one name, the active one is meant.
+            Err(KeyError::Ambiguous { name, ids }) => {
+                let inner = self.read();
+                let active: Vec<&String> = ids
+                    .iter()
+                    .filter(|id| inner.by_id.get(*id).is_some_and(|e| e.record.enabled))
+                    .collect();
+                match active.as_slice() {
+                    [one] => (*one).clone(),
+                    _ => return Err(KeyError::Ambiguous { name, ids }),
+                }
+            }
+            Err(e) => return Err(e),
+        };
+        let record = {
+            let mut inner = self.write();
+            let e = inner
+                .by_id
+                .get_mut(&id)
+                .ok_or_else(|| KeyError::NotFound(id.clone()))?;
+            if !e.record.enabled {
+                return Ok(e.record.clone());
+            }
+            e.record.enabled = false;
+            e.record.revoked_at = Some(self.clock.now_secs());
+            let record = e.record.clone();
+            inner.by_hash.remove(&record.sha256);
+            record
+        };
+        self.store.put_key(&record).await?;
+        Ok(record)
+    }
+
+    /// The key a presented secret belongs to, if it is known and active (an expired key
+    /// authenticates: its requests are refused as expired, which says why).
+    pub fn authenticate(&self, presented: &str) -> Option<KeyIdentity> {
+        let inner = self.read();
+        let id = inner.by_hash.get(&sha256(presented))?;
+        let e = inner.by_id.get(id)?;
+        Some(KeyIdentity {
+            id: e.record.id.clone(),
+            name: e.record.name.clone(),
+        })
+    }
+
+    /// When the key expired, if it has.
+    pub fn expired(&self, id: &str) -> Option<u64> {
+        let at = self.policy(id)?.expires_at?;
+        (self.clock.now_secs() >= at).then_some(at)
+    }
+
+    /// Applies the key's policy to one request for `model`, before any account is looked at:
+    /// expiry, models, token budgets, rate, then a slot among the key's concurrent requests
+    /// (waiting in the key's own queue at most `wait`). The permit is held for the request's
+    /// life. A refusal is counted for the console and the metrics.
+    pub async fn admit(
+        &self,
+        key_id: &str,
+        model: &str,
+        usage: &UsageBook,
+        wait: Duration,
+        max_waiting: usize,
+        gone: impl Future<Output = ()>,
+    ) -> Result<KeyPermit, Denied> {
+        let now_ms = self.clock.now_ms();
+        let refused = |r: Refusal| {
+            self.gates.note_refusal(key_id, r.code(), now_ms);
+            Err(Denied::Refused(r))
+        };
+        let Some(policy) = self.active_policy(key_id) else {
+            return refused(Refusal::Revoked);
+        };
+        if let Some(at) = policy.expires_at.filter(|at| now_ms / 1000 >= *at) {
+            return refused(Refusal::Expired { at });
+        }
+        if !policy.allows_model(model) {
+            return refused(Refusal::ModelNotAllowed {
+                model: model.to_string(),
+                allowed: policy.models.clone(),
+            });
+        }
+        for (window, limit) in policy.budgets() {
+            let b = usage.budget(key_id, window, limit);
+            if b.exhausted {
+                return refused(Refusal::BudgetExhausted {
+                    window,
+                    limit,
+                    used: b.used,
+                    resets_in_s: b.resets_in_s.unwrap_or(1),
+                });
+            }
+        }
+        if let Err(retry_after_s) = self.gates.admit_rate(key_id, policy.rpm, now_ms) {
+            return refused(Refusal::RateLimited {
+                rpm: policy.rpm.unwrap_or_default(),
+                retry_after_s,
+            });
+        }
+        match self
+            .gates
+            .acquire(key_id, policy.max_concurrency, wait, max_waiting, gone)
+            .await
+        {
+            Ok(p) => Ok(p),
+            Err(NoSlot::Gone) => Err(Denied::Gone),
+            Err(NoSlot::Timeout(waited)) => {
+                self.gates
+                    .note_refusal(key_id, "key_concurrency_exceeded", self.clock.now_ms());
+                Err(Denied::Refused(Refusal::ConcurrencyExceeded {
+                    limit: policy.max_concurrency.unwrap_or_default(),
+                    waited_ms: u64::try_from(waited.as_millis()).unwrap_or(u64::MAX),
+                }))
+            }
+        }
+    }
+
+    fn active_policy(&self, id: &str) -> Option<Arc<Policy>> {
+        let inner = self.read();
+        inner
+            .by_id
+            .get(id)
+            .filter(|e| e.record.enabled)
+            .map(|e| Arc::clone(&e.policy))
+    }
+
+    /// What a key is doing now.
+    pub fn now(&self, id: &str) -> KeyNow {
+        self.gates.now(id, self.clock.now_ms())
+    }
+
+    /// The active keys with their policies, oldest first.
+    pub fn active(&self) -> Vec<(ClientKeyRecord, Arc<Policy>)> {
+        let inner = self.read();
+        let mut v: Vec<(ClientKeyRecord, Arc<Policy>)> = inner
+            .by_id
+            .values()
+            .filter(|e| e.record.enabled)
+            .map(|e| (e.record.clone(), Arc::clone(&e.policy)))
+            .collect();
+        v.sort_by(|a, b| {
+            a.0.created_at
+                .cmp(&b.0.created_at)
+                .then(a.0.id.cmp(&b.0.id))
+        });
+        v
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::clock::ManualClock;
+
+    fn none() -> wire::KeyPolicyPatch {
+        wire::KeyPolicyPatch::default()
+    }
+
+    fn ring() -> KeyRing {
+        KeyRing::load(
+            Store::open_in_memory().unwrap(),
+            Arc::new(ManualClock::new(5_000)),
+        )
+        .unwrap()
+    }
+
+    #[tokio::test]
+    async fn created_keys_authenticate_until_revoked_and_are_stored_hashed() {
+        let r = ring();
+        let created = r.create("laptop", &none()).await.unwrap();
+        assert!(created.key.starts_with(KEY_PREFIX));
+        assert_eq!(created.key.len(), KEY_PREFIX.len() + KEY_RANDOM_LEN);
+        assert!(created.key.starts_with(&created.info.prefix));
+        assert_eq!(r.authenticate(&created.key).unwrap().name, "laptop");
+        assert!(r.authenticate("sk-sy-wrong").is_none());
+        let stored = r.store.load_keys().unwrap();
+        assert_eq!(stored.len(), 1);
+        assert_eq!(stored[0].sha256, sha256(&created.key));
+
+        let revoked = r.revoke(&created.info.id).await.unwrap();
+        assert!(!revoked.enabled && revoked.revoked_at.is_some());
+        assert!(r.authenticate(&created.key).is_none());
+        // Reloading keeps it revoked.
+        let again = KeyRing::load(r.store.clone(), Arc::new(ManualClock::new(0))).unwrap();
+        assert!(again.authenticate(&created.key).is_none());
+        assert_eq!(again.list().len(), 1);
+    }
+
+    #[tokio::test]
+    async fn bad_names_duplicates_and_unknown_ids_are_refused() {
+        let r = ring();
+        assert!(matches!(
+            r.create("  ", &none()).await,
+            Err(KeyError::BadName(_))
+        ));
+        assert!(matches!(
+            r.create("a\nb", &none()).await,
+            Err(KeyError::BadName(_))
+        ));
+        r.create("ci", &none()).await.unwrap();
+        assert!(matches!(
+            r.create("ci", &none()).await,
+            Err(KeyError::Duplicate(_))
+        ));
+        assert!(matches!(
+            r.revoke("key_nope").await,
+            Err(KeyError::NotFound(_))
+        ));
+    }
+
+    #[test]
+    fn base62_is_the_requested_length_and_alphabet() {
+        let s = random_base62(500).unwrap();
+        assert_eq!(s.len(), 500);
+        assert!(s.chars().all(|c| c.is_ascii_alphanumeric()));
+    }
+}

@@ -1,0 +1,359 @@
+//! A client key's policy — which models, how many requests at once, how many a minute, how many
+//! tokens per window, until when — and why a request may be refused by it. The checks run
+//! before scheduling (`KeyRing::admit`), so a refused request touches no account and waits in
+//! no account's queue.
+
+use switchyard_tui::wire;
+
+use crate::names::named;
+use crate::store::records::KeyPolicyRow;
+
+/// Longest note kept with a key.
+const MAX_NOTE_LEN: usize = 200;
+/// Most model globs a key may have.
+const MAX_MODELS: usize = 64;
+
+named! {
+    /// A token budget's rolling window.
+    pub enum Window {
+        FiveHours => "5h",
+        Day => "day",
+        Week => "week",
+    }
+}
+
+impl Window {
+    pub fn secs(self) -> u64 {
+        match self {
+            Window::FiveHours => 5 * 3600,
+            Window::Day => 24 * 3600,
+            Window::Week => 7 * 24 * 3600,
+        }
+    }
+}
+
+/// What a key may do. `None` limits do not apply; no models means every model.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Policy {
+    pub models: Vec<String>,
+    pub max_concurrency: Option<u32>,
+    pub rpm: Option<u32>,
+    pub tokens_per_5h: Option<u64>,
+    pub tokens_per_day: Option<u64>,
+    pub tokens_per_week: Option<u64>,
+    /// Unix seconds.
+    pub expires_at: Option<u64>,
+    pub note: Option<String>,
+}
+
+impl Policy {
+    pub fn from_row(r: &KeyPolicyRow) -> Policy {
+        Policy {
+            models: r.models.clone(),
+            max_concurrency: r.max_concurrency,
+            rpm: r.rpm,
+            tokens_per_5h: r.tokens_per_5h,
+            tokens_per_day: r.tokens_per_day,
+            tokens_per_week: r.tokens_per_week,
+            expires_at: r.expires_at,
+            note: r.note.clone(),
+        }
+    }
+
+    pub fn to_row(&self) -> KeyPolicyRow {
+        KeyPolicyRow {
+            models: self.models.clone(),
+            max_concurrency: self.max_concurrency,
+            rpm: self.rpm,
+            tokens_per_5h: self.tokens_per_5h,
+            tokens_per_day: self.tokens_per_day,
+            tokens_per_week: self.tokens_per_week,
+            expires_at: self.expires_at,
+            note: self.note.clone(),
+        }
+    }
+
+    /// Whether the key may use `model` (the name sent upstream, after aliases).
+    pub fn allows_model(&self, model: &str) -> bool {
+        self.models.is_empty() || self.models.iter().any(|g| glob_match(g, model))
+    }
+
+    /// The token budgets the key has, shortest window first.
+    pub fn budgets(&self) -> impl Iterator<Item = (Window, u64)> + '_ {
+        [
+            (Window::FiveHours, self.tokens_per_5h),
+            (Window::Day, self.tokens_per_day),
+            (Window::Week, self.tokens_per_week),
+        ]
+        .into_iter()
+        .filter_map(|(w, l)| l.map(|l| (w, l)))
+    }
+
+    /// The policy with `patch` applied; a value that makes no sense is an error naming it.
+    pub fn patched(&self, patch: &wire::KeyPolicyPatch) -> Result<Policy, String> {
+        fn positive<T: PartialOrd + Default + Copy + std::fmt::Display>(
+            name: &str,
+            v: Option<Option<T>>,
+            old: Option<T>,
+        ) -> Result<Option<T>, String> {
+            match v {
+                None => Ok(old),
+                Some(None) => Ok(None),
+                Some(Some(n)) if n > T::default() => Ok(Some(n)),
+                Some(Some(n)) => Err(format!(
+                    "{name} must be at least 1 (got {n}); to remove it, clear it"
+                )),
+            }
+        }
+        let mut p = self.clone();
+        if let Some(models) = &patch.models {
+            let models: Vec<String> = models
+                .iter()
+                .map(|m| m.trim().to_string())
+                .filter(|m| !m.is_empty())
+                .collect();
+            if models.len() > MAX_MODELS {
+                return Err(format!("at most {MAX_MODELS} model patterns"));
+            }
+            if let Some(bad) = models
+                .iter()
+                .find(|m| m.len() > 128 || m.chars().any(|c| c.is_control() || c == ','))
+            {
+                return Err(format!("invalid model pattern `{bad}`"));
+            }
+            p.models = models;
+        }
+        p.max_concurrency = positive("max_concurrency", patch.max_concurrency, p.max_concurrency)?;
+        p.rpm = positive("rpm", patch.rpm, p.rpm)?;
+        p.tokens_per_5h = positive("tokens_per_5h", patch.tokens_per_5h, p.tokens_per_5h)?;
+        p.tokens_per_day = positive("tokens_per_day", patch.tokens_per_day, p.tokens_per_day)?;
+        p.tokens_per_week = positive("tokens_per_week", patch.tokens_per_week, p.tokens_per_week)?;
+        match &patch.expires_at {
+            None => {}
+            Some(None) => p.expires_at = None,
+            Some(Some(t)) => {
+                let ms = crate::clock::parse_rfc3339_ms(t).ok_or_else(|| {
+                    format!("expires_at `{t}` is not an RFC 3339 time (2027-01-31T00:00:00Z)")
+                })?;
+                p.expires_at = Some(ms / 1000);
+            }
+        }
+        match &patch.note {
+            None => {}
+            Some(None) => p.note = None,
+            Some(Some(n)) if n.chars().count() > MAX_NOTE_LEN => {
+                return Err(format!("a note has at most {MAX_NOTE_LEN} characters"));
+            }
+            Some(Some(n)) => p.note = Some(n.trim().to_string()).filter(|n| !n.is_empty()),
+        }
+        Ok(p)
+    }
+
+    /// The admin API's shape.
+    pub fn to_wire(&self) -> wire::KeyPolicy {
+        wire::KeyPolicy {
+            models: self.models.clone(),
+            max_concurrency: self.max_concurrency,
+            rpm: self.rpm,
+            tokens_per_5h: self.tokens_per_5h,
+            tokens_per_day: self.tokens_per_day,
+            tokens_per_week: self.tokens_per_week,
+            expires_at: self.expires_at.map(crate::clock::rfc3339),
+            note: self.note.clone(),
+        }
+    }
+}
+
+/// `*` matches any run of characters, `?` one character; everything else matches itself.
+pub fn glob_match(pattern: &str, text: &str) -> bool {
+    let (p, t): (Vec<char>, Vec<char>) = (pattern.chars().collect(), text.chars().collect());
+    let (mut pi, mut ti) = (0, 0);
+    // Where the last `*` was, and the text position it currently stands for.
+    let mut star: Option<(usize, usize)> = None;
+    while ti < t.len() {
+        if pi < p.len() && (p[pi] == '?' || p[pi] == t[ti]) {
+            pi += 1;
+            ti += 1;
+        } else if pi < p.len() && p[pi] == '*' {
+            star = Some((pi, ti));
+            pi += 1;
+        } else if let Some((sp, st)) = star {
+            pi = sp + 1;
+            ti = st + 1;
+            star = Some((sp, st + 1));
+        } else {
+            return false;
+        }
+    }
+    p[pi..].iter().all(|c| *c == '*')
+}
+
+/// Why a key's request was refused before scheduling.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Refusal {
+    /// The key was revoked (a WebSocket connection opened before that asks again).
+    Revoked,
+    /// Past the key's expiry (unix seconds).
+    Expired {
+        at: u64,
+    },
+    ModelNotAllowed {
+        model: String,
+        allowed: Vec<String>,
+    },
+    RateLimited {
+        rpm: u32,
+        retry_after_s: u64,
+    },
+    BudgetExhausted {
+        window: Window,
+        limit: u64,
+        used: u64,
+        resets_in_s: u64,
+    },
+    /// The key's own queue did not give a slot within the wait (or was full).
+    ConcurrencyExceeded {
+        limit: u32,
+        waited_ms: u64,
+    },
+}
+
+impl Refusal {
+    /// The error code, which is also the request's outcome.
+    pub fn code(&self) -> &'static str {
+        match self {
+            Refusal::Revoked => "invalid_api_key",
+            Refusal::Expired { .. } => "key_expired",
+            Refusal::ModelNotAllowed { .. } => "model_not_allowed",
+            Refusal::RateLimited { .. } => "key_rate_limited",
+            Refusal::BudgetExhausted { .. } => "key_budget_exhausted",
+            Refusal::ConcurrencyExceeded { .. } => "key_concurrency_exceeded",
+        }
+    }
+
+    pub fn status(&self) -> u16 {
+        match self {
+            Refusal::Revoked | Refusal::Expired { .. } => 401,
+            Refusal::ModelNotAllowed { .. } => 403,
+            _ => 429,
+        }
+    }
+
+    /// The OpenAI error type.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Refusal::Revoked | Refusal::Expired { .. } | Refusal::ModelNotAllowed { .. } => {
+                "invalid_request_error"
+            }
+            _ => "rate_limit_error",
+        }
+    }
+
+    /// Seconds after which the same request may succeed, when that is known.
+    pub fn retry_after_s(&self) -> Option<u64> {
+        match self {
+            Refusal::RateLimited { retry_after_s, .. } => Some(*retry_after_s),
+            Refusal::BudgetExhausted { resets_in_s, .. } => Some(*resets_in_s),
+            Refusal::ConcurrencyExceeded { .. } => Some(1),
+            _ => None,
+        }
+    }
+
+    pub fn message(&self) -> String {
+        match self {
+            Refusal::Revoked => "This API key was revoked.".into(),
+            Refusal::Expired { at } => format!(
+                "This API key expired at {}. Ask the gateway's operator for a new one.",
+                crate::clock::rfc3339(*at)
+            ),
+            Refusal::ModelNotAllowed { model, allowed } => format!(
+                "This API key may not use the model '{model}' (allowed: {}).",
+                allowed.join(", ")
+            ),
+            Refusal::RateLimited { rpm, retry_after_s } => format!(
+                "This API key is limited to {rpm} requests per minute. Retry in {retry_after_s} s."
+            ),
+            Refusal::BudgetExhausted {
+                window,
+                limit,
+                used,
+                resets_in_s,
+            } => format!(
+                "This API key used {used} of its {limit} tokens per {}. It resets in {}.",
+                match window {
+                    Window::FiveHours => "5 hours",
+                    Window::Day => "day",
+                    Window::Week => "week",
+                },
+                crate::fleet::human_duration(resets_in_s.saturating_mul(1000))
+            ),
+            Refusal::ConcurrencyExceeded { limit, waited_ms } => format!(
+                "This API key already has {limit} requests running; waited {waited_ms} ms for one \
+                 to finish."
+            ),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn globs_match_stars_and_single_characters() {
+        assert!(glob_match("gpt-5*", "gpt-5.5"));
+        assert!(glob_match("gpt-5*", "gpt-5"));
+        assert!(!glob_match("gpt-5*", "gpt-4o"));
+        assert!(glob_match("*mini", "gpt-5.5-mini"));
+        assert!(glob_match("gpt-?.5", "gpt-5.5"));
+        assert!(!glob_match("gpt-?.5", "gpt-10.5"));
+        assert!(glob_match("*", ""));
+        assert!(glob_match("a*b*c", "a-x-b-y-c"));
+        assert!(!glob_match("a*b*c", "a-x-c-y-b"));
+        assert!(glob_match("gpt-5.5", "gpt-5.5"));
+        assert!(!glob_match("gpt-5.5", "gpt-5.5-codex"));
+    }
+
+    #[test]
+    fn a_patch_sets_clears_and_keeps_and_refuses_nonsense() {
+        let p = Policy {
+            rpm: Some(10),
+            note: Some("ci".into()),
+            ..Policy::default()
+        };
+        let patch = wire::KeyPolicyPatch {
+            models: Some(vec!["gpt-5*".into(), " ".into()]),
+            tokens_per_day: Some(Some(1000)),
+            rpm: Some(None),
+            expires_at: Some(Some("2027-01-31T00:00:00Z".into())),
+            ..wire::KeyPolicyPatch::default()
+        };
+        let q = p.patched(&patch).unwrap();
+        assert_eq!(q.models, vec!["gpt-5*".to_string()]);
+        assert_eq!((q.rpm, q.tokens_per_day), (None, Some(1000)));
+        assert_eq!(q.note.as_deref(), Some("ci"));
+        assert_eq!(q.expires_at, Some(1_801_353_600));
+        assert_eq!(q.budgets().collect::<Vec<_>>(), vec![(Window::Day, 1000)]);
+        let zero = wire::KeyPolicyPatch {
+            max_concurrency: Some(Some(0)),
+            ..wire::KeyPolicyPatch::default()
+        };
+        assert!(p.patched(&zero).unwrap_err().contains("max_concurrency"));
+        let bad_time = wire::KeyPolicyPatch {
+            expires_at: Some(Some("tomorrow".into())),
+            ..wire::KeyPolicyPatch::default()
+        };
+        assert!(p.patched(&bad_time).unwrap_err().contains("RFC 3339"));
+    }
+
+    #[test]
+    fn a_patch_reads_null_as_clear_and_absence_as_keep() {
+        let patch: wire::KeyPolicyPatch =
+            serde_json::from_str(r#"{"rpm": null, "tokens_per_5h": 5}"#).unwrap();
+        assert_eq!(patch.rpm, Some(None));
+        assert_eq!(patch.tokens_per_5h, Some(Some(5)));
+        assert_eq!(patch.max_concurrency, None);
+        let back = serde_json::to_value(&patch).unwrap();
+        assert_eq!(back, serde_json::json!({"rpm": null, "tokens_per_5h": 5}));
+    }
+}

@@ -1,0 +1,502 @@
+//! Usage accounting: every finished request adds to an hourly bucket keyed by (key, model,
+//! account) — requests, errors, tokens by kind, time.
+//!
+//! The hot path only takes a short lock on a map in memory (no await under it, no write per
+//! request). A flusher writes the buckets that changed, each with its whole totals (so writing
+//! one twice is harmless), every [`FLUSH_EVERY`]; a SIGKILL loses at most that much. The buckets
+//! of the last [`KEEP_HOURS`] hours stay in memory (loaded at start) for the key budgets'
+//! rolling windows; reports read the store and overlay what is not flushed yet.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use switchyard_tui::wire;
+
+use crate::clock::SharedClock;
+use crate::keys::policy::Window;
+use crate::store::records::UsageBucketRow;
+use crate::store::schema::Table;
+use crate::store::writer::Mutation;
+use crate::store::{Store, StoreError};
+
+/// How often changed buckets are written.
+pub const FLUSH_EVERY: Duration = Duration::from_secs(2);
+/// Hours kept in memory: the longest budget window (a week) and its starting hour.
+pub const KEEP_HOURS: u64 = 7 * 24 + 1;
+
+/// What one finished request adds.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Counters {
+    pub requests: u64,
+    pub errors: u64,
+    pub input_tokens: u64,
+    pub cached_tokens: u64,
+    pub output_tokens: u64,
+    pub reasoning_tokens: u64,
+    pub duration_ms: u64,
+}
+
+impl Counters {
+    fn add(&mut self, o: &Counters) {
+        self.requests += o.requests;
+        self.errors += o.errors;
+        self.input_tokens += o.input_tokens;
+        self.cached_tokens += o.cached_tokens;
+        self.output_tokens += o.output_tokens;
+        self.reasoning_tokens += o.reasoning_tokens;
+        self.duration_ms += o.duration_ms;
+    }
+
+    /// What budgets count: input + output, as the upstream reported them.
+    pub fn tokens(&self) -> u64 {
+        self.input_tokens + self.output_tokens
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+struct BucketKey {
+    hour: u64,
+    key_id: String,
+    account: String,
+    model: String,
+}
+
+impl BucketKey {
+    fn row(&self, c: &Counters) -> UsageBucketRow {
+        UsageBucketRow {
+            hour: self.hour,
+            key_id: self.key_id.clone(),
+            model: self.model.clone(),
+            account: self.account.clone(),
+            requests: c.requests,
+            errors: c.errors,
+            input_tokens: c.input_tokens,
+            cached_tokens: c.cached_tokens,
+            output_tokens: c.output_tokens,
+            reasoning_tokens: c.reasoning_tokens,
+            duration_ms: c.duration_ms,
+        }
+    }
+}
+
+#[derive(Default)]
+struct Book {
+    buckets: HashMap<BucketKey, Counters>,
+    dirty: HashSet<BucketKey>,
+    /// Key id -> hour -> tokens, for the budget windows.
+    tokens: HashMap<String, BTreeMap<u64, u64>>,
+    /// Key id -> totals since this process started (the metrics' counters).
+    since_start: HashMap<String, Counters>,
+}
+
+/// How a key stands against one of its token budgets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BudgetState {
+    pub window: Window,
+    pub limit: u64,
+    pub used: u64,
+    /// At or over the limit: requests are refused.
+    pub exhausted: bool,
+    /// When exhausted, seconds until enough tokens age out for the key to be under its limit;
+    /// otherwise until the oldest counted hour leaves the window (`None`: nothing counted).
+    pub resets_in_s: Option<u64>,
+}
+
+/// The usage book. Cloning shares it.
+#[derive(Clone)]
+pub struct UsageBook {
+    book: Arc<Mutex<Book>>,
+    store: Store,
+    clock: SharedClock,
+    flushes: Arc<AtomicU64>,
+}
+
+fn hour_of(secs: u64) -> u64 {
+    secs - secs % 3600
+}
+
+impl UsageBook {
+    /// Loads the buckets of the last [`KEEP_HOURS`] hours.
+    pub fn load(store: Store, clock: SharedClock) -> Result<UsageBook, StoreError> {
+        let now = clock.now_secs();
+        let from = hour_of(now).saturating_sub(KEEP_HOURS * 3600);
+        let mut book = Book::default();
+        for r in store.usage_between(from, u64::MAX / 2)? {
+            let key = BucketKey {
+                hour: r.hour,
+                key_id: r.key_id.clone(),
+                account: r.account.clone(),
+                model: r.model.clone(),
+            };
+            let c = Counters {
+                requests: r.requests,
+                errors: r.errors,
+                input_tokens: r.input_tokens,
+                cached_tokens: r.cached_tokens,
+                output_tokens: r.output_tokens,
+                reasoning_tokens: r.reasoning_tokens,
+                duration_ms: r.duration_ms,
+            };
+            *book
+                .tokens
+                .entry(r.key_id)
+                .or_default()
+                .entry(r.hour)
+                .or_default() += c.tokens();
+            book.buckets.insert(key, c);
+        }
+        Ok(UsageBook {
+            book: Arc::new(Mutex::new(book)),
+            store,
+            clock,
+            flushes: Arc::default(),
+        })
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Book> {
+        self.book.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Adds a finished request to the bucket of the hour it started in (`started_ms`, as its
+    /// record says), so that usage and records group alike.
+    pub fn add(
+        &self,
+        started_ms: u64,
+        (key_id, model, account): (&str, &str, Option<&str>),
+        c: Counters,
+    ) {
+        let hour = hour_of(started_ms / 1000);
+        let key = BucketKey {
+            hour,
+            key_id: key_id.to_string(),
+            account: account.unwrap_or_default().to_string(),
+            model: model.to_string(),
+        };
+        let mut book = self.lock();
+        let book = &mut *book;
+        if let Some(tokens) = book.tokens.get_mut(key_id) {
+            *tokens.entry(hour).or_default() += c.tokens();
+        } else {
+            book.tokens
+                .insert(key_id.to_string(), BTreeMap::from([(hour, c.tokens())]));
+        }
+        match book.since_start.get_mut(key_id) {
+            Some(t) => t.add(&c),
+            None => {
+                book.since_start.insert(key_id.to_string(), c);
+            }
+        }
+        if let Some(b) = book.buckets.get_mut(&key) {
+            b.add(&c);
+        } else {
+            book.buckets.insert(key.clone(), c);
+        }
+        book.dirty.insert(key);
+    }
+
+    /// Tokens of `key_id` counted by a window ending now: every hour that ends after the
+    /// window's start counts whole. With the limit, when the key is at or over it, how long
+    /// until enough hours age out.
+    pub fn budget(&self, key_id: &str, window: Window, limit: u64) -> BudgetState {
+        let now = self.clock.now_secs();
+        let start = now.saturating_sub(window.secs());
+        let book = self.lock();
+        let hours: Vec<(u64, u64)> = book
+            .tokens
+            .get(key_id)
+            .map(|t| {
+                t.range(hour_of(start)..)
+                    .filter(|(h, _)| **h + 3600 > start)
+                    .map(|(h, n)| (*h, *n))
+                    .collect()
+            })
+            .unwrap_or_default();
+        drop(book);
+        let used: u64 = hours.iter().map(|(_, n)| n).sum();
+        // An hour leaves the window when the window's start passes the hour's end.
+        let leaves = |h: u64| (h + 3600 + window.secs()).saturating_sub(now).max(1);
+        let exhausted = used >= limit;
+        let resets_in_s = if exhausted {
+            let mut left = used;
+            let mut at = 1;
+            for (h, n) in &hours {
+                left -= n;
+                if left < limit {
+                    at = leaves(*h);
+                    break;
+                }
+            }
+            Some(at)
+        } else {
+            hours.iter().find(|(_, n)| *n > 0).map(|(h, _)| leaves(*h))
+        };
+        BudgetState {
+            window,
+            limit,
+            used,
+            exhausted,
+            resets_in_s,
+        }
+    }
+
+    /// Tokens of `key_id` since `from` (unix seconds, counted by whole hours from its hour).
+    pub fn tokens_since(&self, key_id: &str, from: u64) -> u64 {
+        let book = self.lock();
+        book.tokens
+            .get(key_id)
+            .map(|t| t.range(hour_of(from)..).map(|(_, n)| n).sum())
+            .unwrap_or(0)
+    }
+
+    /// The totals of `key_id` over the hours starting at or after `from`.
+    pub fn totals_since(&self, key_id: &str, from: u64) -> Counters {
+        let from = hour_of(from);
+        let book = self.lock();
+        let mut total = Counters::default();
+        for (k, c) in &book.buckets {
+            if k.key_id == key_id && k.hour >= from {
+                total.add(c);
+            }
+        }
+        total
+    }
+
+    /// Each key's totals since this process started.
+    pub fn since_start(&self) -> Vec<(String, Counters)> {
+        let book = self.lock();
+        let mut v: Vec<(String, Counters)> = book
+            .since_start
+            .iter()
+            .map(|(k, c)| (k.clone(), *c))
+            .collect();
+        v.sort_by(|a, b| a.0.cmp(&b.0));
+        v
+    }
+
+    /// Buckets changed since their last write.
+    pub fn unflushed(&self) -> usize {
+        self.lock().dirty.len()
+    }
+
+    /// Writes completed since start.
+    pub fn flushes(&self) -> u64 {
+        self.flushes.load(Ordering::Relaxed)
+    }
+
+    /// Writes the buckets that changed (whole totals) and forgets the clean ones that are too
+    /// old for any window. A failed write leaves them to the next flush.
+    pub async fn flush(&self) -> Result<(), StoreError> {
+        let mut pending = Pending {
+            book: self,
+            keys: Vec::new(),
+            written: false,
+        };
+        let rows: Vec<UsageBucketRow> = {
+            let mut book = self.lock();
+            let book = &mut *book;
+            book.dirty
+                .drain()
+                .filter_map(|k| {
+                    let row = book.buckets.get(&k).map(|c| k.row(c));
+                    pending.keys.push(k);
+                    row
+                })
+                .collect()
+        };
+        if !rows.is_empty() {
+            let muts = rows
+                .iter()
+                .map(Store::usage_mutation)
+                .collect::<Result<Vec<Mutation>, StoreError>>()?;
+            self.store.write(muts).await?;
+        }
+        pending.written = true;
+        drop(pending);
+        self.flushes.fetch_add(1, Ordering::Relaxed);
+        let oldest = hour_of(self.clock.now_secs()).saturating_sub(KEEP_HOURS * 3600);
+        let mut book = self.lock();
+        let book = &mut *book;
+        let dirty = &book.dirty;
+        book.buckets
+            .retain(|k, _| k.hour >= oldest || dirty.contains(k));
+        for t in book.tokens.values_mut() {
+            t.retain(|h, _| *h >= oldest);
+        }
+        Ok(())
+    }
+
+    /// Flushes every [`FLUSH_EVERY`] until `stop`, then once more.
+    pub fn spawn_flusher(
+        &self,
+        stop: tokio_util::sync::CancellationToken,
+    ) -> tokio::task::JoinHandle<()> {
+        let book = self.clone();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(FLUSH_EVERY);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tokio::select! {
+                    _ = stop.cancelled() => break,
+                    _ = tick.tick() => {}
+                }
+                if let Err(e) = book.flush().await {
+                    tracing::warn!(error = %e, "cannot write usage; will retry");
+                }
+            }
+        })
+    }
+
+    /// The buckets of the hours starting in `[from, to)`: the stored ones, with what is not
+    /// flushed yet.
+    pub fn between(&self, from: u64, to: u64) -> Result<Vec<UsageBucketRow>, StoreError> {
+        let mut rows: BTreeMap<String, UsageBucketRow> = self
+            .store
+            .usage_between(from, to)?
+            .into_iter()
+            .map(|r| (Store::usage_key(&r), r))
+            .collect();
+        let book = self.lock();
+        for k in &book.dirty {
+            if k.hour >= from
+                && k.hour < to
+                && let Some(c) = book.buckets.get(k)
+            {
+                let r = k.row(c);
+                rows.insert(Store::usage_key(&r), r);
+            }
+        }
+        Ok(rows.into_values().collect())
+    }
+
+    /// Deletes stored buckets older than `days`.
+    pub fn prune(&self, days: u32) {
+        let cutoff = hour_of(
+            self.clock
+                .now_secs()
+                .saturating_sub(u64::from(days) * 24 * 3600),
+        );
+        self.store.try_write(vec![Mutation::DeleteTextBelow(
+            Table::UsageHourly,
+            format!("{cutoff:010}/"),
+        )]);
+    }
+}
+
+/// Buckets taken out of the dirty set for a write: put back unless the write succeeded (it
+/// failed, or the flush was cancelled half way).
+struct Pending<'a> {
+    book: &'a UsageBook,
+    keys: Vec<BucketKey>,
+    written: bool,
+}
+
+impl Drop for Pending<'_> {
+    fn drop(&mut self) {
+        if !self.written {
+            self.book.lock().dirty.extend(self.keys.drain(..));
+        }
+    }
+}
+
+/// The admin API's shape of a bucket; `names` maps key ids to names.
+pub fn to_wire(r: UsageBucketRow, names: &HashMap<String, String>) -> wire::UsageBucket {
+    wire::UsageBucket {
+        key: names
+            .get(&r.key_id)
+            .cloned()
+            .unwrap_or_else(|| r.key_id.clone()),
+        hour: r.hour,
+        key_id: r.key_id,
+        model: r.model,
+        account: r.account,
+        requests: r.requests,
+        errors: r.errors,
+        input_tokens: r.input_tokens,
+        cached_tokens: r.cached_tokens,
+        output_tokens: r.output_tokens,
+        reasoning_tokens: r.reasoning_tokens,
+        duration_ms: r.duration_ms,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::clock::{Clock, ManualClock};
+
+    const T0: u64 = 1_767_225_600_000; // 2026-01-01T00:00:00Z
+
+    fn tokens(n: u64) -> Counters {
+        Counters {
+            requests: 1,
+            input_tokens: n / 2,
+            output_tokens: n - n / 2,
+            ..Counters::default()
+        }
+    }
+
+    #[tokio::test]
+    async fn a_budget_counts_whole_hours_and_says_when_it_resets() {
+        let clock = Arc::new(ManualClock::new(T0 + 30 * 60 * 1000)); // 00:30
+        let book = UsageBook::load(Store::open_in_memory().unwrap(), clock.clone()).unwrap();
+        book.add(clock.now_ms(), ("k", "m", Some("a")), tokens(600));
+        clock.advance(Duration::from_secs(2 * 3600)); // 02:30
+        book.add(clock.now_ms(), ("k", "m", Some("a")), tokens(500));
+        let b = book.budget("k", Window::FiveHours, 1000);
+        assert_eq!((b.used, b.resets_in_s), (1100, Some(3 * 3600 + 30 * 60)));
+        assert!(b.exhausted);
+        let under = book.budget("k", Window::FiveHours, 2000);
+        assert!(!under.exhausted);
+        // Under the limit: when the first hour's tokens leave the window.
+        assert_eq!(under.resets_in_s, Some(3 * 3600 + 30 * 60));
+        assert_eq!(book.budget("other", Window::Day, 5).resets_in_s, None);
+        // 06:00 is the end of the first hour plus 5 h: it has left the window.
+        clock.set_ms(T0 + 6 * 3600 * 1000);
+        assert_eq!(book.budget("k", Window::FiveHours, 1000).used, 500);
+        assert_eq!(book.budget("k", Window::Day, 1000).used, 1100);
+        assert_eq!(book.budget("other", Window::Day, 1).used, 0);
+    }
+
+    #[tokio::test]
+    async fn flushed_buckets_survive_a_reload_and_unflushed_ones_show_in_reports() {
+        let clock = Arc::new(ManualClock::new(T0));
+        let store = Store::open_in_memory().unwrap();
+        let book = UsageBook::load(store.clone(), clock.clone()).unwrap();
+        book.add(clock.now_ms(), ("k", "m", Some("a")), tokens(10));
+        book.add(clock.now_ms(), ("k", "m", Some("a")), tokens(20));
+        book.add(clock.now_ms(), ("k", "m", None), tokens(0));
+        assert_eq!(book.unflushed(), 2);
+        book.flush().await.unwrap();
+        assert_eq!(book.unflushed(), 0);
+        book.add(clock.now_ms(), ("k", "m", Some("a")), tokens(5));
+        // Not written yet, but reports see it.
+        let rows = book.between(0, u64::MAX / 2).unwrap();
+        let a = rows.iter().find(|r| r.account == "a").unwrap();
+        assert_eq!((a.requests, a.input_tokens + a.output_tokens), (3, 35));
+        assert_eq!(store.usage_between(0, u64::MAX / 2).unwrap().len(), 2);
+        book.flush().await.unwrap();
+        let again = UsageBook::load(store, clock).unwrap();
+        assert_eq!(again.budget("k", Window::Day, 1).used, 35);
+        assert_eq!(again.totals_since("k", 0).requests, 4);
+    }
+
+    #[tokio::test]
+    async fn retention_deletes_old_buckets_only() {
+        let clock = Arc::new(ManualClock::new(T0));
+        let store = Store::open_in_memory().unwrap();
+        let book = UsageBook::load(store.clone(), clock.clone()).unwrap();
+        book.add(clock.now_ms(), ("k", "m", Some("a")), tokens(10));
+        book.flush().await.unwrap();
+        clock.advance(Duration::from_secs(10 * 24 * 3600));
+        book.add(clock.now_ms(), ("k", "m", Some("a")), tokens(10));
+        book.flush().await.unwrap();
+        assert_eq!(store.usage_between(0, u64::MAX / 2).unwrap().len(), 2);
+        book.prune(5);
+        store.flush().await.unwrap();
+        let left = store.usage_between(0, u64::MAX / 2).unwrap();
+        assert_eq!(left.len(), 1);
+        assert_eq!(left[0].hour, (T0 / 1000) + 10 * 24 * 3600);
+    }
+}
