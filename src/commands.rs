@@ -715,6 +715,16 @@ fn key_detail(k: &wire::Key) -> String {
     out
 }
 
+/// `2M`, `300k` when that is exact, else the number.
+fn exact_short(n: u64) -> String {
+    match n {
+        0 => "0".into(),
+        n if n.is_multiple_of(1_000_000) => format!("{}M", n / 1_000_000),
+        n if n.is_multiple_of(1_000) => format!("{}k", n / 1_000),
+        n => n.to_string(),
+    }
+}
+
 /// A key's limits in a few words, for the key table.
 fn limits_summary(p: &wire::KeyPolicy) -> String {
     let mut parts = Vec::new();
@@ -733,7 +743,7 @@ fn limits_summary(p: &wire::KeyPolicy) -> String {
         ("week", p.tokens_per_week),
     ] {
         if let Some(n) = v {
-            parts.push(format!("{n} tok/{w}"));
+            parts.push(format!("{} tok/{w}", exact_short(n)));
         }
     }
     if let Some(t) = &p.expires_at {

@@ -318,12 +318,22 @@ fn table_cells(t: &Totals, priced: bool) -> Vec<String> {
         None => "–".to_owned(),
     });
     if priced {
-        cells.push(format!("${:.2}", t.cost_usd.unwrap_or(0.0)));
+        cells.push(dollars(t.cost_usd.unwrap_or(0.0)));
     }
     cells
 }
 
 /// An aligned table: the group columns, the counters, the cache hit ratio and (when priced) the
+/// Dollars with cents, or with four decimals under a dollar (a few requests cost fractions of
+/// a cent).
+fn dollars(v: f64) -> String {
+    if v != 0.0 && v.abs() < 1.0 {
+        format!("${v:.4}")
+    } else {
+        format!("${v:.2}")
+    }
+}
+
 /// cost, one line per row and a final `TOTAL` line, then a note on models without a price.
 pub fn render_table(report: &Report) -> String {
     if report.rows.is_empty() {
@@ -764,7 +774,7 @@ mod tests {
             table.lines().next().unwrap().ends_with("COST USD"),
             "{table}"
         );
-        assert!(table.contains("$0.02"), "{table}");
+        assert!(table.contains("$0.0162"), "{table}");
         assert!(
             table.ends_with("no price for: gpt-5-mini (not in the cost)\n"),
             "{table}"
