@@ -192,6 +192,11 @@ async fn opens_intact(name: &str) {
 
     let requests = get("/api/admin/requests?limit=100").await;
     assert_eq!(requests, want["requests"]);
+    // From 0.3.0: the usage buckets, to the token.
+    if let Some(usage) = want.get("usage") {
+        assert_eq!(&get("/api/admin/usage?from=0&to=4102444800").await, usage);
+        assert!(!usage.as_array().unwrap().is_empty());
+    }
     assert!(requests.as_array().unwrap().len() >= 5);
 
     // Nothing was left out for being unreadable.
@@ -232,4 +237,9 @@ async fn a_state_directory_written_by_0_1_0_opens_intact() {
 #[tokio::test]
 async fn a_state_directory_written_by_0_2_0_opens_intact() {
     opens_intact("state-0.2.0").await;
+}
+
+#[tokio::test]
+async fn a_state_directory_written_by_0_3_0_opens_intact() {
+    opens_intact("state-0.3.0").await;
 }

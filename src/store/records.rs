@@ -666,6 +666,62 @@ mod tests {
         assert_eq!(to_hex(&encode(&request_v2()).unwrap()), v2::REQUEST);
     }
 
+    /// Bytes 0.3.0 writes.
+    mod v3 {
+        pub const KEY: &str = "02076b65795f616263047465616d0a736b2d73792d416243640707070707070707070707070707070707070707070707070707070707070707018092b3d8060001066770742d352a0104013c01c09a0c0001c096b1020180f3f9da0601066167656e7473";
+        pub const USAGE: &str =
+            "01c08cb9d806076b65795f616263076770742d352e350a73696d2d616363742d3103017860280cc413";
+    }
+
+    fn key_v2() -> ClientKeyRecord {
+        ClientKeyRecord {
+            id: "key_abc".into(),
+            name: "team".into(),
+            prefix: "sk-sy-AbCd".into(),
+            sha256: [7; 32],
+            enabled: true,
+            created_at: 1_796_000_000,
+            revoked_at: None,
+            policy: KeyPolicyRow {
+                models: vec!["gpt-5*".into()],
+                max_concurrency: Some(4),
+                rpm: Some(60),
+                tokens_per_5h: Some(200_000),
+                tokens_per_day: None,
+                tokens_per_week: Some(5_000_000),
+                expires_at: Some(1_801_353_600),
+                note: Some("agents".into()),
+            },
+        }
+    }
+
+    fn usage_v1() -> UsageBucketRow {
+        UsageBucketRow {
+            hour: 1_796_097_600,
+            key_id: "key_abc".into(),
+            model: "gpt-5.5".into(),
+            account: "sim-acct-1".into(),
+            requests: 3,
+            errors: 1,
+            input_tokens: 120,
+            cached_tokens: 96,
+            output_tokens: 40,
+            reasoning_tokens: 12,
+            duration_ms: 2500,
+        }
+    }
+
+    #[test]
+    fn key_version_2_and_usage_version_1_round_trip_exactly() {
+        assert_eq!(to_hex(&encode(&key_v2()).unwrap()), v3::KEY);
+        assert_eq!(decode::<ClientKeyRecord>(&hex(v3::KEY)).unwrap(), key_v2());
+        assert_eq!(to_hex(&encode(&usage_v1()).unwrap()), v3::USAGE);
+        assert_eq!(
+            decode::<UsageBucketRow>(&hex(v3::USAGE)).unwrap(),
+            usage_v1()
+        );
+    }
+
     #[test]
     fn a_version_newer_than_the_binary_is_refused_by_name() {
         let mut bytes = hex(v2::REQUEST);
