@@ -329,3 +329,68 @@ async fn codex_cli_completes_a_tool_call_turn_while_the_first_account_fails_over
     );
     assert!(records.iter().any(|r| r["attempts"][0]["class"] == "quota"));
 }
+
+/// The SDK meets a key's limits as OpenAI errors: `PermissionDeniedError` (403
+/// `model_not_allowed`) and `RateLimitError` (429 `key_rate_limited` with `Retry-After`) over
+/// HTTP, `error` events over the WebSocket, whose connection stays usable.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn openai_python_sdk_meets_a_keys_limits_over_http_and_websocket() {
+    let gw = Gw::start(2).await;
+    let created = gw
+        .admin_call(
+            axum::http::Method::POST,
+            "/api/admin/keys",
+            Some(serde_json::json!({"name": "sdk", "policy": {"models": ["gpt-5.5"], "rpm": 3}})),
+        )
+        .await;
+    let key = created["key"].as_str().unwrap();
+    let mut cmd = Command::new(python());
+    cmd.arg(repo().join("tests/clients/openai_key_limits.py"))
+        .arg(gw.url("/v1"))
+        .arg(key)
+        .arg("gpt-5.5")
+        .arg("gpt-5.4-mini");
+    let out = run(cmd).await;
+    assert!(
+        out.status.success(),
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["http_denied"]["class"], "PermissionDeniedError", "{v}");
+    assert_eq!(v["http_denied"]["status"], 403);
+    assert_eq!(v["http_denied"]["code"], "model_not_allowed");
+    assert_eq!(v["http_allowed"]["ok"], true, "{v}");
+    let ws: Vec<(&str, Option<&str>)> = v["ws"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| (t["type"].as_str().unwrap(), t["code"].as_str()))
+        .collect();
+    assert_eq!(
+        ws,
+        [
+            ("error", Some("model_not_allowed")),
+            ("response.completed", None),
+            ("response.completed", None),
+            ("error", Some("key_rate_limited")),
+            ("error", Some("model_not_allowed")),
+        ],
+        "{v}"
+    );
+    assert_eq!(v["http_limited"]["class"], "RateLimitError", "{v}");
+    assert_eq!(v["http_limited"]["code"], "key_rate_limited");
+    let retry: u64 = v["http_limited"]["retry_after"]
+        .as_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!((1..=60).contains(&retry), "{retry}");
+    assert_eq!(v["usage"]["key"]["name"], "sdk");
+    assert_eq!(v["usage"]["usage"]["today"]["requests"], 8, "{v}");
+    assert_eq!(v["usage"]["limits"]["rpm"]["remaining"], 0, "{v}");
+    // Three requests reached the backend (and one WebSocket handshake); no refusal did.
+    let served: usize = gw.ids.keys().map(|a| gw.served(a)).sum();
+    assert_eq!(served, 4);
+}
