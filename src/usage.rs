@@ -49,6 +49,18 @@ impl Counters {
         self.duration_ms += o.duration_ms;
     }
 
+    fn of_row(r: &UsageBucketRow) -> Counters {
+        Counters {
+            requests: r.requests,
+            errors: r.errors,
+            input_tokens: r.input_tokens,
+            cached_tokens: r.cached_tokens,
+            output_tokens: r.output_tokens,
+            reasoning_tokens: r.reasoning_tokens,
+            duration_ms: r.duration_ms,
+        }
+    }
+
     /// What budgets count: input + output, as the upstream reported them.
     pub fn tokens(&self) -> u64 {
         self.input_tokens + self.output_tokens
@@ -130,15 +142,7 @@ impl UsageBook {
                 account: r.account.clone(),
                 model: r.model.clone(),
             };
-            let c = Counters {
-                requests: r.requests,
-                errors: r.errors,
-                input_tokens: r.input_tokens,
-                cached_tokens: r.cached_tokens,
-                output_tokens: r.output_tokens,
-                reasoning_tokens: r.reasoning_tokens,
-                duration_ms: r.duration_ms,
-            };
+            let c = Counters::of_row(&r);
             *book
                 .tokens
                 .entry(r.key_id)

@@ -17,21 +17,6 @@ use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 type Ws =
     tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
 
-/// Creates a key with `policy` through the admin API; returns (id, key).
-async fn make_key(gw: &Gw, name: &str, policy: Value) -> (String, String) {
-    let created = gw
-        .admin_call(
-            Method::POST,
-            "/api/admin/keys",
-            Some(json!({"name": name, "policy": policy})),
-        )
-        .await;
-    (
-        created["id"].as_str().unwrap().to_string(),
-        created["key"].as_str().unwrap().to_string(),
-    )
-}
-
 async fn post(gw: &Gw, key: &str, body: &Value) -> reqwest::Response {
     gw.http
         .post(gw.url("/v1/responses"))
@@ -103,7 +88,7 @@ async fn ws_turn(ws: &mut Ws, model: &str) -> Value {
 #[tokio::test]
 async fn a_model_outside_the_keys_globs_is_refused_before_any_account() {
     let gw = Gw::start(2).await;
-    let (_, key) = make_key(&gw, "team", json!({"models": ["gpt-5.5*"]})).await;
+    let (_, key) = gw.make_key("team", json!({"models": ["gpt-5.5*"]})).await;
     let (status, _, v) = ask(&gw, &key, "gpt-5.4-mini").await;
     assert_eq!(status, 403, "{v}");
     assert_eq!(v["error"]["code"], "model_not_allowed");
@@ -129,7 +114,7 @@ async fn a_model_outside_the_keys_globs_is_refused_before_any_account() {
 #[tokio::test]
 async fn over_its_rate_a_key_gets_429_with_retry_after() {
     let gw = Gw::start(2).await;
-    let (_, key) = make_key(&gw, "bot", json!({"rpm": 2})).await;
+    let (_, key) = gw.make_key("bot", json!({"rpm": 2})).await;
     assert_eq!(ask(&gw, &key, "gpt-5.5").await.0, 200);
     assert_eq!(ask(&gw, &key, "gpt-5.5").await.0, 200);
     let (status, retry, v) = ask(&gw, &key, "gpt-5.5").await;
@@ -146,7 +131,7 @@ async fn over_its_rate_a_key_gets_429_with_retry_after() {
 #[tokio::test]
 async fn an_exhausted_budget_is_429_with_its_reset_and_running_streams_finish() {
     let gw = Gw::start(2).await;
-    let (_, key) = make_key(&gw, "small", json!({"tokens_per_5h": 1})).await;
+    let (_, key) = gw.make_key("small", json!({"tokens_per_5h": 1})).await;
     // Both are admitted while nothing is used; both finish although together they overrun.
     let (first, second) = (
         body("gpt-5.5", "first", true),
@@ -181,7 +166,7 @@ async fn an_exhausted_budget_is_429_with_its_reset_and_running_streams_finish() 
 #[tokio::test]
 async fn an_expired_key_is_refused_on_http_and_on_the_websocket_handshake() {
     let gw = Gw::start(1).await;
-    let (id, key) = make_key(&gw, "temp", json!({})).await;
+    let (id, key) = gw.make_key("temp", json!({})).await;
     assert_eq!(ask(&gw, &key, "gpt-5.5").await.0, 200);
     gw.admin_call(
         Method::PATCH,
@@ -215,7 +200,9 @@ async fn over_its_concurrency_a_request_waits_in_the_keys_queue_then_gets_429() 
         c.scheduling.queue_wait = Duration::from_millis(300);
     })
     .await;
-    let (_, key) = make_key(&gw, "one-at-a-time", json!({"max_concurrency": 1})).await;
+    let (_, key) = gw
+        .make_key("one-at-a-time", json!({"max_concurrency": 1}))
+        .await;
     let acct = gw.ids.keys().next().unwrap().clone();
     gw.fault(&acct, FaultKind::HangMidStream { after_deltas: 1 }, Some(1));
     // The first holds the key's only slot: it streams, then hangs.
@@ -286,7 +273,9 @@ async fn console_snapshot(gw: &Gw) -> Value {
 #[tokio::test]
 async fn websocket_turns_get_each_refusal_as_an_error_frame_and_the_socket_stays_open() {
     let gw = Gw::start(2).await;
-    let (id, key) = make_key(&gw, "ws-team", json!({"models": ["gpt-5.5"], "rpm": 2})).await;
+    let (id, key) = gw
+        .make_key("ws-team", json!({"models": ["gpt-5.5"], "rpm": 2}))
+        .await;
     let mut ws = ws_connect(&gw, &key).await.unwrap();
     let before = served_total(&gw);
     let refused = ws_turn(&mut ws, "gpt-5.4-mini").await;
@@ -359,13 +348,12 @@ async fn websocket_turns_get_each_refusal_as_an_error_frame_and_the_socket_stays
 #[tokio::test]
 async fn the_usage_endpoint_shows_a_key_its_own_usage_and_limits_only() {
     let gw = Gw::start(2).await;
-    let (_, mine) = make_key(
-        &gw,
+    let (_, mine) = gw.make_key(
         "mine",
         json!({"tokens_per_day": 1_000_000, "rpm": 100, "max_concurrency": 4, "models": ["gpt-5*"]}),
     )
     .await;
-    let (_, theirs) = make_key(&gw, "theirs", json!({})).await;
+    let (_, theirs) = gw.make_key("theirs", json!({})).await;
     for _ in 0..3 {
         assert_eq!(ask(&gw, &mine, "gpt-5.5").await.0, 200);
     }
@@ -422,7 +410,7 @@ async fn the_usage_endpoint_shows_a_key_its_own_usage_and_limits_only() {
 #[tokio::test]
 async fn budgets_hold_across_a_restart() {
     let mut gw = Gw::start(1).await;
-    let (_, key) = make_key(&gw, "daily", json!({"tokens_per_day": 1})).await;
+    let (_, key) = gw.make_key("daily", json!({"tokens_per_day": 1})).await;
     assert_eq!(ask(&gw, &key, "gpt-5.5").await.0, 200);
     assert!(ask(&gw, &key, "gpt-5.5").await.1.is_some());
     gw.restart().await;

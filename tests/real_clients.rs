@@ -336,18 +336,13 @@ async fn codex_cli_completes_a_tool_call_turn_while_the_first_account_fails_over
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn openai_python_sdk_meets_a_keys_limits_over_http_and_websocket() {
     let gw = Gw::start(2).await;
-    let created = gw
-        .admin_call(
-            axum::http::Method::POST,
-            "/api/admin/keys",
-            Some(serde_json::json!({"name": "sdk", "policy": {"models": ["gpt-5.5"], "rpm": 3}})),
-        )
+    let (_, key) = gw
+        .make_key("sdk", serde_json::json!({"models": ["gpt-5.5"], "rpm": 3}))
         .await;
-    let key = created["key"].as_str().unwrap();
     let mut cmd = Command::new(python());
     cmd.arg(repo().join("tests/clients/openai_key_limits.py"))
         .arg(gw.url("/v1"))
-        .arg(key)
+        .arg(&key)
         .arg("gpt-5.5")
         .arg("gpt-5.4-mini");
     let out = run(cmd).await;

@@ -8,7 +8,6 @@ mod common;
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use axum::http::Method;
 use common::gw::{Gw, body, read_sse};
 use common::{Daemon, DaemonOptions, SIGNAL_DEADLINE, cli, http_tcp, stderr, stdout};
 use futures_util::{SinkExt, StreamExt};
@@ -59,17 +58,6 @@ impl Sums {
         self.reasoning += u("reasoning_tokens");
         self.duration_ms += r["duration_ms"].as_u64().unwrap();
     }
-}
-
-async fn make_key(gw: &Gw, name: &str, policy: Value) -> String {
-    let created = gw
-        .admin_call(
-            Method::POST,
-            "/api/admin/keys",
-            Some(json!({"name": name, "policy": policy})),
-        )
-        .await;
-    created["key"].as_str().unwrap().to_string()
 }
 
 async fn ws_turns(gw: &Gw, key: &str, models: &[&str]) {
@@ -164,8 +152,11 @@ fn rows_by_group(report: &Value, by: &[&str]) -> BTreeMap<String, Sums> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn usage_totals_equal_the_records_for_every_grouping_and_format() {
     let gw = Gw::start(3).await;
-    let alpha = make_key(&gw, "alpha", json!({})).await;
-    let beta = make_key(&gw, "beta", json!({"models": ["gpt-5.5"], "rpm": 2})).await;
+    let alpha = gw.make_key("alpha", json!({})).await.1;
+    let beta = gw
+        .make_key("beta", json!({"models": ["gpt-5.5"], "rpm": 2}))
+        .await
+        .1;
     let accts: Vec<String> = gw.ids.keys().cloned().collect();
     // Failures of several kinds: a failover, a caller error, a stream cut after output.
     let push = |i: usize, kind: FaultKind| {

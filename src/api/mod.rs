@@ -144,37 +144,31 @@ impl AppState {
     /// Per-key counters since start (label `key` = the key's name) and the usage writer's
     /// backlog, in the text format.
     pub fn render_key_metrics(&self, out: &mut String) {
+        use crate::usage::Counters;
         use std::fmt::Write;
         let names = self.keys.names();
         let name =
             |id: &str| crate::telemetry::metrics::escape(names.get(id).map_or(id, String::as_str));
         let usage = &self.dispatcher.usage;
         let totals = usage.since_start();
-        let _ = writeln!(
-            out,
-            "# HELP switchyard_key_requests_total Finished requests per client key, since start.\n\
-             # TYPE switchyard_key_requests_total counter"
-        );
-        for (id, c) in &totals {
-            let _ = writeln!(
-                out,
-                "switchyard_key_requests_total{{key=\"{}\"}} {}",
-                name(id),
-                c.requests
-            );
-        }
-        let _ = writeln!(
-            out,
-            "# HELP switchyard_key_errors_total Requests per client key whose client got an error, since start.\n\
-             # TYPE switchyard_key_errors_total counter"
-        );
-        for (id, c) in &totals {
-            let _ = writeln!(
-                out,
-                "switchyard_key_errors_total{{key=\"{}\"}} {}",
-                name(id),
-                c.errors
-            );
+        type Family = (&'static str, &'static str, fn(&Counters) -> u64);
+        let counters: [Family; 2] = [
+            (
+                "switchyard_key_requests_total",
+                "Finished requests per client key, since start.",
+                |c| c.requests,
+            ),
+            (
+                "switchyard_key_errors_total",
+                "Requests per client key whose client got an error, since start.",
+                |c| c.errors,
+            ),
+        ];
+        for (metric, help, value) in counters {
+            let _ = writeln!(out, "# HELP {metric} {help}\n# TYPE {metric} counter");
+            for (id, c) in &totals {
+                let _ = writeln!(out, "{metric}{{key=\"{}\"}} {}", name(id), value(c));
+            }
         }
         let _ = writeln!(
             out,

@@ -352,6 +352,21 @@ impl Gw {
             .unwrap_or_else(|e| panic!("{path}: {e}"))
     }
 
+    /// Creates a client key with `policy` (the admin API's shape); returns (id, key).
+    pub async fn make_key(&self, name: &str, policy: Value) -> (String, String) {
+        let created = self
+            .admin_call(
+                Method::POST,
+                "/api/admin/keys",
+                Some(json!({"name": name, "policy": policy})),
+            )
+            .await;
+        (
+            created["id"].as_str().unwrap().to_string(),
+            created["key"].as_str().unwrap().to_string(),
+        )
+    }
+
     pub async fn clear_cooldown_all(&self) {
         for a in self.accounts().await {
             let id = a["id"].as_str().unwrap().to_string();
