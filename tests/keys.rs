@@ -222,6 +222,13 @@ async fn over_its_concurrency_a_request_waits_in_the_keys_queue_then_gets_429() 
     assert_eq!(gw.served(&acct), 1);
     // Another key is not held up.
     assert_eq!(ask(&gw, &gw.key, "gpt-5.5").await.0, 200);
+    // A WebSocket turn of the full key waits the same, then gets the refusal as an error frame.
+    let mut ws = ws_connect(&gw, &key).await.unwrap();
+    let refused = ws_turn(&mut ws, "gpt-5.5").await;
+    assert_eq!(refused["type"], "error", "{refused}");
+    assert_eq!(refused["status"], 429);
+    assert_eq!(refused["error"]["code"], "key_concurrency_exceeded");
+    assert_eq!(gw.served(&acct), 2);
     // A request that waits while the slot frees gets it.
     let waiting = {
         let http = gw.http.clone();
@@ -247,6 +254,9 @@ async fn over_its_concurrency_a_request_waits_in_the_keys_queue_then_gets_429() 
     .await;
     drop(first);
     assert_eq!(waiting.await.unwrap(), 200);
+    // The socket stayed open: with the slot free, its next turn runs.
+    let next = ws_turn(&mut ws, "gpt-5.5").await;
+    assert_eq!(next["type"], "response.completed", "{next}");
 }
 
 /// Requests waiting in a key's own queue, as the console feed shows it.
