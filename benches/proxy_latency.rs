@@ -104,7 +104,15 @@ fn main() {
             let auth = sim.sim.auth_json(&a).expect("auth");
             fleet.import(fleet.parse_auth(auth.to_string().as_bytes()).expect("parse")).await.expect("import");
         }
-        let key = KeyRing::load(store.clone(), clock::system()).expect("keys").create("bench", &Default::default()).await.expect("key").key;
+        // A key with every limit set (too high to refuse), so that each request goes through
+        // every admission check and is accounted: the hot path as a limited key meets it.
+        let policy: switchyard_tui::wire::KeyPolicyPatch = serde_json::from_value(json!({
+            "models": ["gpt-*"], "max_concurrency": 100_000, "rpm": 100_000_000,
+            "tokens_per_5h": 1_000_000_000_000u64, "tokens_per_day": 1_000_000_000_000u64,
+            "tokens_per_week": 1_000_000_000_000u64, "expires_at": "2100-01-01T00:00:00Z",
+        }))
+        .expect("policy");
+        let key = KeyRing::load(store.clone(), clock::system()).expect("keys").create("bench", &policy).await.expect("key").key;
         let mut config = Config::default();
         config.upstream.base_url = sim.base_url();
         config.upstream.usage_url = sim.usage_url();
