@@ -1,5 +1,6 @@
 //! The command line (clap derive). Every flag can also be set by an environment variable, except
-//! the values of one key's policy and of one report, which belong on the command line.
+//! the values of one key's policy, one account's settings and one report, which belong on the
+//! command line.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -259,6 +260,23 @@ pub enum AccountCommand {
     Disable { id: String },
     /// Remove an account and its tokens.
     Remove { id: String },
+    /// Change an account's label, priority (lower is preferred; equal priorities follow the
+    /// strategy) or its own concurrency cap.
+    Set(AccountSetArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct AccountSetArgs {
+    /// The account: its id, chatgpt_account_id, email or label.
+    pub id: String,
+    #[arg(long, value_name = "TEXT")]
+    pub label: Option<String>,
+    /// Lower goes first, under every strategy (default 0; negative allowed).
+    #[arg(long, value_name = "N", allow_hyphen_values = true)]
+    pub priority: Option<i32>,
+    /// Requests at once on this account (`none`: the pool's `max_concurrency`).
+    #[arg(long, value_name = "N|none", value_parser = limit)]
+    pub max_concurrency: Option<Setting<u64>>,
 }
 
 #[derive(Debug, Subcommand)]

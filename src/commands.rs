@@ -281,6 +281,36 @@ impl Backend {
         }
     }
 
+    async fn set_account(
+        &self,
+        id: &str,
+        change: crate::fleet::settings::AccountChange,
+    ) -> Result<wire::Account, CommandError> {
+        match self {
+            Backend::Daemon(c) => {
+                let mut body = serde_json::Map::new();
+                if let Some(l) = &change.label {
+                    body.insert("label".into(), l.clone().into());
+                }
+                if let Some(p) = change.priority {
+                    body.insert("priority".into(), p.into());
+                }
+                if let Some(m) = change.max_concurrency {
+                    body.insert("max_concurrency".into(), serde_json::json!(m));
+                }
+                Ok(c.call(
+                    Method::PUT,
+                    &format!("/api/admin/accounts/{}", path_segment(id)),
+                    Some(serde_json::Value::Object(body).to_string().into_bytes()),
+                )
+                .await?)
+            }
+            Backend::Direct { fleet, .. } => {
+                Ok(view::account(&fleet.set_account(id, change).await?))
+            }
+        }
+    }
+
     async fn create_key(
         &self,
         name: &str,
@@ -472,6 +502,33 @@ async fn account_with(
             "removed {}",
             describe_account(&backend.remove_account(&id).await?)
         ),
+        AccountCommand::Set(args) => {
+            let max_concurrency = match args.max_concurrency {
+                None => None,
+                Some(Setting::Clear) => Some(None),
+                Some(Setting::Set(n)) => Some(Some(u32::try_from(n).map_err(|_| {
+                    CommandError::Usage(format!("--max-concurrency {n} is too large"))
+                })?)),
+            };
+            let change = crate::fleet::settings::AccountChange {
+                label: args.label,
+                priority: args.priority,
+                max_concurrency,
+            };
+            if change == crate::fleet::settings::AccountChange::default() {
+                return Err(CommandError::Usage(
+                    "nothing to change: give --label, --priority or --max-concurrency".into(),
+                ));
+            }
+            let a = backend.set_account(&args.id, change).await?;
+            println!(
+                "{} · priority {} · max concurrency {}",
+                describe_account(&a),
+                a.priority,
+                a.max_concurrency
+                    .map_or_else(|| "pool default".to_string(), |m| m.to_string())
+            );
+        }
     }
     Ok(())
 }
@@ -575,7 +632,16 @@ fn account_table(accounts: &[wire::Account]) -> String {
             .into();
     }
     let mut out = table(
-        &["ID", "EMAIL", "PLAN", "ACCOUNT ID", "STATE", "CREATED"],
+        &[
+            "ID",
+            "EMAIL",
+            "LABEL",
+            "PLAN",
+            "ACCOUNT ID",
+            "PRIORITY",
+            "STATE",
+            "CREATED",
+        ],
         accounts
             .iter()
             .map(|a| {
@@ -585,9 +651,15 @@ fn account_table(accounts: &[wire::Account]) -> String {
                 };
                 vec![
                     a.id.clone(),
-                    a.email.clone().unwrap_or_else(|| a.label.clone()),
+                    a.email.clone().unwrap_or_else(|| "-".into()),
+                    if a.email.as_deref() == Some(a.label.as_str()) {
+                        "-".into()
+                    } else {
+                        a.label.clone()
+                    },
                     a.plan.clone().unwrap_or_else(|| "-".into()),
                     a.chatgpt_account_id.clone(),
+                    a.priority.to_string(),
                     state,
                     a.created_at.clone(),
                 ]

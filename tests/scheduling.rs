@@ -637,3 +637,71 @@ async fn metrics_expose_requests_attempts_queues_and_accounts() {
         assert!(text.contains(needle), "`{needle}` missing from:\n{text}");
     }
 }
+
+/// A lower priority number goes first under every strategy; among equal priorities the strategy
+/// decides (round robin rotates again once the priorities are equal).
+#[tokio::test]
+async fn a_preferred_account_carries_the_load_under_every_strategy() {
+    let gw = Gw::start(3).await;
+    let accounts: Vec<String> = gw.rr_order();
+    let stable = accounts[2].clone();
+    let id = gw.ids[&stable].clone();
+    let changed = gw
+        .admin_call(
+            Method::PUT,
+            &format!("/api/admin/accounts/{id}"),
+            Some(json!({"priority": -1, "label": "stable"})),
+        )
+        .await;
+    assert_eq!(
+        (changed["priority"].as_i64(), changed["label"].as_str()),
+        (Some(-1), Some("stable"))
+    );
+    for strategy in ["quota_aware", "round_robin", "least_loaded", "fill_first"] {
+        set(&gw, json!({"strategy": strategy})).await;
+        let before: Vec<usize> = accounts.iter().map(|a| gw.served(a)).collect();
+        for i in 0..4 {
+            let sse = gw
+                .stream(
+                    &body_plain("gpt-5.5", &format!("{strategy} {i}"), true),
+                    &[],
+                )
+                .await;
+            assert_eq!(sse.last().0, "response.completed");
+        }
+        let after: Vec<usize> = accounts.iter().map(|a| gw.served(a)).collect();
+        let took: Vec<usize> = after.iter().zip(&before).map(|(a, b)| a - b).collect();
+        assert_eq!(took, [0, 0, 4], "{strategy}");
+    }
+    // Equal again: round robin spreads.
+    gw.admin_call(
+        Method::PUT,
+        &format!("/api/admin/accounts/{id}"),
+        Some(json!({"priority": 0})),
+    )
+    .await;
+    set(&gw, json!({"strategy": "round_robin"})).await;
+    let before: Vec<usize> = accounts.iter().map(|a| gw.served(a)).collect();
+    for i in 0..6 {
+        gw.stream(&body_plain("gpt-5.5", &format!("rr {i}"), true), &[])
+            .await;
+    }
+    let took: Vec<usize> = accounts
+        .iter()
+        .zip(&before)
+        .map(|(a, b)| gw.served(a) - b)
+        .collect();
+    assert_eq!(took, [2, 2, 2]);
+    // A bad label is refused, naming it.
+    let bad = gw
+        .admin()
+        .await
+        .call::<Value>(
+            Method::PUT,
+            &format!("/api/admin/accounts/{id}"),
+            Some(json!({"label": ""}).to_string().into_bytes()),
+        )
+        .await
+        .unwrap_err();
+    assert!(bad.to_string().contains("label"), "{bad}");
+}

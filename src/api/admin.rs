@@ -237,13 +237,21 @@ async fn update_account(
         .ok_or_else(|| ApiError::bad_request("invalid_json", "the body must be a JSON object"))?;
     if let Some(k) = obj
         .keys()
-        .find(|k| !matches!(k.as_str(), "priority" | "max_concurrency"))
+        .find(|k| !matches!(k.as_str(), "label" | "priority" | "max_concurrency"))
     {
         return Err(ApiError::bad_request(
             "unknown_field",
-            format!("unknown field `{k}` (expected priority, max_concurrency)"),
+            format!("unknown field `{k}` (expected label, priority, max_concurrency)"),
         ));
     }
+    let label = match obj.get("label") {
+        None => None,
+        Some(l) => Some(
+            l.as_str()
+                .ok_or_else(|| ApiError::bad_request("invalid_value", "`label` must be a string"))?
+                .to_string(),
+        ),
+    };
     let priority = match obj.get("priority") {
         None => None,
         Some(p) => Some(
@@ -272,7 +280,14 @@ async fn update_account(
     Ok(Json(view::account(
         &state
             .fleet
-            .set_account_limits(&id, priority, max_concurrency)
+            .set_account(
+                &id,
+                crate::fleet::settings::AccountChange {
+                    label,
+                    priority,
+                    max_concurrency,
+                },
+            )
             .await?,
     )))
 }

@@ -110,6 +110,7 @@ impl From<FleetError> for ApiError {
                 e.to_string(),
             ),
             FleetError::AuthFile(_) => ApiError::bad_request("invalid_auth_file", e.to_string()),
+            FleetError::Invalid(_) => ApiError::bad_request("invalid_value", e.to_string()),
             FleetError::Store(s) => s.into(),
             FleetError::Refresh(_) => ApiError::new(
                 StatusCode::BAD_GATEWAY,

@@ -49,6 +49,8 @@ pub enum FleetError {
     Store(#[from] StoreError),
     #[error("refresh failed: {0}")]
     Refresh(String),
+    #[error("invalid {0}")]
+    Invalid(String),
 }
 
 /// The attempt a failure came from: the model it asked for ("" for none) and when it began

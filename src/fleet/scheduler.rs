@@ -148,17 +148,22 @@ fn load(e: &Entry) -> f64 {
     f64::from(e.in_flight) / e.limit.floor().max(1.0)
 }
 
-/// The strategy's sort key of an account; lower goes first.
+/// Where an account ranks: its priority, then the strategy's key; lower goes first.
+type RankKey = (u64, (u64, u64, u64));
+
+/// An account's priority as a sort key: lower goes first, whatever the strategy.
+fn priority_key(e: &Entry) -> u64 {
+    (i64::from(e.record.priority) - i64::from(i32::MIN)) as u64
+}
+
+/// The strategy's sort key among accounts of equal priority; lower goes first.
 fn strategy_key(strategy: Strategy, e: &Entry) -> (u64, u64, u64) {
     match strategy {
         Strategy::RoundRobin => (0, 0, 0),
         Strategy::QuotaAware => headroom_key(e),
         Strategy::LeastLoaded => ((load(e) * 1_000_000.0) as u64, 0, 0),
-        Strategy::FillFirst => (
-            (i64::from(e.record.priority) - i64::from(i32::MIN)) as u64,
-            e.record.created_at,
-            0,
-        ),
+        // Priority is already the first key: fill the oldest account first.
+        Strategy::FillFirst => (e.record.created_at, 0, 0),
     }
 }
 
@@ -290,10 +295,10 @@ impl Fleet {
         }
         // Rank by the strategy (ties keep the rotation), keeping only the best
         // MAX_CANDIDATES: a linear selection, then a sort of those few.
-        let mut ranked: Vec<((u64, u64, u64), usize)> = eligible
+        let mut ranked: Vec<(RankKey, usize)> = eligible
             .iter()
             .enumerate()
-            .map(|(pos, e)| (strategy_key(settings.strategy, e), pos))
+            .map(|(pos, e)| ((priority_key(e), strategy_key(settings.strategy, e)), pos))
             .collect();
         if ranked.len() > MAX_CANDIDATES {
             ranked.select_nth_unstable(MAX_CANDIDATES - 1);

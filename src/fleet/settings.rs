@@ -336,16 +336,30 @@ impl super::Fleet {
         }
     }
 
-    /// `PUT /api/admin/accounts/{id}`: the account's priority and its own concurrency cap
-    /// (`Some(None)` removes the cap).
-    pub async fn set_account_limits(
+    /// `PUT /api/admin/accounts/{id}` and `account set`: the account's label, its priority and
+    /// its own concurrency cap (`Some(None)` removes the cap).
+    pub async fn set_account(
         &self,
         selector: &str,
-        priority: Option<i32>,
-        max_concurrency: Option<Option<u32>>,
+        change: AccountChange,
     ) -> Result<super::AccountView, super::FleetError> {
+        let AccountChange {
+            label,
+            priority,
+            max_concurrency,
+        } = change;
+        if let Some(l) = &label
+            && (l.trim().is_empty() || l.chars().count() > 64 || l.chars().any(char::is_control))
+        {
+            return Err(super::FleetError::Invalid(format!(
+                "label `{l}`: use 1 to 64 printable characters"
+            )));
+        }
         let pool_max = self.settings().max_concurrency;
         let (id, record) = self.update_entry(selector, |e, now_ms| {
+            if let Some(l) = label {
+                e.record.label = l.trim().to_string();
+            }
             if let Some(p) = priority {
                 e.record.priority = p;
             }
@@ -362,6 +376,15 @@ impl super::Fleet {
         self.hand_off(&id);
         self.get(&id).ok_or(super::FleetError::NotFound(id))
     }
+}
+
+/// What `account set` changes; `None` fields stay.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct AccountChange {
+    pub label: Option<String>,
+    pub priority: Option<i32>,
+    /// `Some(None)` removes the account's own cap.
+    pub max_concurrency: Option<Option<u32>>,
 }
 
 #[cfg(test)]
