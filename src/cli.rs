@@ -248,9 +248,25 @@ pub struct ListArgs {
 pub enum AccountCommand {
     /// Import Codex auth.json files (`-` reads one from stdin). Re-importing an account updates
     /// its tokens.
+    /// The login then belongs to Switchyard: it refreshes the tokens once to take ownership,
+    /// and the Codex CLI they came from must log in again (or use the gateway).
     Import {
         #[arg(required = true, value_name = "FILE")]
         files: Vec<PathBuf>,
+        /// Do not refresh at import (the source keeps working until either side refreshes).
+        #[arg(long, env = "SWITCHYARD_IMPORT_NO_REFRESH")]
+        no_refresh: bool,
+    },
+    /// Write an account's login as a Codex auth.json (0600) and, unless --keep, disable it
+    /// here: a login lives in one place.
+    Export {
+        id: String,
+        /// Where to write it (default: stdout).
+        #[arg(long, value_name = "FILE")]
+        out: Option<PathBuf>,
+        /// Keep serving requests with it here too (the two copies will fight over refreshes).
+        #[arg(long)]
+        keep: bool,
     },
     /// List accounts.
     List(ListArgs),

@@ -46,6 +46,12 @@ pub enum CommandError {
         #[source]
         source: AuthFileError,
     },
+    #[error("cannot write {path}: {source}")]
+    Write {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
     #[error("cannot read {path}: {source}")]
     Read {
         path: String,
@@ -311,6 +317,50 @@ impl Backend {
         }
     }
 
+    /// Refreshes an account's tokens now (through the daemon, or with an upstream client made
+    /// from the config).
+    async fn refresh_account(
+        &self,
+        config: &Config,
+        id: &str,
+    ) -> Result<wire::Account, CommandError> {
+        match self {
+            Backend::Daemon(c) => Ok(c
+                .call(
+                    Method::POST,
+                    &format!("/api/admin/accounts/{}/refresh", path_segment(id)),
+                    None,
+                )
+                .await?),
+            Backend::Direct { fleet, .. } => {
+                crate::upstream::install_crypto_provider();
+                let upstream = crate::upstream::Upstream::new(&config.upstream)
+                    .map_err(CommandError::Usage)?;
+                Ok(view::account(&fleet.refresh_account(id, &upstream).await?))
+            }
+        }
+    }
+
+    async fn export_account(
+        &self,
+        id: &str,
+        keep: bool,
+    ) -> Result<wire::ExportedAccount, CommandError> {
+        match self {
+            Backend::Daemon(c) => Ok(c
+                .call(
+                    Method::POST,
+                    &format!(
+                        "/api/admin/accounts/{}/export?keep={keep}",
+                        path_segment(id)
+                    ),
+                    None,
+                )
+                .await?),
+            Backend::Direct { fleet, .. } => Ok(view::exported(&fleet.export(id, keep).await?)),
+        }
+    }
+
     async fn create_key(
         &self,
         name: &str,
@@ -406,6 +456,27 @@ impl Backend {
     }
 }
 
+/// Writes a file only its owner may read (created 0600; an existing file is truncated and
+/// set to 0600 first).
+fn write_private(path: &Path, bytes: &[u8]) -> Result<(), CommandError> {
+    use std::io::Write;
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+    let err = |source| CommandError::Write {
+        path: path.display().to_string(),
+        source,
+    };
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)
+        .map_err(err)?;
+    f.set_permissions(std::fs::Permissions::from_mode(0o600))
+        .map_err(err)?;
+    f.write_all(bytes).map_err(err)
+}
+
 /// Percent-encodes an id for use as one URL path segment.
 fn path_segment(s: &str) -> String {
     let mut out = String::with_capacity(s.len());
@@ -456,22 +527,23 @@ fn read_auth_files(files: &[PathBuf]) -> Result<Vec<(String, Vec<u8>)>, CommandE
 
 async fn account(config: &Config, cmd: AccountCommand) -> Result<(), CommandError> {
     let files = match &cmd {
-        AccountCommand::Import { files } => read_auth_files(files)?,
+        AccountCommand::Import { files, .. } => read_auth_files(files)?,
         _ => Vec::new(),
     };
     let backend = Backend::connect(config).await?;
-    let result = account_with(&backend, cmd, files).await;
+    let result = account_with(&backend, config, cmd, files).await;
     backend.close().await?;
     result
 }
 
 async fn account_with(
     backend: &Backend,
+    config: &Config,
     cmd: AccountCommand,
     files: Vec<(String, Vec<u8>)>,
 ) -> Result<(), CommandError> {
     match cmd {
-        AccountCommand::Import { .. } => {
+        AccountCommand::Import { no_refresh, .. } => {
             for (_, bytes) in files {
                 let imported = backend.import_account(&bytes).await?;
                 let verb = if imported.created {
@@ -480,6 +552,44 @@ async fn account_with(
                     "updated"
                 };
                 println!("{verb} {}", describe_account(&imported.account));
+                if no_refresh {
+                    eprintln!(
+                        "not refreshed (--no-refresh): whichever of Switchyard and the Codex CLI this \
+                         login came from refreshes first takes it; the other must log in again"
+                    );
+                    continue;
+                }
+                match backend.refresh_account(config, &imported.account.id).await {
+                    Ok(_) => eprintln!(
+                        "the login now belongs to Switchyard (its tokens were refreshed): the Codex \
+                         CLI it came from must log in again, or use the gateway"
+                    ),
+                    Err(e) => eprintln!(
+                        "warning: could not refresh {} to take ownership ({e}); it is refreshed \
+                         before its first request, and the Codex CLI it came from must log in again",
+                        imported.account.id
+                    ),
+                }
+            }
+        }
+        AccountCommand::Export { id, out, keep } => {
+            let exported = backend.export_account(&id, keep).await?;
+            let text = format!("{}\n", to_json(&exported.auth));
+            match &out {
+                Some(path) => write_private(path, text.as_bytes())?,
+                None => print!("{text}"),
+            }
+            let account = describe_account(&exported.account);
+            if keep {
+                eprintln!(
+                    "exported {account}; still enabled here (--keep): the two copies will refresh \
+                     over each other, and one of them will need a new login"
+                );
+            } else {
+                eprintln!(
+                    "exported {account} and disabled it here: the login now lives where you import \
+                     the file"
+                );
             }
         }
         AccountCommand::List(args) => {

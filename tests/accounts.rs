@@ -30,6 +30,7 @@ fn account_set_changes_label_priority_and_cap_directly_and_through_the_daemon() 
         &[
             "account",
             "import",
+            "--no-refresh",
             files[0].to_str().unwrap(),
             files[1].to_str().unwrap(),
         ],
@@ -106,4 +107,257 @@ fn account_set_changes_label_priority_and_cap_directly_and_through_the_daemon() 
     assert!(daemon.terminate().success());
     // Kept across the restart.
     assert_eq!(listed(&state, "acc-0002")["priority"], 3);
+}
+
+mod ownership {
+    use super::*;
+    use common::gw::{Gw, body};
+    use serde_json::json;
+
+    /// A config for the CLI pointing at the gateway's simulator.
+    fn config_for(gw: &Gw, dir: &std::path::Path) -> std::path::PathBuf {
+        let cfg = dir.join("switchyard.toml");
+        std::fs::write(
+            &cfg,
+            format!(
+                "[upstream]\nbase_url = \"{}\"\nusage_url = \"{}\"\noauth_token_url = \"{}\"\n",
+                gw.sim.base_url(),
+                gw.sim.usage_url(),
+                gw.sim.oauth_token_url()
+            ),
+        )
+        .unwrap();
+        cfg
+    }
+
+    async fn run(args: Vec<String>) -> std::process::Output {
+        tokio::task::spawn_blocking(move || {
+            let mut cmd = std::process::Command::new(BIN);
+            clean_env(&mut cmd);
+            cmd.args(&args).output().unwrap()
+        })
+        .await
+        .unwrap()
+    }
+
+    /// What the Codex CLI the login came from would do: refresh with the refresh token it has.
+    async fn source_refreshes(gw: &Gw, refresh_token: &str) -> (u16, Value) {
+        let resp = reqwest::Client::new()
+            .post(gw.sim.oauth_token_url())
+            .json(&json!({
+                "client_id": "app_EMoamEEZ73f0CkXaXp7hrann",
+                "grant_type": "refresh_token",
+                "refresh_token": refresh_token,
+            }))
+            .send()
+            .await
+            .unwrap();
+        (resp.status().as_u16(), resp.json().await.unwrap())
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn import_takes_the_login_and_the_source_finds_its_refresh_token_used() {
+        let gw = Gw::start(1).await;
+        let tmp = tempfile::tempdir().unwrap();
+        let cfg = config_for(&gw, tmp.path());
+        let acct = gw.ids.keys().next().unwrap().clone();
+        let auth = gw.sim.sim.auth_json(&acct).unwrap();
+        let file = tmp.path().join("auth.json");
+        std::fs::write(&file, auth.to_string()).unwrap();
+        let state = tmp.path().join("elsewhere");
+        let s = |p: &std::path::Path| p.to_str().unwrap().to_string();
+        let out = run(vec![
+            "--config".into(),
+            s(&cfg),
+            "--state-dir".into(),
+            s(&state),
+            "account".into(),
+            "import".into(),
+            s(&file),
+        ])
+        .await;
+        assert!(out.status.success(), "{}", stderr(&out));
+        assert!(stdout(&out).starts_with("imported "), "{}", stdout(&out));
+        assert!(
+            stderr(&out).contains("the login now belongs to Switchyard")
+                && stderr(&out).contains("must log in again"),
+            "{}",
+            stderr(&out)
+        );
+        // The source's refresh token was spent by the import.
+        let old = auth["tokens"]["refresh_token"].as_str().unwrap();
+        let (status, v) = source_refreshes(&gw, old).await;
+        assert_eq!(status, 401, "{v}");
+        assert_eq!(v["error"]["code"], "refresh_token_reused");
+
+        // With --no-refresh nothing is refreshed, and it says what that means.
+        let fresh = gw.sim.sim.auth_json(&acct).unwrap();
+        std::fs::write(&file, fresh.to_string()).unwrap();
+        let before = gw
+            .sim
+            .sim
+            .all_requests()
+            .iter()
+            .filter(|r| r.path == "/oauth/token")
+            .count();
+        let out = run(vec![
+            "--config".into(),
+            s(&cfg),
+            "--state-dir".into(),
+            s(&tmp.path().join("third")),
+            "account".into(),
+            "import".into(),
+            "--no-refresh".into(),
+            s(&file),
+        ])
+        .await;
+        assert!(out.status.success(), "{}", stderr(&out));
+        assert!(stderr(&out).contains("not refreshed"), "{}", stderr(&out));
+        let after = gw
+            .sim
+            .sim
+            .all_requests()
+            .iter()
+            .filter(|r| r.path == "/oauth/token")
+            .count();
+        assert_eq!(after, before);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_login_refreshed_first_by_its_source_shows_why_it_needs_a_new_login() {
+        let gw = Gw::start(1).await;
+        let acct = gw.ids.keys().next().unwrap().clone();
+        let id = gw.ids[&acct].clone();
+        // The gateway's copy came from a Codex CLI that refreshes before the gateway does.
+        let secrets = gw.sim.sim.auth_json(&acct).unwrap();
+        let imported = gw
+            .admin()
+            .await
+            .call::<Value>(
+                axum::http::Method::POST,
+                "/api/admin/accounts",
+                Some(secrets.to_string().into_bytes()),
+            )
+            .await
+            .unwrap();
+        assert_eq!(imported["id"], id.as_str());
+        let rt = secrets["tokens"]["refresh_token"].as_str().unwrap();
+        assert_eq!(source_refreshes(&gw, rt).await.0, 200);
+        let refreshed = gw
+            .admin()
+            .await
+            .call::<Value>(
+                axum::http::Method::POST,
+                &format!("/api/admin/accounts/{id}/refresh"),
+                None,
+            )
+            .await;
+        assert!(refreshed.is_err());
+        let a = gw.account(&acct).await;
+        assert_eq!(a["state"], "needs_reauth", "{a}");
+        assert_eq!(a["reason"], "auth_dead");
+        let detail = a["detail"].as_str().unwrap();
+        assert!(
+            detail.contains("refresh token was used by another client"),
+            "{detail}"
+        );
+        // No request is sent to it any more.
+        let served = gw.served(&acct);
+        let (status, _) = gw.json(&body("gpt-5.5", "hi", false)).await;
+        assert_eq!(status, 503);
+        assert_eq!(gw.served(&acct), served);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn export_writes_a_codex_auth_file_disables_the_account_and_serves_elsewhere() {
+        let gw = Gw::start(2).await;
+        let acct = gw.rr_order()[0].clone();
+        let tmp = tempfile::tempdir().unwrap();
+        let file = tmp.path().join("exported.json");
+        let s = |p: &std::path::Path| p.to_str().unwrap().to_string();
+        let out = run(vec![
+            "--state-dir".into(),
+            s(&gw.dir),
+            "account".into(),
+            "export".into(),
+            acct.clone(),
+            "--out".into(),
+            s(&file),
+        ])
+        .await;
+        assert!(out.status.success(), "{}", stderr(&out));
+        assert!(
+            stderr(&out).contains("disabled it here"),
+            "{}",
+            stderr(&out)
+        );
+        use std::os::unix::fs::PermissionsExt;
+        assert_eq!(
+            std::fs::metadata(&file).unwrap().permissions().mode() & 0o777,
+            0o600
+        );
+        let auth: Value = serde_json::from_slice(&std::fs::read(&file).unwrap()).unwrap();
+        assert_eq!(auth["auth_mode"], "chatgpt");
+        assert_eq!(auth["OPENAI_API_KEY"], Value::Null);
+        assert_eq!(auth["tokens"]["account_id"], acct.as_str());
+        for t in ["id_token", "access_token", "refresh_token"] {
+            assert!(!auth["tokens"][t].as_str().unwrap().is_empty(), "{t}");
+        }
+        assert!(auth["last_refresh"].as_str().unwrap().ends_with('Z'));
+        assert_eq!(gw.account(&acct).await["state"], "disabled");
+        // The gateway keeps serving with the other account only.
+        let other = gw.rr_order()[1].clone();
+        let served = gw.served(&other);
+        assert_eq!(gw.json(&body("gpt-5.5", "hi", false)).await.0, 200);
+        assert_eq!(gw.served(&other), served + 1);
+
+        // Imported elsewhere (it takes the login there) and served by a daemon.
+        let cfg = config_for(&gw, tmp.path());
+        let state = tmp.path().join("elsewhere");
+        let import = run(vec![
+            "--config".into(),
+            s(&cfg),
+            "--state-dir".into(),
+            s(&state),
+            "account".into(),
+            "import".into(),
+            s(&file),
+        ])
+        .await;
+        assert!(import.status.success(), "{}", stderr(&import));
+        let key = run(vec![
+            "--state-dir".into(),
+            s(&state),
+            "key".into(),
+            "create".into(),
+            "moved".into(),
+        ])
+        .await;
+        let key = stdout(&key).trim().to_string();
+        let (state2, cfg2) = (state.clone(), cfg.clone());
+        let daemon = tokio::task::spawn_blocking(move || {
+            Daemon::start_with(
+                &state2,
+                DaemonOptions {
+                    config: Some(&cfg2),
+                    ..Default::default()
+                },
+            )
+        })
+        .await
+        .unwrap();
+        let served = gw.served(&acct);
+        let resp = reqwest::Client::new()
+            .post(format!("http://{}/v1/responses", daemon.http))
+            .header("authorization", format!("Bearer {key}"))
+            .json(&body("gpt-5.5", "from its new home", false))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status().as_u16(), 200);
+        assert_eq!(gw.served(&acct), served + 1);
+        tokio::task::spawn_blocking(move || assert!(daemon.terminate().success()))
+            .await
+            .unwrap();
+    }
 }

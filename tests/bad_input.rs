@@ -129,6 +129,7 @@ fn bad_auth_files_are_refused_and_nothing_is_imported() {
             &[
                 "account",
                 "import",
+                "--no-refresh",
                 good.to_str().unwrap(),
                 file.to_str().unwrap(),
             ],
@@ -140,6 +141,7 @@ fn bad_auth_files_are_refused_and_nothing_is_imported() {
         &[
             "account",
             "import",
+            "--no-refresh",
             tmp.path().join("nope.json").to_str().unwrap(),
         ],
     );
@@ -157,7 +159,7 @@ fn import_reads_stdin() {
     let out = cmd
         .arg("--state-dir")
         .arg(&state)
-        .args(["account", "import", "-"])
+        .args(["account", "import", "--no-refresh", "-"])
         .stdin(std::fs::File::open(&good).unwrap())
         .output()
         .unwrap();
@@ -235,9 +237,12 @@ fn a_corrupted_secret_key_is_a_clear_error_and_left_alone() {
     let state = tmp.path().join("state");
     let good = write_auth(tmp.path(), 1, "t");
     assert!(
-        cli(&state, &["account", "import", good.to_str().unwrap()])
-            .status
-            .success()
+        cli(
+            &state,
+            &["account", "import", "--no-refresh", good.to_str().unwrap()]
+        )
+        .status
+        .success()
     );
     std::fs::write(state.join("secret.key"), b"12345").unwrap();
     let out = cli(&state, &["account", "list"]);
@@ -328,9 +333,12 @@ fn enable_disable_remove_by_id_or_account_id() {
     let state = tmp.path().join("state");
     let a = write_auth(tmp.path(), 1, "t");
     assert!(
-        cli(&state, &["account", "import", a.to_str().unwrap()])
-            .status
-            .success()
+        cli(
+            &state,
+            &["account", "import", "--no-refresh", a.to_str().unwrap()]
+        )
+        .status
+        .success()
     );
     let daemon = Daemon::start(&state);
     let out = cli(&state, &["account", "disable", "acc-0001"]);

@@ -34,6 +34,7 @@ fn import_two_accounts_then_list_shows_both_with_email_plan_and_account_id() {
         &[
             "account",
             "import",
+            "--no-refresh",
             a.to_str().unwrap(),
             b.to_str().unwrap(),
         ],
@@ -87,12 +88,18 @@ fn reimporting_an_account_updates_it_instead_of_duplicating() {
     let state = tmp.path().join("state");
     let a = write_auth(tmp.path(), 1, "old");
     assert!(
-        cli(&state, &["account", "import", a.to_str().unwrap()])
-            .status
-            .success()
+        cli(
+            &state,
+            &["account", "import", "--no-refresh", a.to_str().unwrap()]
+        )
+        .status
+        .success()
     );
     let a2 = write_auth(tmp.path(), 1, "new");
-    let out = cli(&state, &["account", "import", a2.to_str().unwrap()]);
+    let out = cli(
+        &state,
+        &["account", "import", "--no-refresh", a2.to_str().unwrap()],
+    );
     assert!(stdout(&out).starts_with("updated "), "{}", stdout(&out));
     let json: Value =
         serde_json::from_str(&stdout(&cli(&state, &["account", "list", "--json"]))).unwrap();
@@ -110,6 +117,7 @@ fn with_a_daemon_running_management_goes_through_the_socket_and_everything_survi
             &[
                 "account",
                 "import",
+                "--no-refresh",
                 files[0].to_str().unwrap(),
                 files[1].to_str().unwrap()
             ]
@@ -122,7 +130,15 @@ fn with_a_daemon_running_management_goes_through_the_socket_and_everything_survi
 
     let daemon = Daemon::start(&state);
     // The daemon holds the store's lock, so this import can only succeed through the socket.
-    let out = cli(&state, &["account", "import", files[2].to_str().unwrap()]);
+    let out = cli(
+        &state,
+        &[
+            "account",
+            "import",
+            "--no-refresh",
+            files[2].to_str().unwrap(),
+        ],
+    );
     assert!(out.status.success(), "{}", stderr(&out));
     assert!(stdout(&out).starts_with("imported "), "{}", stdout(&out));
     let listed = daemon.admin("GET", "/api/admin/accounts", None);
@@ -185,6 +201,7 @@ fn no_token_appears_in_plain_text_anywhere_in_the_state_dir() {
             &[
                 "account",
                 "import",
+                "--no-refresh",
                 files[0].to_str().unwrap(),
                 files[1].to_str().unwrap()
             ]
@@ -195,9 +212,17 @@ fn no_token_appears_in_plain_text_anywhere_in_the_state_dir() {
     let daemon = Daemon::start(&state);
     let files3 = write_auth(tmp.path(), 3, "plain");
     assert!(
-        cli(&state, &["account", "import", files3.to_str().unwrap()])
-            .status
-            .success()
+        cli(
+            &state,
+            &[
+                "account",
+                "import",
+                "--no-refresh",
+                files3.to_str().unwrap()
+            ]
+        )
+        .status
+        .success()
     );
     assert!(daemon.terminate().success());
 

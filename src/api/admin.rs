@@ -40,6 +40,7 @@ pub fn routes() -> Router<Arc<AppState>> {
         )
         .route("/api/admin/accounts/{id}/refresh", post(refresh_account))
         .route("/api/admin/accounts/{id}/probe", post(probe_account))
+        .route("/api/admin/accounts/{id}/export", post(export_account))
         .route("/api/admin/requests", get(requests))
         .route("/api/admin/console", get(console))
         .route("/api/admin/keys", get(list_keys).post(create_key))
@@ -368,4 +369,21 @@ async fn usage(
             .map(|r| crate::usage::to_wire(r, &names))
             .collect(),
     ))
+}
+
+#[derive(serde::Deserialize)]
+struct ExportQuery {
+    #[serde(default)]
+    keep: bool,
+}
+
+/// The account's login as a Codex auth.json; the account is disabled here unless `keep`.
+async fn export_account(
+    State(state): State<Arc<AppState>>,
+    Path(id): Path<String>,
+    axum::extract::Query(q): axum::extract::Query<ExportQuery>,
+) -> Result<Json<wire::ExportedAccount>, ApiError> {
+    Ok(Json(view::exported(
+        &state.fleet.export(&id, q.keep).await?,
+    )))
 }

@@ -85,6 +85,13 @@ pub fn key(k: &ClientKeyRecord) -> wire::Key {
     }
 }
 
+pub fn exported((a, auth): &(AccountView, serde_json::Value)) -> wire::ExportedAccount {
+    wire::ExportedAccount {
+        auth: auth.clone(),
+        account: account(a),
+    }
+}
+
 pub fn budget(b: &crate::usage::BudgetState) -> wire::Budget {
     wire::Budget {
         window: b.window.as_str().into(),

@@ -251,6 +251,46 @@ impl Fleet {
         Ok(view)
     }
 
+    /// The account's login as a Codex `auth.json` (what `codex login` writes), and — unless
+    /// `keep` — the account disabled here, written before the login is handed out: a login
+    /// lives in one place.
+    pub async fn export(
+        &self,
+        selector: &str,
+        keep: bool,
+    ) -> Result<(AccountView, serde_json::Value), FleetError> {
+        let id = self.resolve(selector)?;
+        let auth = {
+            let inner = self.read();
+            let e = inner
+                .accounts
+                .get(&id)
+                .ok_or_else(|| FleetError::NotFound(id.clone()))?;
+            let s = e.secrets.as_ref().ok_or_else(|| {
+                FleetError::Invalid(format!("login of {id}: its tokens cannot be opened"))
+            })?;
+            serde_json::json!({
+                "auth_mode": "chatgpt",
+                "OPENAI_API_KEY": null,
+                "tokens": {
+                    "id_token": s.id_token.expose(),
+                    "access_token": s.access_token.expose(),
+                    "refresh_token": s.refresh_token.expose(),
+                    "account_id": e.record.chatgpt_account_id,
+                },
+                "last_refresh": crate::clock::rfc3339(s.refreshed_at),
+            })
+        };
+        let view = if keep {
+            self.get(&id)
+                .ok_or_else(|| FleetError::NotFound(id.clone()))?
+        } else {
+            self.set_enabled(&id, false).await?
+        };
+        tracing::info!(account = %id, keep, "account login exported");
+        Ok((view, auth))
+    }
+
     /// Starts or ends draining: a draining account serves the sessions bound to it and takes
     /// no new ones. It lives in memory only: a restart ends it.
     pub fn set_draining(&self, selector: &str, draining: bool) -> Result<AccountView, FleetError> {

@@ -110,6 +110,14 @@ pub struct ImportedAccount {
     pub created: bool,
 }
 
+/// `POST /api/admin/accounts/{id}/export`: the login as a Codex `auth.json`, and the account
+/// as it is now (disabled unless kept).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ExportedAccount {
+    pub auth: serde_json::Value,
+    pub account: Account,
+}
+
 /// One client key as listed. The key itself is shown only once, at creation.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Key {
