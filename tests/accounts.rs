@@ -261,6 +261,25 @@ mod ownership {
             detail.contains("refresh token was used by another client"),
             "{detail}"
         );
+        assert!(
+            detail.ends_with(&format!("run `switchyard account login --account {id}`")),
+            "{detail}"
+        );
+        // `account list` says it below its table too.
+        let out = run(vec![
+            "--state-dir".into(),
+            gw.dir.to_str().unwrap().into(),
+            "account".into(),
+            "list".into(),
+        ])
+        .await;
+        assert!(
+            stdout(&out).contains(&format!(
+                "{id}: this login's refresh token was used by another client"
+            )),
+            "{}",
+            stdout(&out)
+        );
         // No request is sent to it any more.
         let served = gw.served(&acct);
         let (status, _) = gw.json(&body("gpt-5.5", "hi", false)).await;

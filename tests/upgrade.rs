@@ -63,6 +63,7 @@ fn written_at_ms(expected: &Value) -> u64 {
 
 /// The fields of an account that survive a restart (quota and in-flight figures are live).
 fn stored_view(a: &Value) -> Value {
+    // `detail` is advice in words, which releases reword: only whether there is one counts.
     let keep = [
         "id",
         "label",
@@ -73,7 +74,6 @@ fn stored_view(a: &Value) -> Value {
         "state",
         "created_at",
         "reason",
-        "detail",
         "cooldown_until",
         "level",
         "last_error",
@@ -83,6 +83,10 @@ fn stored_view(a: &Value) -> Value {
     Value::Object(
         keep.iter()
             .map(|k| (k.to_string(), a.get(*k).cloned().unwrap_or(Value::Null)))
+            .chain([(
+                "has_detail".to_string(),
+                Value::Bool(a.get("detail").is_some_and(|d| !d.is_null())),
+            )])
             .collect(),
     )
 }

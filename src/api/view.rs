@@ -27,7 +27,7 @@ pub fn account(a: &AccountView) -> wire::Account {
         state: a.state.as_str().into(),
         created_at: clock::rfc3339(a.created_at),
         reason: a.reason.map(|c| c.as_str().into()),
-        detail: a.reauth.map(|r| r.describe().into()),
+        detail: a.reauth.map(|r| r.advice(&a.id)),
         cooldown_until: rfc(a.cooldown_until_ms.map(|ms| ms.div_ceil(1000))),
         cooldown_remaining_s: a
             .cooldown_until_ms

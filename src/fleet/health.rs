@@ -55,32 +55,32 @@ impl Reauth {
     pub fn describe(self) -> &'static str {
         match self {
             Reauth::RefreshTokenReused => {
-                "this login's refresh token was used by another client (a Codex CLI sharing \
-                 this login refreshed first); log in again and import the new auth.json"
+                "this login's refresh token was used by another client (a Codex CLI sharing this \
+                 login refreshed first)"
             }
-            Reauth::RefreshTokenExpired => {
-                "this login's refresh token has expired; log in again and import the new auth.json"
-            }
+            Reauth::RefreshTokenExpired => "this login's refresh token has expired",
             Reauth::RefreshTokenInvalidated => {
-                "this login's refresh token was revoked (a logout, or a newer login replaced it); \
-                 log in again and import the new auth.json"
+                "this login's refresh token was revoked (a logout, or a newer login replaced it)"
             }
             Reauth::InvalidGrant => {
-                "the token endpoint no longer accepts this login (invalid_grant); log in again \
-                 and import the new auth.json"
+                "the token endpoint no longer accepts this login (invalid_grant)"
             }
-            Reauth::TokenInvalidated => {
-                "the backend invalidated this login's tokens; log in again and import the new \
-                 auth.json"
-            }
+            Reauth::TokenInvalidated => "the backend invalidated this login's tokens",
             Reauth::AccountDeactivated => "the ChatGPT account behind this login was deactivated",
-            Reauth::Refused => {
-                "the token endpoint refused this login's refresh token; log in again and import \
-                 the new auth.json"
-            }
-            Reauth::Unknown => {
-                "this login stopped working; log in again and import the new auth.json"
-            }
+            Reauth::Refused => "the token endpoint refused this login's refresh token",
+            Reauth::Unknown => "this login stopped working",
+        }
+    }
+
+    /// What happened and what to do about it.
+    pub fn advice(self, account_id: &str) -> String {
+        match self {
+            // A new login cannot bring a deactivated account back.
+            Reauth::AccountDeactivated => self.describe().to_string(),
+            _ => format!(
+                "{} — run `switchyard account login --account {account_id}`",
+                self.describe()
+            ),
         }
     }
 }
