@@ -1,5 +1,8 @@
 //! `/sim/*`: the control API (JSON) that scripts and the demo use to steer the simulator
 //! over HTTP. Same operations as the [`Sim`] methods.
+//!
+//! `POST /sim/accounts/{id}/revoke-family` `{"refresh_token": …}` ends that one refresh
+//! family (404 if the token is none of the account's).
 
 use hyper::Method;
 use serde::Deserialize;
@@ -59,6 +62,12 @@ struct DeactivatedBody {
     deactivated: bool,
 }
 
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RevokeFamilyBody {
+    refresh_token: String,
+}
+
 pub(crate) fn handle(sim: &Sim, req: &SimRequest) -> Outcome {
     let segments: Vec<&str> = req
         .path
@@ -108,6 +117,11 @@ fn account_route(sim: &Sim, req: &SimRequest, id: &str, rest: &[&str]) -> Outcom
             sim.revoke_tokens(id);
             ok(sim.auth_json(id).unwrap_or(Value::Null))
         }
+        ["revoke-family"] if m == Method::POST => match parse::<RevokeFamilyBody>(req) {
+            Ok(b) if sim.revoke_family(id, &b.refresh_token) => ok(json!({"revoked": true})),
+            Ok(_) => not_found(&format!("refresh token of {id}")),
+            Err(e) => bad_request(e),
+        },
         ["usage"] if m == Method::PUT => match parse::<UsageBody>(req) {
             Ok(u) => {
                 sim.set_usage(id, u.primary_used_percent, u.secondary_used_percent);
@@ -135,6 +149,7 @@ fn account_route(sim: &Sim, req: &SimRequest, id: &str, rest: &[&str]) -> Outcom
         | ["faults"]
         | ["expire-token"]
         | ["revoke-tokens"]
+        | ["revoke-family"]
         | ["usage"]
         | ["models"]
         | ["deactivated"]

@@ -187,7 +187,9 @@ impl Sim {
             .collect()
     }
 
-    /// The account's auth.json, with its current tokens.
+    /// The account's auth.json, with the current tokens of its first refresh family (the one
+    /// the sim started with, or the one `revoke_tokens` issued; other families do not change
+    /// it).
     pub fn auth_json(&self, account_id: &str) -> Option<Value> {
         let now = self.now_secs();
         self.lock().account(account_id).map(|a| a.auth_json(now))
@@ -259,18 +261,29 @@ impl Sim {
         self.lock().requests.iter().cloned().collect()
     }
 
-    /// The current access token becomes expired: its next use answers 401 `token_expired`.
+    /// The current access token (of the auth.json family) becomes expired: its next use
+    /// answers 401 `token_expired`.
     pub fn expire_access_token(&self, account_id: &str) -> bool {
         self.with_account(account_id, Account::expire_current_access)
     }
 
-    /// Invalidates every token of the account (as a password change would: 401
-    /// `token_invalidated`, refresh `refresh_token_invalidated`) and issues fresh ones, as a
-    /// new login; `auth_json` then returns that login.
+    /// Invalidates every token of the account, of every refresh family (as a password change
+    /// would: 401 `token_invalidated`, refresh `refresh_token_invalidated`) and issues fresh
+    /// ones, as a new login; `auth_json` then returns that login.
     pub fn revoke_tokens(&self, account_id: &str) -> bool {
         let (now, ttl) = (self.now_secs(), self.inner.ttl_secs);
         let nonce = self.inner.nonce.clone();
         self.with_account(account_id, |a| a.revoke(now, ttl, &nonce))
+    }
+
+    /// Ends the refresh family `refresh_token` belongs to (current or rotated away): its
+    /// refresh tokens answer `refresh_token_invalidated`, its access tokens
+    /// `token_invalidated`; the account's other families (the auth.json one, other logins)
+    /// stay valid. False if the token is none of the account's.
+    pub fn revoke_family(&self, account_id: &str, refresh_token: &str) -> bool {
+        self.lock()
+            .account_mut(account_id)
+            .is_some_and(|a| a.revoke_family(refresh_token))
     }
 
     pub fn set_usage(

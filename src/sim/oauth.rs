@@ -64,7 +64,7 @@ pub(crate) fn handle(sim: &Sim, req: &SimRequest) -> Outcome {
             "Your refresh token has already been used to generate a new access token. \
              Please try signing in again.",
         ),
-        RefreshLookup::Current(idx) => {
+        RefreshLookup::Current(idx, family) => {
             let Some(account) = st.accounts.get_mut(idx) else {
                 return error(500, "server_error", "account vanished");
             };
@@ -103,8 +103,7 @@ pub(crate) fn handle(sim: &Sim, req: &SimRequest) -> Outcome {
                     "The account behind this refresh token has been deactivated.",
                 );
             }
-            account.rotate(now, ttl, &nonce);
-            json(200, &account.tokens_json(ttl)).into()
+            json(200, &account.rotate(family, now, ttl, &nonce)).into()
         }
     }
 }

@@ -42,7 +42,8 @@ pub(crate) enum AuthFailure {
 /// What a refresh-token lookup found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum RefreshLookup {
-    Current(usize),
+    /// The current token of (account index, family id).
+    Current(usize, u32),
     Reused(usize),
     Invalidated,
 }
@@ -83,15 +84,31 @@ struct IssuedAccess {
     token: String,
     exp: u64,
     forced_expired: bool,
+    /// The refresh family that issued it.
+    family: u32,
+}
+
+/// One login's chain of rotating refresh tokens.
+#[derive(Debug)]
+struct Family {
+    id: u32,
+    /// The refresh token that works now.
+    refresh: String,
+    /// Refresh tokens rotated away (using one again is `refresh_token_reused`).
+    used: HashSet<String>,
 }
 
 #[derive(Debug)]
 pub(crate) struct Account {
+    /// Identity, and the tag and `exp` of the auth.json family's current tokens.
     pub spec: AuthSpec,
     generation: u32,
     access: Vec<IssuedAccess>,
-    refresh_token: String,
-    used_refresh: HashSet<String>,
+    /// The auth.json login (`main_family`) and any others; each rotates on its own and all
+    /// stay valid together.
+    families: Vec<Family>,
+    main_family: u32,
+    next_family: u32,
     revoked_refresh: HashSet<String>,
     pub deactivated: bool,
     pub faults: VecDeque<Fault>,
@@ -128,8 +145,9 @@ impl Account {
             spec,
             generation: 0,
             access: Vec::new(),
-            refresh_token: String::new(),
-            used_refresh: HashSet::new(),
+            families: Vec::new(),
+            main_family: 0,
+            next_family: 0,
             revoked_refresh: HashSet::new(),
             deactivated: false,
             faults: VecDeque::new(),
@@ -149,7 +167,8 @@ impl Account {
             a.primary.used_percent = p;
             a.secondary.used_percent = s;
         }
-        a.mint(now, ttl_secs, nonce);
+        a.main_family = a.new_family();
+        a.mint(a.main_family, now, ttl_secs, nonce);
         a
     }
 
@@ -157,39 +176,89 @@ impl Account {
         &self.spec.chatgpt_account_id
     }
 
-    /// Issues a new generation of all three tokens.
-    fn mint(&mut self, now: u64, ttl_secs: u64, nonce: &str) {
-        self.generation += 1;
-        self.spec.access_exp = now + ttl_secs;
-        self.spec.token_tag = format!("{nonce}g{}", self.generation);
-        self.refresh_token = auth::refresh_token(&self.spec);
-        self.access.push(IssuedAccess {
-            token: auth::access_token(&self.spec),
-            exp: self.spec.access_exp,
-            forced_expired: false,
+    fn new_family(&mut self) -> u32 {
+        self.next_family += 1;
+        self.families.push(Family {
+            id: self.next_family,
+            refresh: String::new(),
+            used: HashSet::new(),
         });
-        if self.access.len() > MAX_ACCESS_TOKENS {
-            self.access.remove(0);
-        }
+        self.next_family
     }
 
-    /// Rotates every token (a successful refresh).
-    pub fn rotate(&mut self, now: u64, ttl_secs: u64, nonce: &str) {
-        self.used_refresh.insert(self.refresh_token.clone());
+    /// Issues a new generation of all three tokens in `family` and returns them as the token
+    /// endpoint answers. The auth.json (`spec`) follows the main family.
+    fn mint(&mut self, family: u32, now: u64, ttl_secs: u64, nonce: &str) -> Value {
+        self.generation += 1;
+        let spec = AuthSpec {
+            access_exp: now + ttl_secs,
+            token_tag: format!("{nonce}g{}", self.generation),
+            ..self.spec.clone()
+        };
+        if let Some(f) = self.families.iter_mut().find(|f| f.id == family) {
+            f.refresh = auth::refresh_token(&spec);
+        }
+        self.access.push(IssuedAccess {
+            token: auth::access_token(&spec),
+            exp: spec.access_exp,
+            forced_expired: false,
+            family,
+        });
+        let issued = self.access.iter().filter(|a| a.family == family).count();
+        if issued > MAX_ACCESS_TOKENS
+            && let Some(oldest) = self.access.iter().position(|a| a.family == family)
+        {
+            self.access.remove(oldest);
+        }
+        let tokens = tokens_json(&spec, ttl_secs);
+        if family == self.main_family {
+            self.spec = spec;
+        }
+        tokens
+    }
+
+    /// Rotates every token of `family` (a successful refresh) and returns the new ones.
+    pub fn rotate(&mut self, family: u32, now: u64, ttl_secs: u64, nonce: &str) -> Value {
+        if let Some(f) = self.families.iter_mut().find(|f| f.id == family) {
+            let old = std::mem::take(&mut f.refresh);
+            f.used.insert(old);
+        }
         self.refresh_count += 1;
-        self.mint(now, ttl_secs, nonce);
+        self.mint(family, now, ttl_secs, nonce)
     }
 
     /// Invalidates every token issued so far and issues a fresh login.
     pub fn revoke(&mut self, now: u64, ttl_secs: u64, nonce: &str) {
-        self.revoked_refresh.insert(self.refresh_token.clone());
-        self.revoked_refresh.extend(self.used_refresh.drain());
+        for f in self.families.drain(..) {
+            self.revoked_refresh.insert(f.refresh);
+            self.revoked_refresh.extend(f.used);
+        }
         self.access.clear();
-        self.mint(now, ttl_secs, nonce);
+        self.main_family = self.new_family();
+        self.mint(self.main_family, now, ttl_secs, nonce);
     }
 
+    /// Invalidates the family `refresh_token` belongs to (its refresh and access tokens, as a
+    /// sign-out of that one session); the others stay valid. False if it is none of ours.
+    pub fn revoke_family(&mut self, refresh_token: &str) -> bool {
+        let Some(idx) = self
+            .families
+            .iter()
+            .position(|f| f.refresh == refresh_token || f.used.contains(refresh_token))
+        else {
+            return false;
+        };
+        let f = self.families.remove(idx);
+        self.access.retain(|a| a.family != f.id);
+        self.revoked_refresh.insert(f.refresh);
+        self.revoked_refresh.extend(f.used);
+        true
+    }
+
+    /// Expires the auth.json family's current access token (a login's stay as they are).
     pub fn expire_current_access(&mut self) {
-        if let Some(a) = self.access.last_mut() {
+        let main = self.main_family;
+        if let Some(a) = self.access.iter_mut().rev().find(|a| a.family == main) {
             a.forced_expired = true;
         }
     }
@@ -217,17 +286,6 @@ impl Account {
         let mut v = auth::auth_json(&self.spec);
         v["last_refresh"] = json!(crate::clock::rfc3339(now));
         v
-    }
-
-    pub fn tokens_json(&self, ttl_secs: u64) -> Value {
-        json!({
-            "id_token": auth::id_token(&self.spec),
-            "access_token": auth::access_token(&self.spec),
-            "refresh_token": self.refresh_token,
-            "token_type": "Bearer",
-            "expires_in": ttl_secs,
-            "scope": "openid profile email offline_access",
-        })
     }
 
     pub fn roll_windows(&mut self, now: u64) {
@@ -275,6 +333,7 @@ impl Account {
             "deactivated": self.deactivated,
             "refresh_count": self.refresh_count,
             "token_generation": self.generation,
+            "refresh_families": self.families.len(),
             "access_expires_at": self.spec.access_exp,
             "usage": {
                 "primary_used_percent": self.primary.used_percent,
@@ -291,6 +350,18 @@ impl Account {
             "ws_open": self.ws_open,
         })
     }
+}
+
+/// What the token endpoint answers for a login or a refresh.
+fn tokens_json(spec: &AuthSpec, ttl_secs: u64) -> Value {
+    json!({
+        "id_token": auth::id_token(spec),
+        "access_token": auth::access_token(spec),
+        "refresh_token": auth::refresh_token(spec),
+        "token_type": "Bearer",
+        "expires_in": ttl_secs,
+        "scope": "openid profile email offline_access",
+    })
 }
 
 #[derive(Debug, Default)]
@@ -321,11 +392,13 @@ impl State {
 
     pub fn lookup_refresh(&self, token: &str) -> RefreshLookup {
         for (i, a) in self.accounts.iter().enumerate() {
-            if a.refresh_token == token {
-                return RefreshLookup::Current(i);
-            }
-            if a.used_refresh.contains(token) {
-                return RefreshLookup::Reused(i);
+            for f in &a.families {
+                if f.refresh == token {
+                    return RefreshLookup::Current(i, f.id);
+                }
+                if f.used.contains(token) {
+                    return RefreshLookup::Reused(i);
+                }
             }
         }
         RefreshLookup::Invalidated
