@@ -7,7 +7,14 @@
 //! of `shared/codex-protocol.md`: per-account tokens that expire by the sim clock and rotate on
 //! refresh, `x-codex-*` rate-limit headers, the §D event sequence, a per-account prompt cache,
 //! and scriptable faults (§F) — queued per account ([`Sim::push_fault`], `POST /sim/...`) or
-//! scheduled by a named [`Profile`]. Every request to the backend paths is recorded.
+//! scheduled by a named [`Profile`].
+//!
+//! Its base URL is also the auth server's issuer for the logins of §J1/§J2:
+//! `POST /api/accounts/deviceauth/usercode` and `/api/accounts/deviceauth/token` (device code),
+//! `GET /oauth/authorize` (browser PKCE) and the `authorization_code` grant of `/oauth/token`.
+//! The sim plays the user through controls ([`Sim::approve_device_code`],
+//! [`Sim::set_authorize_answer`], …, or `/sim/login/...`); each login is a new refresh-token
+//! family of its account. Every request to the backend and auth paths is recorded.
 //!
 //! Deliberate departures from "always the same answer", because the real backend behaves so:
 //! a refresh does not revoke the previous access token (it stays valid until its `exp`), 401s
@@ -19,13 +26,15 @@
 //! tokens, windows, request log), `server` (hyper loop, routing, bodies), `backend` (auth,
 //! faults and answers of `/backend-api/*`; `decide` is a turn for both transports), `ws` (the
 //! WebSocket handshake and connections), `responses` (event generation), `catalog`
-//! (models, usage, rate-limit headers), `oauth`, `faults`, `profile`, `control` (`/sim/*`).
+//! (models, usage, rate-limit headers), `oauth` (the token endpoint), `login` (device code,
+//! authorize, code exchange, and their controls), `faults`, `profile`, `control` (`/sim/*`).
 
 pub mod auth;
 mod backend;
 mod catalog;
 mod control;
 mod faults;
+mod login;
 mod oauth;
 mod profile;
 mod responses;
@@ -49,13 +58,18 @@ use tokio_util::sync::CancellationToken;
 use crate::clock::{self, SharedClock};
 
 pub use faults::{Fault, FaultKind};
+pub use login::{
+    AUTH_CODE_TTL_MS, AuthorizeAnswer, DEVICE_REDIRECT_URI, DeviceCode, DeviceCodeState,
+    DeviceSettings, LoginControlError, POLL_GRACE_MS, REDIRECT_URIS, pkce_challenge,
+};
 pub use oauth::CLIENT_ID;
 pub use profile::Profile;
 pub use runner::{SimHandle, run_standalone};
 
 use state::{Account, State};
 
-/// One request the simulator received on `/backend-api/*` or `/oauth/token`. A WebSocket is
+/// One request the simulator received on `/backend-api/*` or an auth server path
+/// (`/oauth/token`, `/oauth/authorize`, `/api/accounts/deviceauth/*`). A WebSocket is
 /// recorded as its handshake (`GET`, status 101 or the refusal) and then one entry per
 /// client frame: `method: "WS"`, the handshake's path, query and headers, the frame as `body`,
 /// and as `status` 200 for a turn that was served, the error frame's status, or 0 when the
@@ -71,7 +85,8 @@ pub struct RecordedRequest {
     pub account_id: Option<String>,
     /// Lower-case names; repeated headers joined with ", ".
     pub headers: BTreeMap<String, String>,
-    /// The body as JSON, `Null` when it is not JSON (e.g. a form-encoded refresh).
+    /// The body as JSON; a form-encoded body (`content-type:
+    /// application/x-www-form-urlencoded`) as an object of its fields; else `Null`.
     pub body: Value,
     /// The status answered; 0 when the connection was reset before any headers.
     pub status: u16,
@@ -114,6 +129,8 @@ struct Inner {
     state: Mutex<State>,
     /// Bumped whenever a WebSocket opens or closes (wakes `wait_ws_open`).
     ws_changed: watch::Sender<u64>,
+    /// Device codes issued so far (wakes `wait_device_codes`).
+    device_codes_issued: watch::Sender<usize>,
 }
 
 impl std::fmt::Debug for Sim {
@@ -153,6 +170,7 @@ impl Sim {
                     ..State::default()
                 }),
                 ws_changed: watch::Sender::new(0),
+                device_codes_issued: watch::Sender::new(0),
             }),
         }
     }
@@ -188,8 +206,8 @@ impl Sim {
     }
 
     /// The account's auth.json, with the current tokens of its first refresh family (the one
-    /// the sim started with, or the one `revoke_tokens` issued; other families do not change
-    /// it).
+    /// the sim started with, or the one `revoke_tokens` issued; a login through
+    /// `/oauth/token` starts a family of its own and does not change it).
     pub fn auth_json(&self, account_id: &str) -> Option<Value> {
         let now = self.now_secs();
         self.lock().account(account_id).map(|a| a.auth_json(now))
@@ -256,7 +274,7 @@ impl Sim {
             .collect()
     }
 
-    /// Every recorded request (`/backend-api/*` and `/oauth/token`), oldest first.
+    /// Every recorded request (`/backend-api/*` and the auth server's paths), oldest first.
     pub fn all_requests(&self) -> Vec<RecordedRequest> {
         self.lock().requests.iter().cloned().collect()
     }
@@ -347,6 +365,11 @@ impl Sim {
                 return;
             }
         }
+    }
+
+    /// Wakes `wait_device_codes` (call without the lock held).
+    pub(crate) fn device_code_issued(&self) {
+        self.inner.device_codes_issued.send_modify(|n| *n += 1);
     }
 
     /// Wakes `wait_ws_open` (call without the lock held).

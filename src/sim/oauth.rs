@@ -1,4 +1,5 @@
-//! `POST /oauth/token`: the refresh grant of protocol §G, with rotating refresh tokens.
+//! `POST /oauth/token`: the refresh grant of protocol §G, with rotating refresh tokens, and
+//! the `authorization_code` grant of the logins (§J1 step 4, in `login`).
 
 use hyper::Method;
 use serde_json::{Map, Value, json};
@@ -37,12 +38,16 @@ pub(crate) fn handle(sim: &Sim, req: &SimRequest) -> Outcome {
     if get("client_id") != CLIENT_ID {
         return error(400, "invalid_client", "Unknown or missing client_id.");
     }
-    if get("grant_type") != "refresh_token" {
-        return error(
-            400,
-            "unsupported_grant_type",
-            "Only grant_type=refresh_token is supported here.",
-        );
+    match get("grant_type") {
+        "refresh_token" => {}
+        "authorization_code" => return super::login::exchange(sim, req, &params),
+        _ => {
+            return error(
+                400,
+                "unsupported_grant_type",
+                "Only grant_type=refresh_token or authorization_code is supported here.",
+            );
+        }
     }
     let token = get("refresh_token");
     if token.is_empty() {
@@ -109,7 +114,7 @@ pub(crate) fn handle(sim: &Sim, req: &SimRequest) -> Outcome {
 }
 
 /// The parameters of a JSON or form-encoded body.
-fn params(req: &SimRequest) -> Option<Map<String, Value>> {
+pub(crate) fn params(req: &SimRequest) -> Option<Map<String, Value>> {
     if let Value::Object(m) = &req.json {
         return Some(m.clone());
     }
@@ -123,7 +128,7 @@ fn params(req: &SimRequest) -> Option<Map<String, Value>> {
 }
 
 /// `application/x-www-form-urlencoded` decoding (`+` is a space, `%XX` a byte).
-fn form_decode(s: &str) -> Option<String> {
+pub(crate) fn form_decode(s: &str) -> Option<String> {
     let mut out = Vec::with_capacity(s.len());
     let mut bytes = s.bytes();
     while let Some(b) = bytes.next() {

@@ -20,7 +20,7 @@ use serde_json::Value;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-use super::{RecordedRequest, Sim, backend, control, oauth, ws};
+use super::{RecordedRequest, Sim, backend, control, login, oauth, ws};
 
 /// Request bodies above this are refused with 413.
 const MAX_BODY_BYTES: usize = 64 * 1024 * 1024;
@@ -198,13 +198,21 @@ async fn handle(
         headers: parts.headers,
         body,
     };
-    let recorded = req.path.starts_with("/backend-api/") || req.path == "/oauth/token";
+    let recorded = req.path.starts_with("/backend-api/")
+        || matches!(req.path.as_str(), "/oauth/token" | "/oauth/authorize")
+        || req.path.starts_with("/api/accounts/deviceauth/");
     let outcome = if let Some(on_upgrade) = upgrade {
         ws::handshake(&sim, &req, on_upgrade, &shutdown)
     } else if req.path == "/sim" || req.path.starts_with("/sim/") {
         control::handle(&sim, &req)
     } else if req.path == "/oauth/token" {
         oauth::handle(&sim, &req)
+    } else if req.path == "/oauth/authorize" {
+        login::authorize(&sim, &req)
+    } else if req.path == "/api/accounts/deviceauth/usercode" {
+        login::usercode(&sim, &req)
+    } else if req.path == "/api/accounts/deviceauth/token" {
+        login::poll(&sim, &req)
     } else if req.path.starts_with("/backend-api/") {
         backend::handle(&sim, &req)
     } else {
@@ -228,6 +236,13 @@ async fn handle(
 
 fn record_of(req: SimRequest, at_ms: u64, status: u16) -> RecordedRequest {
     let headers = recorded_headers(&req.headers);
+    let form = headers
+        .get("content-type")
+        .is_some_and(|t| t.starts_with("application/x-www-form-urlencoded"));
+    let body = match (&req.json, form) {
+        (Value::Null, true) => oauth::params(&req).map_or(Value::Null, Value::Object),
+        _ => req.json,
+    };
     RecordedRequest {
         at_ms,
         method: req.method.to_string(),
@@ -235,7 +250,7 @@ fn record_of(req: SimRequest, at_ms: u64, status: u16) -> RecordedRequest {
         path: req.path,
         query: req.query,
         headers,
-        body: req.json,
+        body,
         status,
     }
 }

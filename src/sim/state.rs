@@ -104,8 +104,8 @@ pub(crate) struct Account {
     pub spec: AuthSpec,
     generation: u32,
     access: Vec<IssuedAccess>,
-    /// The auth.json login (`main_family`) and any others; each rotates on its own and all
-    /// stay valid together.
+    /// The auth.json login (`main_family`) and one family per login through `/oauth/token`
+    /// (`authorization_code`); each rotates on its own and all stay valid together.
     families: Vec<Family>,
     main_family: u32,
     next_family: u32,
@@ -224,6 +224,13 @@ impl Account {
             f.used.insert(old);
         }
         self.refresh_count += 1;
+        self.mint(family, now, ttl_secs, nonce)
+    }
+
+    /// A new login (an `authorization_code` exchange): a new refresh family, next to the
+    /// ones already issued, which stay valid. Returns its tokens.
+    pub fn login(&mut self, now: u64, ttl_secs: u64, nonce: &str) -> Value {
+        let family = self.new_family();
         self.mint(family, now, ttl_secs, nonce)
     }
 
@@ -370,6 +377,8 @@ pub(crate) struct State {
     pub requests: VecDeque<RecordedRequest>,
     /// Source of response and item ids.
     pub next_id: u64,
+    /// Device codes and authorization codes of the login flows.
+    pub logins: super::login::Logins,
 }
 
 impl State {
