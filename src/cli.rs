@@ -257,6 +257,19 @@ pub enum AccountCommand {
         #[arg(long, env = "SWITCHYARD_IMPORT_NO_REFRESH")]
         no_refresh: bool,
     },
+    /// Log an account in the way Codex CLI does: a device code to enter in any browser (the
+    /// default), or `--browser` for the PKCE flow. The login is stored (through the daemon when
+    /// one runs) only once it succeeded.
+    Login {
+        /// Open the browser flow: prints the authorize URL; the login completes by the local
+        /// callback on 127.0.0.1:1455 or by pasting the final redirect URL.
+        #[arg(long)]
+        browser: bool,
+        /// Log in again as this existing account (id, email or label): it keeps its id, history,
+        /// health and affinity.
+        #[arg(long, value_name = "ID")]
+        account: Option<String>,
+    },
     /// Write an account's login as a Codex auth.json (0600) and, unless --keep, disable it
     /// here: a login lives in one place.
     Export {

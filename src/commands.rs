@@ -456,6 +456,155 @@ impl Backend {
     }
 }
 
+/// The account a selector names in a list: its id, chatgpt_account_id, email or label.
+fn find_account(accounts: &[wire::Account], sel: &str) -> Result<wire::Account, CommandError> {
+    let found: Vec<&wire::Account> = accounts
+        .iter()
+        .filter(|a| {
+            a.id == sel
+                || a.chatgpt_account_id == sel
+                || a.email.as_deref() == Some(sel)
+                || a.label == sel
+        })
+        .collect();
+    match found.as_slice() {
+        [one] => Ok((*one).clone()),
+        [] => Err(FleetError::NotFound(sel.to_string()).into()),
+        many => Err(FleetError::Ambiguous {
+            selector: sel.to_string(),
+            count: many.len(),
+        }
+        .into()),
+    }
+}
+
+/// Runs one login to its tokens: the device-code flow, or the browser flow.
+async fn login(
+    config: &Config,
+    browser: bool,
+) -> Result<crate::upstream::login::LoginTokens, CommandError> {
+    use crate::upstream::login::{self as flow, LoginError};
+    crate::upstream::install_crypto_provider();
+    let up = &config.upstream;
+    let http = reqwest::Client::builder()
+        .connect_timeout(up.connect_timeout)
+        .timeout(up.header_timeout)
+        .build()
+        .map_err(|e| CommandError::Usage(e.to_string()))?;
+    let failed = |e: LoginError| CommandError::Usage(format!("login failed: {e}"));
+    if !browser {
+        let code = flow::request_device_code(&http, &up.auth_base_url, &up.oauth_client_id)
+            .await
+            .map_err(failed)?;
+        eprintln!(
+            "To log in, open {} in any browser and enter the code\n\n    {}\n\n(it expires in 15 minutes; \
+             waiting for the approval…)",
+            code.verification_url, code.user_code
+        );
+        let deadline = std::time::Instant::now() + flow::DEVICE_CODE_LIFETIME;
+        let (auth_code, verifier) =
+            flow::poll_device_code(&http, &up.auth_base_url, &code, deadline)
+                .await
+                .map_err(failed)?;
+        let redirect = flow::device_redirect_uri(&up.auth_base_url);
+        return flow::exchange_code(
+            &http,
+            &up.oauth_token_url,
+            &up.oauth_client_id,
+            (&auth_code, &redirect, &verifier),
+        )
+        .await
+        .map_err(failed);
+    }
+    let pkce = flow::Pkce::new().map_err(failed)?;
+    let redirect = format!("http://localhost:{}/auth/callback", flow::CALLBACK_PORT);
+    let url = pkce.authorize_url(&up.auth_base_url, &up.oauth_client_id, &redirect);
+    eprintln!(
+        "Open this URL in a browser and log in:\n\n    {url}\n\nOn this machine the login completes by \
+         itself. Over SSH, copy the address the browser ends on (http://localhost:{}/auth/callback?code=…) \
+         and paste it here:",
+        flow::CALLBACK_PORT
+    );
+    // Read on its own thread (a blocked stdin read must not hold the runtime).
+    // Without a terminal (stdin closed) only the callback can complete it.
+    let pasted = async {
+        let line = tokio::task::spawn_blocking(|| {
+            let mut line = String::new();
+            loop {
+                line.clear();
+                match std::io::stdin().read_line(&mut line) {
+                    Ok(0) | Err(_) => return None,
+                    Ok(_) if line.trim().is_empty() => continue,
+                    Ok(_) => return Some(line.trim().to_string()),
+                }
+            }
+        })
+        .await
+        .ok()
+        .flatten();
+        match line {
+            Some(l) => Ok::<String, LoginError>(l),
+            None => std::future::pending().await,
+        }
+    };
+    let redirected = tokio::select! {
+        r = pasted => r,
+        r = callback(flow::CALLBACK_PORT) => r,
+    }
+    .map_err(failed)?;
+    let code = pkce.code_from_redirect(&redirected).map_err(failed)?;
+    flow::exchange_code(
+        &http,
+        &up.oauth_token_url,
+        &up.oauth_client_id,
+        (&code, &redirect, &pkce.verifier),
+    )
+    .await
+    .map_err(failed)
+}
+
+/// Waits for the browser's redirect on 127.0.0.1:`port` and answers it; never resolves when
+/// the port is taken (the URL can still be pasted).
+async fn callback(port: u16) -> Result<String, crate::upstream::login::LoginError> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let Ok(listener) = tokio::net::TcpListener::bind(("127.0.0.1", port)).await else {
+        return std::future::pending().await;
+    };
+    loop {
+        let Ok((mut sock, _)) = listener.accept().await else {
+            continue;
+        };
+        let mut buf = vec![0u8; 8192];
+        let n = sock.read(&mut buf).await.unwrap_or(0);
+        let head = String::from_utf8_lossy(&buf[..n]).into_owned();
+        let target = head
+            .lines()
+            .next()
+            .and_then(|l| l.split_whitespace().nth(1))
+            .unwrap_or_default()
+            .to_string();
+        if !target.starts_with("/auth/callback") {
+            let _ = sock
+                .write_all(
+                    b"HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\nconnection: close\r\n\r\n",
+                )
+                .await;
+            continue;
+        }
+        let body = "Switchyard: the login is complete; you can close this tab.";
+        let _ = sock
+            .write_all(
+                format!(
+                    "HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                    body.len()
+                )
+                .as_bytes(),
+            )
+            .await;
+        return Ok(target);
+    }
+}
+
 /// Writes a file only its owner may read (created 0600; an existing file is truncated and
 /// set to 0600 first).
 fn write_private(path: &Path, bytes: &[u8]) -> Result<(), CommandError> {
@@ -571,6 +720,31 @@ async fn account_with(
                     ),
                 }
             }
+        }
+        AccountCommand::Login { browser, account } => {
+            let expected = match &account {
+                Some(sel) => Some(find_account(&backend.list_accounts().await?, sel)?),
+                None => None,
+            };
+            let tokens = login(config, browser).await?;
+            let auth = tokens.auth_json(clock::system().now_secs());
+            let parsed = crate::fleet::auth_file::parse(auth.to_string().as_bytes(), 0)
+                .map_err(|e| CommandError::Usage(format!("the new login: {e}")))?;
+            if let Some(a) = &expected
+                && a.chatgpt_account_id != parsed.chatgpt_account_id
+            {
+                return Err(CommandError::Usage(format!(
+                    "this login is ChatGPT account {}, not {} ({}); nothing was stored",
+                    parsed.chatgpt_account_id, a.id, a.chatgpt_account_id
+                )));
+            }
+            let imported = backend.import_account(auth.to_string().as_bytes()).await?;
+            let verb = match (&expected, imported.created) {
+                (Some(_), _) => "logged in again",
+                (None, true) => "logged in",
+                (None, false) => "logged in again (already known)",
+            };
+            println!("{verb}: {}", describe_account(&imported.account));
         }
         AccountCommand::Export { id, out, keep } => {
             let exported = backend.export_account(&id, keep).await?;

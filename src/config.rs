@@ -20,6 +20,7 @@ pub const ADMIN_SOCKET_FILE: &str = "admin.sock";
 pub const ENV_UPSTREAM_BASE_URL: &str = "SWITCHYARD_UPSTREAM_BASE_URL";
 pub const ENV_UPSTREAM_USAGE_URL: &str = "SWITCHYARD_UPSTREAM_USAGE_URL";
 pub const ENV_OAUTH_TOKEN_URL: &str = "SWITCHYARD_OAUTH_TOKEN_URL";
+pub const ENV_AUTH_BASE_URL: &str = "SWITCHYARD_AUTH_BASE_URL";
 
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -139,9 +140,13 @@ pub struct UpstreamConfig {
     /// Usage and limits endpoint (`wham/usage`).
     #[serde(deserialize_with = "http_url")]
     pub usage_url: String,
-    /// OAuth token endpoint used to refresh account tokens.
+    /// OAuth token endpoint used to refresh account tokens (and to finish a login).
     #[serde(deserialize_with = "http_url")]
     pub oauth_token_url: String,
+    /// The auth server `account login` talks to: the device-code endpoints
+    /// (`/api/accounts/deviceauth/…`, `/codex/device`) and `/oauth/authorize` hang off it.
+    #[serde(deserialize_with = "http_url")]
+    pub auth_base_url: String,
     /// OAuth client id of Codex CLI.
     pub oauth_client_id: String,
     #[serde(with = "duration")]
@@ -169,6 +174,7 @@ impl Default for UpstreamConfig {
             base_url: "https://chatgpt.com/backend-api/codex".into(),
             usage_url: "https://chatgpt.com/backend-api/wham/usage".into(),
             oauth_token_url: "https://auth.openai.com/oauth/token".into(),
+            auth_base_url: "https://auth.openai.com".into(),
             oauth_client_id: "app_EMoamEEZ73f0CkXaXp7hrann".into(),
             connect_timeout: Duration::from_secs(10),
             header_timeout: Duration::from_secs(60),
@@ -286,6 +292,7 @@ impl Config {
             (ENV_UPSTREAM_BASE_URL, &mut self.upstream.base_url),
             (ENV_UPSTREAM_USAGE_URL, &mut self.upstream.usage_url),
             (ENV_OAUTH_TOKEN_URL, &mut self.upstream.oauth_token_url),
+            (ENV_AUTH_BASE_URL, &mut self.upstream.auth_base_url),
         ] {
             if let Some(v) = env(var) {
                 check_http_url(&v).map_err(|message| ConfigError::Env { var, message })?;
@@ -481,10 +488,12 @@ usage_retention_days = 400
 
 [upstream]
 # The Codex backend. Environment overrides: SWITCHYARD_UPSTREAM_BASE_URL,
-# SWITCHYARD_UPSTREAM_USAGE_URL, SWITCHYARD_OAUTH_TOKEN_URL.
+# SWITCHYARD_UPSTREAM_USAGE_URL, SWITCHYARD_OAUTH_TOKEN_URL, SWITCHYARD_AUTH_BASE_URL.
 base_url = "https://chatgpt.com/backend-api/codex"
 usage_url = "https://chatgpt.com/backend-api/wham/usage"
 oauth_token_url = "https://auth.openai.com/oauth/token"
+# `account login` (device code and browser): the auth server. Env: SWITCHYARD_AUTH_BASE_URL.
+auth_base_url = "https://auth.openai.com"
 oauth_client_id = "app_EMoamEEZ73f0CkXaXp7hrann"
 # Time to open a connection, to receive response headers, and the longest silence in a stream.
 connect_timeout = "10s"

@@ -3,6 +3,7 @@
 
 pub mod event;
 pub mod failure;
+pub mod login;
 pub mod quota;
 pub mod sse;
 pub mod stream;

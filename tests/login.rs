@@ -1,0 +1,411 @@
+//! `switchyard account login` against the simulator's auth server: the device-code flow
+//! (approved, denied, expired, slowed down, interrupted), the browser flow with a pasted
+//! redirect URL, and logging an existing account in again.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::http::Method;
+use common::gw::{Gw, until};
+use common::{BIN, clean_env};
+use serde_json::Value;
+use switchyard::sim::DeviceCode;
+
+/// A login command running in the background, its stderr collected as it comes.
+struct Login {
+    child: Child,
+    stderr: Arc<Mutex<String>>,
+    reader: std::thread::JoinHandle<()>,
+}
+
+impl Login {
+    fn start(gw: &Gw, args: &[&str]) -> Login {
+        let cfg = gw.dir.with_extension("login.toml");
+        std::fs::write(
+            &cfg,
+            format!(
+                "[upstream]\nbase_url = \"{}\"\nusage_url = \"{}\"\noauth_token_url = \"{}\"\nauth_base_url = \"{}\"\n",
+                gw.sim.base_url(),
+                gw.sim.usage_url(),
+                gw.sim.oauth_token_url(),
+                gw.sim.oauth_token_url().trim_end_matches("/oauth/token"),
+            ),
+        )
+        .unwrap();
+        let mut cmd = Command::new(BIN);
+        clean_env(&mut cmd);
+        cmd.arg("--config")
+            .arg(&cfg)
+            .arg("--state-dir")
+            .arg(&gw.dir)
+            .args(["account", "login"])
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let mut child = cmd.spawn().unwrap();
+        let stderr = Arc::new(Mutex::new(String::new()));
+        let pipe = child.stderr.take().unwrap();
+        let sink = Arc::clone(&stderr);
+        let reader = std::thread::spawn(move || {
+            for line in BufReader::new(pipe).lines() {
+                let Ok(line) = line else { break };
+                let mut s = sink.lock().unwrap();
+                s.push_str(&line);
+                s.push('\n');
+            }
+        });
+        Login {
+            child,
+            stderr,
+            reader,
+        }
+    }
+
+    fn stderr(&self) -> String {
+        self.stderr.lock().unwrap().clone()
+    }
+
+    /// Waits for the command to end: (success, stdout, stderr).
+    async fn finish(self) -> (bool, String, String) {
+        let Login {
+            mut child,
+            stderr,
+            reader,
+        } = self;
+        let stdout = child.stdout.take().unwrap();
+        let (status, out) = tokio::task::spawn_blocking(move || {
+            let mut out = String::new();
+            std::io::Read::read_to_string(&mut BufReader::new(stdout), &mut out).unwrap();
+            let status = child.wait().unwrap();
+            // The stderr reader ends with the process.
+            reader.join().unwrap();
+            (status, out)
+        })
+        .await
+        .unwrap();
+        let err = stderr.lock().unwrap().clone();
+        (status.success(), out, err)
+    }
+}
+
+/// The first device code the simulator issued (the command asked for it).
+async fn issued(gw: &Gw) -> DeviceCode {
+    tokio::time::timeout(Duration::from_secs(30), gw.sim.sim.wait_device_codes(1))
+        .await
+        .expect("the command asks for a device code")
+        .remove(0)
+}
+
+async fn remove_account(gw: &Gw, sim_account: &str) {
+    let id = gw.ids[sim_account].clone();
+    gw.admin_call(Method::DELETE, &format!("/api/admin/accounts/{id}"), None)
+        .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_device_code_login_adds_the_account_through_the_daemon() {
+    let gw = Gw::start(2).await;
+    gw.sim.sim.set_device_interval(1);
+    let second = gw.rr_order()[1].clone();
+    remove_account(&gw, &second).await;
+    assert_eq!(gw.accounts().await.len(), 1);
+    let login = Login::start(&gw, &[]);
+    let code = issued(&gw).await;
+    // The operator is shown where to go and the code to enter.
+    until("the code is shown", || async {
+        login.stderr().contains(&code.user_code)
+    })
+    .await;
+    assert!(
+        login.stderr().contains("/codex/device"),
+        "{}",
+        login.stderr()
+    );
+    gw.sim
+        .sim
+        .approve_device_code(&code.user_code, &second)
+        .unwrap();
+    let (ok, out, err) = login.finish().await;
+    assert!(ok, "{err}");
+    assert!(out.starts_with("logged in: "), "{out}");
+    assert!(out.contains(&second), "{out}");
+    // The daemon has it at once, ready, and serves with it.
+    let a = gw.account(&second).await;
+    assert_eq!(a["state"], "ready", "{a}");
+    let served = gw.served(&second);
+    for i in 0..4 {
+        let sse = gw
+            .stream(
+                &common::gw::body_plain("gpt-5.5", &format!("q{i}"), true),
+                &[],
+            )
+            .await;
+        assert_eq!(sse.last().0, "response.completed");
+    }
+    assert!(gw.served(&second) > served);
+    // It polled no faster than the interval it was given.
+    let polls: Vec<u64> = gw
+        .sim
+        .sim
+        .all_requests()
+        .iter()
+        .filter(|r| r.path == "/api/accounts/deviceauth/token")
+        .map(|r| r.at_ms)
+        .collect();
+    assert!(!polls.is_empty());
+    for w in polls.windows(2) {
+        assert!(w[1] - w[0] >= 1000, "{polls:?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_denied_or_expired_device_code_stores_nothing() {
+    let gw = Gw::start(2).await;
+    gw.sim.sim.set_device_interval(1);
+    let second = gw.rr_order()[1].clone();
+    remove_account(&gw, &second).await;
+
+    let login = Login::start(&gw, &[]);
+    let code = issued(&gw).await;
+    gw.sim.sim.deny_device_code(&code.user_code).unwrap();
+    let (ok, _, err) = login.finish().await;
+    assert!(!ok);
+    assert!(err.contains("login failed: the login was denied"), "{err}");
+
+    let login = Login::start(&gw, &[]);
+    let code = tokio::time::timeout(Duration::from_secs(30), gw.sim.sim.wait_device_codes(2))
+        .await
+        .unwrap()
+        .remove(1);
+    gw.sim.sim.expire_device_code(&code.user_code).unwrap();
+    let (ok, _, err) = login.finish().await;
+    assert!(!ok);
+    assert!(err.contains("expired"), "{err}");
+    assert_eq!(gw.accounts().await.len(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_down_makes_the_command_poll_five_seconds_slower() {
+    let gw = Gw::start(2).await;
+    gw.sim.sim.set_device_interval(1);
+    let second = gw.rr_order()[1].clone();
+    remove_account(&gw, &second).await;
+    let login = Login::start(&gw, &[]);
+    let code = issued(&gw).await;
+    gw.sim.sim.slow_down_device_code(&code.user_code).unwrap();
+    // Approve once the slowed poll has been answered.
+    until("the slow_down answer", || async {
+        gw.sim
+            .sim
+            .device_codes()
+            .first()
+            .is_some_and(|c| c.polls >= 1)
+    })
+    .await;
+    gw.sim
+        .sim
+        .approve_device_code(&code.user_code, &second)
+        .unwrap();
+    let (ok, _, err) = login.finish().await;
+    assert!(ok, "{err}");
+    let polls: Vec<u64> = gw
+        .sim
+        .sim
+        .all_requests()
+        .iter()
+        .filter(|r| r.path == "/api/accounts/deviceauth/token")
+        .map(|r| r.at_ms)
+        .collect();
+    // After the slow_down answer the next poll waited 1 + 5 seconds.
+    assert!(polls.len() >= 2, "{polls:?}");
+    assert!(polls[1] - polls[0] >= 6000, "{polls:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_interrupted_login_stores_nothing() {
+    let gw = Gw::start(2).await;
+    gw.sim.sim.set_device_interval(1);
+    let second = gw.rr_order()[1].clone();
+    remove_account(&gw, &second).await;
+    let login = Login::start(&gw, &[]);
+    let code = issued(&gw).await;
+    let pid = login.child.id();
+    assert!(
+        Command::new("kill")
+            .args(["-INT", &pid.to_string()])
+            .status()
+            .unwrap()
+            .success()
+    );
+    let (ok, _, _) = login.finish().await;
+    assert!(!ok);
+    // Approved after the command is gone: nobody exchanges it, nothing is stored.
+    gw.sim
+        .sim
+        .approve_device_code(&code.user_code, &second)
+        .unwrap();
+    assert_eq!(gw.accounts().await.len(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_browser_login_completes_with_the_pasted_redirect_url() {
+    let gw = Gw::start(2).await;
+    let second = gw.rr_order()[1].clone();
+    remove_account(&gw, &second).await;
+    gw.sim
+        .sim
+        .set_authorize_answer(switchyard::sim::AuthorizeAnswer::Approve {
+            account_id: second.clone(),
+        })
+        .unwrap();
+    let mut login = Login::start(&gw, &["--browser"]);
+    until("the authorize URL", || async {
+        login.stderr().contains("/oauth/authorize?")
+    })
+    .await;
+    let url = login
+        .stderr()
+        .split_whitespace()
+        .find(|w| w.contains("/oauth/authorize?"))
+        .unwrap()
+        .to_string();
+    assert!(url.contains("code_challenge_method=S256"), "{url}");
+    // The browser: the auth server redirects to the local callback address.
+    let resp = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap()
+        .get(&url)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 302);
+    let location = resp.headers()["location"].to_str().unwrap().to_string();
+    assert!(
+        location.starts_with("http://localhost:1455/auth/callback?"),
+        "{location}"
+    );
+    // Over SSH the operator pastes it.
+    let mut stdin = login.child.stdin.take().unwrap();
+    writeln!(stdin, "{location}").unwrap();
+    drop(stdin);
+    let (ok, out, err) = login.finish().await;
+    assert!(ok, "{err}");
+    assert!(out.contains(&second), "{out}");
+    assert_eq!(gw.account(&second).await["state"], "ready");
+
+    // A denial comes back the same way, and stores nothing.
+    remove_account(&gw, &second).await;
+    gw.sim
+        .sim
+        .set_authorize_answer(switchyard::sim::AuthorizeAnswer::deny())
+        .unwrap();
+    let mut login = Login::start(&gw, &["--browser"]);
+    until("the authorize URL", || async {
+        login.stderr().contains("/oauth/authorize?")
+    })
+    .await;
+    let url = login
+        .stderr()
+        .split_whitespace()
+        .find(|w| w.contains("/oauth/authorize?"))
+        .unwrap()
+        .to_string();
+    let resp = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap()
+        .get(&url)
+        .send()
+        .await
+        .unwrap();
+    let location = resp.headers()["location"].to_str().unwrap().to_string();
+    let mut stdin = login.child.stdin.take().unwrap();
+    writeln!(stdin, "{location}").unwrap();
+    drop(stdin);
+    let (ok, _, err) = login.finish().await;
+    assert!(!ok);
+    assert!(err.contains("denied"), "{err}");
+    assert_eq!(gw.accounts().await.len(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn logging_an_account_in_again_keeps_its_id_and_history_and_ends_needs_reauth() {
+    let gw = Gw::start(1).await;
+    gw.sim.sim.set_device_interval(1);
+    let acct = gw.ids.keys().next().unwrap().clone();
+    let id = gw.ids[&acct].clone();
+    // History: a request served by it.
+    assert_eq!(
+        gw.json(&common::gw::body("gpt-5.5", "before", false))
+            .await
+            .0,
+        200
+    );
+    // Its login dies (revoked elsewhere).
+    assert!(gw.sim.sim.revoke_tokens(&acct));
+    let _ = gw
+        .admin()
+        .await
+        .call::<Value>(
+            Method::POST,
+            &format!("/api/admin/accounts/{id}/refresh"),
+            None,
+        )
+        .await;
+    assert_eq!(gw.account(&acct).await["state"], "needs_reauth");
+
+    let login = Login::start(&gw, &["--account", &id]);
+    let code = issued(&gw).await;
+    gw.sim
+        .sim
+        .approve_device_code(&code.user_code, &acct)
+        .unwrap();
+    let (ok, out, err) = login.finish().await;
+    assert!(ok, "{err}");
+    assert!(out.starts_with("logged in again: "), "{out}");
+    let a = gw.account(&acct).await;
+    assert_eq!(
+        (a["id"].as_str(), a["state"].as_str()),
+        (Some(id.as_str()), Some("ready"))
+    );
+    assert_eq!(gw.accounts().await.len(), 1);
+    let records = gw.requests(10).await;
+    assert!(records.iter().any(|r| r["account"] == acct.as_str()));
+    assert_eq!(
+        gw.json(&common::gw::body("gpt-5.5", "after", false))
+            .await
+            .0,
+        200
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn logging_in_again_as_another_chatgpt_account_is_refused() {
+    let gw = Gw::start(2).await;
+    gw.sim.sim.set_device_interval(1);
+    let order = gw.rr_order();
+    let id = gw.ids[&order[0]].clone();
+    let login = Login::start(&gw, &["--account", &id]);
+    let code = issued(&gw).await;
+    gw.sim
+        .sim
+        .approve_device_code(&code.user_code, &order[1])
+        .unwrap();
+    let (ok, _, err) = login.finish().await;
+    assert!(!ok);
+    assert!(
+        err.contains(&format!(
+            "this login is ChatGPT account {}, not {id}",
+            order[1]
+        )) && err.contains("nothing was stored"),
+        "{err}"
+    );
+    assert_eq!(gw.accounts().await.len(), 2);
+}
