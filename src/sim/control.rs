@@ -1,7 +1,16 @@
 //! `/sim/*`: the control API (JSON) that scripts and the demo use to steer the simulator
 //! over HTTP. Same operations as the [`Sim`] methods.
 //!
-//! `POST /sim/accounts/{id}/revoke-family` `{"refresh_token": …}` ends that one refresh
+//! Login controls (the simulated user of `login`), under `/sim/login/`:
+//! - `GET device-codes` → `{"device_codes": [DeviceCode…]}`, oldest first;
+//! - `POST device-codes/{user_code}/approve` `{"account_id": …}`, `…/deny`, `…/expire`,
+//!   `…/slow-down` → the code (404 unknown code or account, 409 not pending);
+//! - `GET|PUT device-settings` `{"interval_secs"?: u64, "lifetime_secs"?: u64}` → the settings
+//!   for new codes;
+//! - `GET|PUT authorize` `{"answer": "approve", "account_id": …}` or `{"answer": "deny",
+//!   "error_description"?: …}` → how `/oauth/authorize` answers.
+//!
+//! And `POST /sim/accounts/{id}/revoke-family` `{"refresh_token": …}` ends that one refresh
 //! family (404 if the token is none of the account's).
 
 use hyper::Method;
@@ -9,7 +18,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::server::{Outcome, SimRequest, json};
-use super::{Fault, Sim};
+use super::{AuthorizeAnswer, Fault, LoginControlError, Sim};
 
 fn not_found(what: &str) -> Outcome {
     json(
@@ -23,6 +32,20 @@ fn bad_request(message: String) -> Outcome {
     json(
         400,
         &json!({"error": {"code": "invalid_request", "message": message}}),
+    )
+    .into()
+}
+
+fn login_error(e: LoginControlError) -> Outcome {
+    let (status, code) = match e {
+        LoginControlError::UnknownUserCode(_) | LoginControlError::UnknownAccount(_) => {
+            (404, "not_found")
+        }
+        LoginControlError::NotPending(_) => (409, "conflict"),
+    };
+    json(
+        status,
+        &json!({"error": {"code": code, "message": e.to_string()}}),
     )
     .into()
 }
@@ -68,6 +91,19 @@ struct RevokeFamilyBody {
     refresh_token: String,
 }
 
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ApproveBody {
+    account_id: String,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct DeviceSettingsBody {
+    interval_secs: Option<u64>,
+    lifetime_secs: Option<u64>,
+}
+
 pub(crate) fn handle(sim: &Sim, req: &SimRequest) -> Outcome {
     let segments: Vec<&str> = req
         .path
@@ -84,6 +120,7 @@ pub(crate) fn handle(sim: &Sim, req: &SimRequest) -> Outcome {
             ok(json!({"cleared": true}))
         }
         ["accounts", id, rest @ ..] => account_route(sim, req, id, rest),
+        ["login", rest @ ..] => login_route(sim, req, rest),
         ["accounts"] | ["requests"] | ["faults"] => method_not_allowed(),
         _ => not_found("path"),
     }
@@ -154,6 +191,58 @@ fn account_route(sim: &Sim, req: &SimRequest, id: &str, rest: &[&str]) -> Outcom
         | ["models"]
         | ["deactivated"]
         | ["requests"] => method_not_allowed(),
+        _ => not_found("path"),
+    }
+}
+
+fn login_route(sim: &Sim, req: &SimRequest, rest: &[&str]) -> Outcome {
+    let m = &req.method;
+    let answered = |r: Result<super::DeviceCode, LoginControlError>| match r {
+        Ok(code) => ok(json!(code)),
+        Err(e) => login_error(e),
+    };
+    match rest {
+        ["device-codes"] if m == Method::GET => ok(json!({"device_codes": sim.device_codes()})),
+        ["device-codes", code, "approve"] if m == Method::POST => match parse::<ApproveBody>(req) {
+            Ok(b) => answered(sim.approve_device_code(code, &b.account_id)),
+            Err(e) => bad_request(e),
+        },
+        ["device-codes", code, "deny"] if m == Method::POST => answered(sim.deny_device_code(code)),
+        ["device-codes", code, "expire"] if m == Method::POST => {
+            answered(sim.expire_device_code(code))
+        }
+        ["device-codes", code, "slow-down"] if m == Method::POST => {
+            answered(sim.slow_down_device_code(code))
+        }
+        ["device-settings"] if m == Method::GET => ok(json!(sim.device_settings())),
+        ["device-settings"] if m == Method::PUT => match parse::<DeviceSettingsBody>(req) {
+            Ok(b) => {
+                if let Some(secs) = b.interval_secs {
+                    sim.set_device_interval(secs);
+                }
+                if let Some(secs) = b.lifetime_secs {
+                    sim.set_device_lifetime(std::time::Duration::from_secs(secs));
+                }
+                ok(json!(sim.device_settings()))
+            }
+            Err(e) => bad_request(e),
+        },
+        ["authorize"] if m == Method::GET => ok(json!(sim.authorize_answer())),
+        ["authorize"] if m == Method::PUT => match parse::<AuthorizeAnswer>(req) {
+            Ok(a) => match sim.set_authorize_answer(a) {
+                Ok(()) => ok(json!(sim.authorize_answer())),
+                Err(e) => login_error(e),
+            },
+            Err(e) => bad_request(e),
+        },
+        ["device-codes"]
+        | [
+            "device-codes",
+            _,
+            "approve" | "deny" | "expire" | "slow-down",
+        ]
+        | ["device-settings"]
+        | ["authorize"] => method_not_allowed(),
         _ => not_found("path"),
     }
 }
