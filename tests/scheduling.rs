@@ -594,6 +594,13 @@ async fn strategy_switch_applies_without_restart() {
         4,
         "the top-priority account takes everything"
     );
+    // Priority comes first under every strategy: equal again, round robin spreads.
+    gw.admin_call(
+        Method::PUT,
+        &format!("/api/admin/accounts/{}", order[2]),
+        Some(json!({"priority": 0})),
+    )
+    .await;
     set(&gw, json!({"strategy": "round_robin"})).await;
     for i in 0..6 {
         gw.stream(&body_plain("gpt-5.5", &format!("r{i}"), true), &[])
@@ -601,6 +608,7 @@ async fn strategy_switch_applies_without_restart() {
     }
     assert_eq!(gw.served(&order[0]), 2);
     assert_eq!(gw.served(&order[1]), 2);
+    assert_eq!(gw.served(&order[2]), 6);
     assert_eq!(gw.status().await["strategy"], "round_robin");
     // Bad settings are refused and change nothing.
     let bad = gw
