@@ -102,6 +102,32 @@ async fn issued(gw: &Gw) -> DeviceCode {
         .remove(0)
 }
 
+/// The authorize URL the command printed.
+async fn authorize_url(login: &Login) -> String {
+    until("the authorize URL", || async {
+        login.stderr().contains("/oauth/authorize?")
+    })
+    .await;
+    login
+        .stderr()
+        .split_whitespace()
+        .find(|w| w.contains("/oauth/authorize?"))
+        .unwrap()
+        .to_string()
+}
+
+/// The browser: opens a URL without following its redirect.
+async fn browse(url: &str) -> reqwest::Response {
+    reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap()
+        .get(url)
+        .send()
+        .await
+        .unwrap()
+}
+
 async fn remove_account(gw: &Gw, sim_account: &str) {
     let id = gw.ids[sim_account].clone();
     gw.admin_call(Method::DELETE, &format!("/api/admin/accounts/{id}"), None)
@@ -265,26 +291,10 @@ async fn a_browser_login_completes_with_the_pasted_redirect_url() {
         })
         .unwrap();
     let mut login = Login::start(&gw, &["--browser"]);
-    until("the authorize URL", || async {
-        login.stderr().contains("/oauth/authorize?")
-    })
-    .await;
-    let url = login
-        .stderr()
-        .split_whitespace()
-        .find(|w| w.contains("/oauth/authorize?"))
-        .unwrap()
-        .to_string();
+    let url = authorize_url(&login).await;
     assert!(url.contains("code_challenge_method=S256"), "{url}");
     // The browser: the auth server redirects to the local callback address.
-    let resp = reqwest::Client::builder()
-        .redirect(reqwest::redirect::Policy::none())
-        .build()
-        .unwrap()
-        .get(&url)
-        .send()
-        .await
-        .unwrap();
+    let resp = browse(&url).await;
     assert_eq!(resp.status().as_u16(), 302);
     let location = resp.headers()["location"].to_str().unwrap().to_string();
     assert!(
@@ -307,24 +317,8 @@ async fn a_browser_login_completes_with_the_pasted_redirect_url() {
         .set_authorize_answer(switchyard::sim::AuthorizeAnswer::deny())
         .unwrap();
     let mut login = Login::start(&gw, &["--browser"]);
-    until("the authorize URL", || async {
-        login.stderr().contains("/oauth/authorize?")
-    })
-    .await;
-    let url = login
-        .stderr()
-        .split_whitespace()
-        .find(|w| w.contains("/oauth/authorize?"))
-        .unwrap()
-        .to_string();
-    let resp = reqwest::Client::builder()
-        .redirect(reqwest::redirect::Policy::none())
-        .build()
-        .unwrap()
-        .get(&url)
-        .send()
-        .await
-        .unwrap();
+    let url = authorize_url(&login).await;
+    let resp = browse(&url).await;
     let location = resp.headers()["location"].to_str().unwrap().to_string();
     let mut stdin = login.child.stdin.take().unwrap();
     writeln!(stdin, "{location}").unwrap();
