@@ -486,8 +486,7 @@ async fn login(
     use crate::upstream::login::{self as flow, LoginError};
     crate::upstream::install_crypto_provider();
     let up = &config.upstream;
-    let http = reqwest::Client::builder()
-        .connect_timeout(up.connect_timeout)
+    let http = crate::upstream::http_client(up)
         .timeout(up.header_timeout)
         .build()
         .map_err(|e| CommandError::Usage(e.to_string()))?;

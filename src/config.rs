@@ -166,6 +166,10 @@ pub struct UpstreamConfig {
     pub request_deadline: Duration,
     /// `client_version` sent when fetching the model catalog.
     pub client_version: String,
+    /// Honour `HTTPS_PROXY` / `HTTP_PROXY` / `ALL_PROXY` (and `NO_PROXY`) for upstream traffic.
+    /// Off: a proxy meant for something else must not catch the gateway's traffic (or the
+    /// loopback a simulator listens on).
+    pub use_env_proxy: bool,
 }
 
 impl Default for UpstreamConfig {
@@ -182,6 +186,7 @@ impl Default for UpstreamConfig {
             first_output_timeout: Duration::ZERO,
             request_deadline: Duration::from_secs(600),
             client_version: "0.169.0".into(),
+            use_env_proxy: false,
         }
     }
 }
@@ -507,6 +512,8 @@ first_output_timeout = "0s"
 request_deadline = "10m"
 # client_version sent when fetching the model catalog.
 client_version = "0.169.0"
+# Honour HTTPS_PROXY / HTTP_PROXY / ALL_PROXY / NO_PROXY for upstream traffic (off: ignored).
+use_env_proxy = false
 
 [models]
 # Extra model names clients may use, and the upstream model each stands for.

@@ -379,4 +379,88 @@ mod ownership {
             .await
             .unwrap();
     }
+
+    /// Proxy variables meant for something else do not catch the gateway's traffic unless
+    /// `use_env_proxy` says so.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn proxy_environment_variables_are_ignored_unless_asked_for() {
+        let gw = Gw::start(1).await;
+        let acct = gw.ids.keys().next().unwrap().clone();
+        let tmp = tempfile::tempdir().unwrap();
+        let cfg = config_for(&gw, tmp.path());
+        let dead = {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            format!("http://{}", l.local_addr().unwrap())
+        };
+        let file = tmp.path().join("auth.json");
+        std::fs::write(&file, gw.sim.sim.auth_json(&acct).unwrap().to_string()).unwrap();
+        let s = |p: &std::path::Path| p.to_str().unwrap().to_string();
+        let answer = |cfg: std::path::PathBuf, state: std::path::PathBuf| {
+            let dead = dead.clone();
+            let file = file.clone();
+            async move {
+                let base = vec![
+                    "--config".to_string(),
+                    s(&cfg),
+                    "--state-dir".into(),
+                    s(&state),
+                ];
+                let mut import = base.clone();
+                import.extend([
+                    "account".into(),
+                    "import".into(),
+                    "--no-refresh".into(),
+                    s(&file),
+                ]);
+                assert!(run(import).await.status.success());
+                let mut key = base.clone();
+                key.extend(["key".into(), "create".into(), "k".into()]);
+                let key = stdout(&run(key).await).trim().to_string();
+                let daemon = tokio::task::spawn_blocking(move || {
+                    let env = [
+                        "HTTP_PROXY",
+                        "HTTPS_PROXY",
+                        "ALL_PROXY",
+                        "http_proxy",
+                        "https_proxy",
+                    ]
+                    .into_iter()
+                    .map(|v| (v, dead.clone()))
+                    .collect();
+                    Daemon::start_with(
+                        &state,
+                        DaemonOptions {
+                            config: Some(&cfg),
+                            env,
+                            ..Default::default()
+                        },
+                    )
+                })
+                .await
+                .unwrap();
+                let status = reqwest::Client::builder()
+                    .no_proxy()
+                    .build()
+                    .unwrap()
+                    .post(format!("http://{}/v1/responses", daemon.http))
+                    .header("authorization", format!("Bearer {key}"))
+                    .json(&body("gpt-5.5", "hi", false))
+                    .send()
+                    .await
+                    .unwrap()
+                    .status()
+                    .as_u16();
+                tokio::task::spawn_blocking(move || drop(daemon))
+                    .await
+                    .unwrap();
+                status
+            }
+        };
+        assert_eq!(answer(cfg.clone(), tmp.path().join("ignored")).await, 200);
+        // Asked for, the dead proxy is used (and the request fails over to nothing).
+        let honoured = tmp.path().join("honoured.toml");
+        let text = std::fs::read_to_string(&cfg).unwrap();
+        std::fs::write(&honoured, format!("{text}use_env_proxy = true\n")).unwrap();
+        assert_ne!(answer(honoured, tmp.path().join("honoured")).await, 200);
+    }
 }

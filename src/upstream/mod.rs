@@ -97,6 +97,17 @@ pub struct Upstream {
     config: UpstreamConfig,
 }
 
+/// An HTTP client builder for the upstream and its auth server: the connect timeout, and proxy
+/// environment variables only when `use_env_proxy` says so.
+pub fn http_client(config: &UpstreamConfig) -> reqwest::ClientBuilder {
+    let b = reqwest::Client::builder().connect_timeout(config.connect_timeout);
+    if config.use_env_proxy {
+        b
+    } else {
+        b.no_proxy()
+    }
+}
+
 /// Installs the TLS crypto provider once per process (ring).
 pub fn install_crypto_provider() {
     let _ = rustls::crypto::ring::default_provider().install_default();
@@ -105,8 +116,7 @@ pub fn install_crypto_provider() {
 impl Upstream {
     pub fn new(config: &UpstreamConfig) -> Result<Upstream, String> {
         install_crypto_provider();
-        let http = reqwest::Client::builder()
-            .connect_timeout(config.connect_timeout)
+        let http = http_client(config)
             .pool_idle_timeout(Duration::from_secs(90))
             .tcp_nodelay(true)
             .user_agent(concat!("switchyard/", env!("CARGO_PKG_VERSION")))
