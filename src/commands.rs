@@ -246,6 +246,25 @@ impl Backend {
         }
     }
 
+    /// One account by its id, chatgpt_account_id, email or label.
+    async fn get_account(&self, selector: &str) -> Result<wire::Account, CommandError> {
+        match self {
+            Backend::Daemon(c) => Ok(c
+                .call(
+                    Method::GET,
+                    &format!("/api/admin/accounts/{}", path_segment(selector)),
+                    None,
+                )
+                .await?),
+            Backend::Direct { fleet, .. } => {
+                let id = fleet.resolve(selector)?;
+                Ok(view::account(
+                    &fleet.get(&id).ok_or(FleetError::NotFound(id))?,
+                ))
+            }
+        }
+    }
+
     async fn import_account(&self, raw: &[u8]) -> Result<wire::ImportedAccount, CommandError> {
         match self {
             Backend::Daemon(c) => Ok(c
@@ -453,28 +472,6 @@ impl Backend {
                 .await?),
             Backend::Direct { keys, .. } => Ok(view::key(&keys.revoke(id).await?)),
         }
-    }
-}
-
-/// The account a selector names in a list: its id, chatgpt_account_id, email or label.
-fn find_account(accounts: &[wire::Account], sel: &str) -> Result<wire::Account, CommandError> {
-    let found: Vec<&wire::Account> = accounts
-        .iter()
-        .filter(|a| {
-            a.id == sel
-                || a.chatgpt_account_id == sel
-                || a.email.as_deref() == Some(sel)
-                || a.label == sel
-        })
-        .collect();
-    match found.as_slice() {
-        [one] => Ok((*one).clone()),
-        [] => Err(FleetError::NotFound(sel.to_string()).into()),
-        many => Err(FleetError::Ambiguous {
-            selector: sel.to_string(),
-            count: many.len(),
-        }
-        .into()),
     }
 }
 
@@ -722,7 +719,7 @@ async fn account_with(
         }
         AccountCommand::Login { browser, account } => {
             let expected = match &account {
-                Some(sel) => Some(find_account(&backend.list_accounts().await?, sel)?),
+                Some(sel) => Some(backend.get_account(sel).await?),
                 None => None,
             };
             let tokens = login(config, browser).await?;
@@ -1159,24 +1156,8 @@ async fn usage_with(
     // Hours are whole: the one `from` falls in counts.
     let mut buckets = backend.usage(from - from % 3600, to).await?;
     if let Some(k) = &args.key {
-        let keys = backend.list_keys().await?;
-        let id = match keys.iter().find(|x| x.id == *k) {
-            Some(x) => x.id.clone(),
-            None => {
-                let named: Vec<&wire::Key> = keys.iter().filter(|x| x.name == *k).collect();
-                match named.as_slice() {
-                    [] => return Err(crate::keys::KeyError::NotFound(k.clone()).into()),
-                    [one] => one.id.clone(),
-                    many => {
-                        return Err(crate::keys::KeyError::Ambiguous {
-                            name: k.clone(),
-                            ids: many.iter().map(|x| x.id.clone()).collect(),
-                        }
-                        .into());
-                    }
-                }
-            }
-        };
+        // The key ring's own resolution (id or name; an ambiguous name lists the ids).
+        let id = backend.show_key(k).await?.id;
         buckets.retain(|b| b.key_id == id);
     }
     let accounts: std::collections::BTreeMap<String, String> = backend

@@ -9,7 +9,7 @@ use axum::body::Bytes;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use axum::routing::{delete, get, post};
+use axum::routing::{get, post};
 use serde::de::DeserializeOwned;
 use switchyard_tui::wire;
 
@@ -27,7 +27,7 @@ pub fn routes() -> Router<Arc<AppState>> {
         )
         .route(
             "/api/admin/accounts/{id}",
-            delete(remove_account).put(update_account),
+            get(get_account).delete(remove_account).put(update_account),
         )
         .route("/api/admin/settings", get(get_settings).put(put_settings))
         .route("/api/admin/accounts/{id}/enable", post(enable_account))
@@ -386,4 +386,17 @@ async fn export_account(
     Ok(Json(view::exported(
         &state.fleet.export(&id, q.keep).await?,
     )))
+}
+
+/// One account by its id, chatgpt_account_id, email or label.
+async fn get_account(
+    State(state): State<Arc<AppState>>,
+    Path(id): Path<String>,
+) -> Result<Json<wire::Account>, ApiError> {
+    let id = state.fleet.resolve(&id)?;
+    let a = state
+        .fleet
+        .get(&id)
+        .ok_or(crate::fleet::FleetError::NotFound(id))?;
+    Ok(Json(view::account(&a)))
 }
