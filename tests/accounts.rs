@@ -130,6 +130,18 @@ mod ownership {
         cfg
     }
 
+    /// `--config CFG --state-dir STATE REST…` (the config only when given).
+    fn args(cfg: Option<&std::path::Path>, state: &std::path::Path, rest: &[&str]) -> Vec<String> {
+        let path = |p: &std::path::Path| p.to_str().unwrap().to_string();
+        let mut v = Vec::new();
+        if let Some(c) = cfg {
+            v.extend(["--config".to_string(), path(c)]);
+        }
+        v.extend(["--state-dir".to_string(), path(state)]);
+        v.extend(rest.iter().map(|r| r.to_string()));
+        v
+    }
+
     async fn run(args: Vec<String>) -> std::process::Output {
         tokio::task::spawn_blocking(move || {
             let mut cmd = std::process::Command::new(BIN);
@@ -165,16 +177,11 @@ mod ownership {
         let file = tmp.path().join("auth.json");
         std::fs::write(&file, auth.to_string()).unwrap();
         let state = tmp.path().join("elsewhere");
-        let s = |p: &std::path::Path| p.to_str().unwrap().to_string();
-        let out = run(vec![
-            "--config".into(),
-            s(&cfg),
-            "--state-dir".into(),
-            s(&state),
-            "account".into(),
-            "import".into(),
-            s(&file),
-        ])
+        let out = run(args(
+            Some(&cfg),
+            &state,
+            &["account", "import", file.to_str().unwrap()],
+        ))
         .await;
         assert!(out.status.success(), "{}", stderr(&out));
         assert!(stdout(&out).starts_with("imported "), "{}", stdout(&out));
@@ -200,16 +207,11 @@ mod ownership {
             .iter()
             .filter(|r| r.path == "/oauth/token")
             .count();
-        let out = run(vec![
-            "--config".into(),
-            s(&cfg),
-            "--state-dir".into(),
-            s(&tmp.path().join("third")),
-            "account".into(),
-            "import".into(),
-            "--no-refresh".into(),
-            s(&file),
-        ])
+        let out = run(args(
+            Some(&cfg),
+            &tmp.path().join("third"),
+            &["account", "import", "--no-refresh", file.to_str().unwrap()],
+        ))
         .await;
         assert!(out.status.success(), "{}", stderr(&out));
         assert!(stderr(&out).contains("not refreshed"), "{}", stderr(&out));
@@ -266,13 +268,7 @@ mod ownership {
             "{detail}"
         );
         // `account list` says it below its table too.
-        let out = run(vec![
-            "--state-dir".into(),
-            gw.dir.to_str().unwrap().into(),
-            "account".into(),
-            "list".into(),
-        ])
-        .await;
+        let out = run(args(None, &gw.dir, &["account", "list"])).await;
         assert!(
             stdout(&out).contains(&format!(
                 "{id}: this login's refresh token was used by another client"
@@ -293,16 +289,11 @@ mod ownership {
         let acct = gw.rr_order()[0].clone();
         let tmp = tempfile::tempdir().unwrap();
         let file = tmp.path().join("exported.json");
-        let s = |p: &std::path::Path| p.to_str().unwrap().to_string();
-        let out = run(vec![
-            "--state-dir".into(),
-            s(&gw.dir),
-            "account".into(),
-            "export".into(),
-            acct.clone(),
-            "--out".into(),
-            s(&file),
-        ])
+        let out = run(args(
+            None,
+            &gw.dir,
+            &["account", "export", &acct, "--out", file.to_str().unwrap()],
+        ))
         .await;
         assert!(out.status.success(), "{}", stderr(&out));
         assert!(
@@ -333,25 +324,14 @@ mod ownership {
         // Imported elsewhere (it takes the login there) and served by a daemon.
         let cfg = config_for(&gw, tmp.path());
         let state = tmp.path().join("elsewhere");
-        let import = run(vec![
-            "--config".into(),
-            s(&cfg),
-            "--state-dir".into(),
-            s(&state),
-            "account".into(),
-            "import".into(),
-            s(&file),
-        ])
+        let import = run(args(
+            Some(&cfg),
+            &state,
+            &["account", "import", file.to_str().unwrap()],
+        ))
         .await;
         assert!(import.status.success(), "{}", stderr(&import));
-        let key = run(vec![
-            "--state-dir".into(),
-            s(&state),
-            "key".into(),
-            "create".into(),
-            "moved".into(),
-        ])
-        .await;
+        let key = run(args(None, &state, &["key", "create", "moved"])).await;
         let key = stdout(&key).trim().to_string();
         let (state2, cfg2) = (state.clone(), cfg.clone());
         let daemon = tokio::task::spawn_blocking(move || {
@@ -394,28 +374,19 @@ mod ownership {
         };
         let file = tmp.path().join("auth.json");
         std::fs::write(&file, gw.sim.sim.auth_json(&acct).unwrap().to_string()).unwrap();
-        let s = |p: &std::path::Path| p.to_str().unwrap().to_string();
         let answer = |cfg: std::path::PathBuf, state: std::path::PathBuf| {
             let dead = dead.clone();
             let file = file.clone();
             async move {
-                let base = vec![
-                    "--config".to_string(),
-                    s(&cfg),
-                    "--state-dir".into(),
-                    s(&state),
-                ];
-                let mut import = base.clone();
-                import.extend([
-                    "account".into(),
-                    "import".into(),
-                    "--no-refresh".into(),
-                    s(&file),
-                ]);
-                assert!(run(import).await.status.success());
-                let mut key = base.clone();
-                key.extend(["key".into(), "create".into(), "k".into()]);
-                let key = stdout(&run(key).await).trim().to_string();
+                let import = ["account", "import", "--no-refresh", file.to_str().unwrap()];
+                assert!(
+                    run(args(Some(&cfg), &state, &import))
+                        .await
+                        .status
+                        .success()
+                );
+                let key = run(args(Some(&cfg), &state, &["key", "create", "k"])).await;
+                let key = stdout(&key).trim().to_string();
                 let daemon = tokio::task::spawn_blocking(move || {
                     let env = [
                         "HTTP_PROXY",

@@ -128,6 +128,27 @@ async fn browse(url: &str) -> reqwest::Response {
         .unwrap()
 }
 
+/// When the command polled for its device code's token (sim clock, ms).
+fn poll_times(gw: &Gw) -> Vec<u64> {
+    gw.sim
+        .sim
+        .all_requests()
+        .iter()
+        .filter(|r| r.path == "/api/accounts/deviceauth/token")
+        .map(|r| r.at_ms)
+        .collect()
+}
+
+/// A gateway over two simulated accounts, the second not (or no longer) in it, and device
+/// codes polled every second: (gateway, the second account's id in the simulator).
+async fn one_account_logged_out() -> (Gw, String) {
+    let gw = Gw::start(2).await;
+    gw.sim.sim.set_device_interval(1);
+    let second = gw.rr_order()[1].clone();
+    remove_account(&gw, &second).await;
+    (gw, second)
+}
+
 async fn remove_account(gw: &Gw, sim_account: &str) {
     let id = gw.ids[sim_account].clone();
     gw.admin_call(Method::DELETE, &format!("/api/admin/accounts/{id}"), None)
@@ -136,10 +157,7 @@ async fn remove_account(gw: &Gw, sim_account: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_device_code_login_adds_the_account_through_the_daemon() {
-    let gw = Gw::start(2).await;
-    gw.sim.sim.set_device_interval(1);
-    let second = gw.rr_order()[1].clone();
-    remove_account(&gw, &second).await;
+    let (gw, second) = one_account_logged_out().await;
     assert_eq!(gw.accounts().await.len(), 1);
     let login = Login::start(&gw, &[]);
     let code = issued(&gw).await;
@@ -176,14 +194,7 @@ async fn a_device_code_login_adds_the_account_through_the_daemon() {
     }
     assert!(gw.served(&second) > served);
     // It polled no faster than the interval it was given.
-    let polls: Vec<u64> = gw
-        .sim
-        .sim
-        .all_requests()
-        .iter()
-        .filter(|r| r.path == "/api/accounts/deviceauth/token")
-        .map(|r| r.at_ms)
-        .collect();
+    let polls = poll_times(&gw);
     assert!(!polls.is_empty());
     for w in polls.windows(2) {
         assert!(w[1] - w[0] >= 1000, "{polls:?}");
@@ -192,10 +203,7 @@ async fn a_device_code_login_adds_the_account_through_the_daemon() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_denied_or_expired_device_code_stores_nothing() {
-    let gw = Gw::start(2).await;
-    gw.sim.sim.set_device_interval(1);
-    let second = gw.rr_order()[1].clone();
-    remove_account(&gw, &second).await;
+    let (gw, _) = one_account_logged_out().await;
 
     let login = Login::start(&gw, &[]);
     let code = issued(&gw).await;
@@ -218,10 +226,7 @@ async fn a_denied_or_expired_device_code_stores_nothing() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn slow_down_makes_the_command_poll_five_seconds_slower() {
-    let gw = Gw::start(2).await;
-    gw.sim.sim.set_device_interval(1);
-    let second = gw.rr_order()[1].clone();
-    remove_account(&gw, &second).await;
+    let (gw, second) = one_account_logged_out().await;
     let login = Login::start(&gw, &[]);
     let code = issued(&gw).await;
     gw.sim.sim.slow_down_device_code(&code.user_code).unwrap();
@@ -240,14 +245,7 @@ async fn slow_down_makes_the_command_poll_five_seconds_slower() {
         .unwrap();
     let (ok, _, err) = login.finish().await;
     assert!(ok, "{err}");
-    let polls: Vec<u64> = gw
-        .sim
-        .sim
-        .all_requests()
-        .iter()
-        .filter(|r| r.path == "/api/accounts/deviceauth/token")
-        .map(|r| r.at_ms)
-        .collect();
+    let polls = poll_times(&gw);
     // After the slow_down answer the next poll waited 1 + 5 seconds.
     assert!(polls.len() >= 2, "{polls:?}");
     assert!(polls[1] - polls[0] >= 6000, "{polls:?}");
@@ -255,10 +253,7 @@ async fn slow_down_makes_the_command_poll_five_seconds_slower() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_interrupted_login_stores_nothing() {
-    let gw = Gw::start(2).await;
-    gw.sim.sim.set_device_interval(1);
-    let second = gw.rr_order()[1].clone();
-    remove_account(&gw, &second).await;
+    let (gw, second) = one_account_logged_out().await;
     let login = Login::start(&gw, &[]);
     let code = issued(&gw).await;
     let pid = login.child.id();
