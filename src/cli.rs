@@ -290,7 +290,7 @@ pub enum AccountCommand {
     /// Remove an account and its tokens.
     Remove { id: String },
     /// Change an account's label, priority (lower is preferred; equal priorities follow the
-    /// strategy) or its own concurrency cap.
+    /// strategy), its own concurrency cap or its egress proxy.
     Set(AccountSetArgs),
 }
 
@@ -306,6 +306,18 @@ pub struct AccountSetArgs {
     /// Requests at once on this account (`none`: the pool's `max_concurrency`).
     #[arg(long, value_name = "N|none", value_parser = limit)]
     pub max_concurrency: Option<Setting<u64>>,
+    /// Its egress proxy for every upstream call (`http://`, `https://`, `socks5://`,
+    /// `socks5h://`, optional `user:password@`; stored sealed). `none`: `[upstream] proxy`, or
+    /// straight out.
+    #[arg(long, value_name = "URL|none", value_parser = proxy_setting)]
+    pub proxy: Option<Setting<String>>,
+}
+
+fn proxy_setting(s: &str) -> Result<Setting<String>, String> {
+    if s.eq_ignore_ascii_case("none") {
+        return Ok(Setting::Clear);
+    }
+    crate::upstream::egress::ProxyUrl::parse(s).map(|p| Setting::Set(p.as_url()))
 }
 
 #[derive(Debug, Subcommand)]

@@ -323,6 +323,9 @@ impl Backend {
                 if let Some(m) = change.max_concurrency {
                     body.insert("max_concurrency".into(), serde_json::json!(m));
                 }
+                if let Some(p) = &change.proxy {
+                    body.insert("proxy".into(), serde_json::json!(p));
+                }
                 Ok(c.call(
                     Method::PUT,
                     &format!("/api/admin/accounts/{}", path_segment(id)),
@@ -794,19 +797,25 @@ async fn account_with(
                 label: args.label,
                 priority: args.priority,
                 max_concurrency,
+                proxy: args.proxy.map(|p| match p {
+                    Setting::Set(url) => Some(url),
+                    Setting::Clear => None,
+                }),
             };
             if change == crate::fleet::settings::AccountChange::default() {
                 return Err(CommandError::Usage(
-                    "nothing to change: give --label, --priority or --max-concurrency".into(),
+                    "nothing to change: give --label, --priority, --max-concurrency or --proxy"
+                        .into(),
                 ));
             }
             let a = backend.set_account(&args.id, change).await?;
             println!(
-                "{} · priority {} · max concurrency {}",
+                "{} · priority {} · max concurrency {} · proxy {}",
                 describe_account(&a),
                 a.priority,
                 a.max_concurrency
-                    .map_or_else(|| "pool default".to_string(), |m| m.to_string())
+                    .map_or_else(|| "pool default".to_string(), |m| m.to_string()),
+                a.proxy.as_deref().unwrap_or("none")
             );
         }
     }
@@ -950,6 +959,9 @@ fn account_table(accounts: &[wire::Account]) -> String {
     for a in accounts {
         if let Some(detail) = &a.detail {
             out.push_str(&format!("{}: {detail}\n", a.id));
+        }
+        if let Some(proxy) = &a.proxy {
+            out.push_str(&format!("{}: goes out through {proxy}\n", a.id));
         }
     }
     out
@@ -1252,6 +1264,7 @@ mod tests {
             draining: false,
             unsupported_models: Vec::new(),
             quota: None,
+            proxy: None,
         };
         let t = account_table(&[
             a("a1", "ready", None, None),

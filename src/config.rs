@@ -170,6 +170,10 @@ pub struct UpstreamConfig {
     /// Off: a proxy meant for something else must not catch the gateway's traffic (or the
     /// loopback a simulator listens on).
     pub use_env_proxy: bool,
+    /// The egress proxy of every account without one of its own (`http://`, `https://`,
+    /// `socks5://`, `socks5h://`, credentials allowed), for the backend and the auth server.
+    #[serde(deserialize_with = "proxy_url")]
+    pub proxy: Option<String>,
 }
 
 impl Default for UpstreamConfig {
@@ -187,6 +191,7 @@ impl Default for UpstreamConfig {
             request_deadline: Duration::from_secs(600),
             client_version: "0.169.0".into(),
             use_env_proxy: false,
+            proxy: None,
         }
     }
 }
@@ -401,6 +406,12 @@ fn http_url<'de, D: Deserializer<'de>>(d: D) -> Result<String, D::Error> {
     Ok(s.trim_end_matches('/').to_string())
 }
 
+fn proxy_url<'de, D: Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
+    let s = String::deserialize(d)?;
+    let p = crate::upstream::egress::ProxyUrl::parse(&s).map_err(serde::de::Error::custom)?;
+    Ok(Some(p.as_url()))
+}
+
 fn positive_u64<'de, D: Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
     let v = u64::deserialize(d)?;
     if v == 0 {
@@ -514,6 +525,10 @@ request_deadline = "10m"
 client_version = "0.169.0"
 # Honour HTTPS_PROXY / HTTP_PROXY / ALL_PROXY / NO_PROXY for upstream traffic (off: ignored).
 use_env_proxy = false
+# The egress proxy of accounts without their own (`account set ID --proxy URL`): http://,
+# https://, socks5:// or socks5h://, with optional user:password@. Backend traffic goes through
+# it as a tunnel (CONNECT or SOCKS5), HTTP and WebSocket alike.
+# proxy = "socks5h://127.0.0.1:1080"
 
 [models]
 # Extra model names clients may use, and the upstream model each stands for.

@@ -236,15 +236,29 @@ async fn update_account(
     let obj = v
         .as_object()
         .ok_or_else(|| ApiError::bad_request("invalid_json", "the body must be a JSON object"))?;
-    if let Some(k) = obj
-        .keys()
-        .find(|k| !matches!(k.as_str(), "label" | "priority" | "max_concurrency"))
-    {
+    if let Some(k) = obj.keys().find(|k| {
+        !matches!(
+            k.as_str(),
+            "label" | "priority" | "max_concurrency" | "proxy"
+        )
+    }) {
         return Err(ApiError::bad_request(
             "unknown_field",
-            format!("unknown field `{k}` (expected label, priority, max_concurrency)"),
+            format!("unknown field `{k}` (expected label, priority, max_concurrency, proxy)"),
         ));
     }
+    let proxy = match obj.get("proxy") {
+        None => None,
+        Some(serde_json::Value::Null) => Some(None),
+        Some(p) => Some(Some(
+            p.as_str()
+                .ok_or_else(|| {
+                    ApiError::bad_request("invalid_value", "`proxy` must be a URL string, or null")
+                })?
+                .to_string(),
+        )),
+    };
+    let proxy_changed = proxy.is_some();
     let label = match obj.get("label") {
         None => None,
         Some(l) => Some(
@@ -278,19 +292,23 @@ async fn update_account(
                 })?,
         )),
     };
-    Ok(Json(view::account(
-        &state
-            .fleet
-            .set_account(
-                &id,
-                crate::fleet::settings::AccountChange {
-                    label,
-                    priority,
-                    max_concurrency,
-                },
-            )
-            .await?,
-    )))
+    let account = state
+        .fleet
+        .set_account(
+            &id,
+            crate::fleet::settings::AccountChange {
+                label,
+                priority,
+                max_concurrency,
+                proxy,
+            },
+        )
+        .await?;
+    if proxy_changed {
+        // Idle upstream sockets went out the old way.
+        state.dispatcher.ws_pool.evict(&account.id);
+    }
+    Ok(Json(view::account(&account)))
 }
 
 async fn get_settings(

@@ -51,6 +51,7 @@ pub fn account(a: &AccountView) -> wire::Account {
             plan: q.plan.clone(),
             observed_at: Some(clock::rfc3339(q.observed_ms / 1000)),
         }),
+        proxy: a.proxy.clone(),
     }
 }
 

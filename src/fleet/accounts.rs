@@ -46,6 +46,8 @@ pub struct AccountView {
     /// Models the backend said this account may not use, while the marks last (sorted).
     pub unsupported_models: Vec<String>,
     pub quota: Option<QuotaSnapshot>,
+    /// Its own egress proxy, password hidden.
+    pub proxy: Option<String>,
     /// The clock when the view was taken (unix ms).
     pub at_ms: u64,
 }
@@ -114,6 +116,7 @@ impl Fleet {
                 m
             },
             quota: e.quota.clone(),
+            proxy: e.proxy.as_ref().map(|p| p.redacted()),
             at_ms: now_ms,
         }
     }

@@ -25,6 +25,7 @@ use crate::clock::SharedClock;
 use crate::store::records::{AccountRecord, AccountSecrets};
 use crate::store::{Store, StoreError};
 use crate::upstream::Identity;
+use crate::upstream::egress::ProxyUrl;
 use crate::upstream::failure::{Endpoint, Facts};
 use crate::upstream::quota::QuotaSnapshot;
 
@@ -79,6 +80,8 @@ pub(crate) struct Entry {
     unsupported: HashMap<String, u64>,
     /// Takes no new sessions (operator action; not persisted).
     draining: bool,
+    /// Its own egress proxy (stored sealed).
+    proxy: Option<Arc<ProxyUrl>>,
 }
 
 impl Entry {
@@ -99,6 +102,7 @@ impl Entry {
             waiters: VecDeque::new(),
             unsupported: HashMap::new(),
             draining: false,
+            proxy: None,
         }
     }
 
@@ -198,23 +202,39 @@ impl Fleet {
         for record in store.load_accounts()? {
             // Tokens that cannot be opened are counted and logged by the store; the account
             // stays listed, without tokens.
-            let secrets = store.account_secrets(&record.id).unwrap_or(None);
+            let mut secrets = store.account_secrets(&record.id).unwrap_or(None);
             let id = record.id.clone();
+            // An account whose proxy cannot be opened must not go out another way: it is kept
+            // without tokens (the store counted and logged why) until its proxy is set again.
+            let proxy = match store.account_proxy(&id) {
+                Ok(None) => None,
+                Ok(Some(url)) => match ProxyUrl::parse(&url) {
+                    Ok(p) => Some(Arc::new(p)),
+                    Err(e) => {
+                        store.note_undecodable("account_proxies", &id, &e);
+                        secrets = None;
+                        None
+                    }
+                },
+                Err(_) => {
+                    secrets = None;
+                    None
+                }
+            };
             let limit = f64::from(
                 record
                     .max_concurrency
                     .unwrap_or(effective.max_concurrency)
                     .max(1),
             );
-            accounts.insert(
-                id.clone(),
-                Entry::new(
-                    record,
-                    health.remove(&id).unwrap_or_default(),
-                    secrets,
-                    limit,
-                ),
+            let mut entry = Entry::new(
+                record,
+                health.remove(&id).unwrap_or_default(),
+                secrets,
+                limit,
             );
+            entry.proxy = proxy;
+            accounts.insert(id.clone(), entry);
         }
 
         let affinity = affinity::Affinity::new(Arc::clone(&clock), effective.affinity_idle_ttl);
@@ -301,6 +321,7 @@ impl Fleet {
             access_token: s.access_token.expose().to_string(),
             chatgpt_account_id: e.record.chatgpt_account_id.clone(),
             installation_id: installation_id(id),
+            proxy: e.proxy.clone(),
         })
     }
 

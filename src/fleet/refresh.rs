@@ -21,6 +21,7 @@ use super::health::{Class, State, classify};
 use super::{AccountView, Fleet, FleetError};
 use crate::store::records::AccountSecrets;
 use crate::store::secrets::Secret;
+use crate::upstream::egress::ProxyUrl;
 use crate::upstream::failure::Facts;
 use crate::upstream::{Identity, TokenSet, Upstream};
 
@@ -30,12 +31,21 @@ pub const REFRESH_SKEW: Duration = Duration::from_secs(300);
 /// Whoever exchanges refresh tokens (the upstream in production, fakes in tests). A failure is
 /// the token endpoint's answer as facts.
 pub trait Refresher: Send + Sync {
-    fn refresh<'a>(&'a self, refresh_token: &'a str) -> BoxFuture<'a, Result<TokenSet, Facts>>;
+    /// `proxy`: the account's own way out.
+    fn refresh<'a>(
+        &'a self,
+        refresh_token: &'a str,
+        proxy: Option<&'a Arc<ProxyUrl>>,
+    ) -> BoxFuture<'a, Result<TokenSet, Facts>>;
 }
 
 impl Refresher for Upstream {
-    fn refresh<'a>(&'a self, refresh_token: &'a str) -> BoxFuture<'a, Result<TokenSet, Facts>> {
-        Box::pin(Upstream::refresh(self, refresh_token))
+    fn refresh<'a>(
+        &'a self,
+        refresh_token: &'a str,
+        proxy: Option<&'a Arc<ProxyUrl>>,
+    ) -> BoxFuture<'a, Result<TokenSet, Facts>> {
+        Box::pin(Upstream::refresh(self, refresh_token, proxy))
     }
 }
 
@@ -151,13 +161,19 @@ impl Fleet {
         rejected: Option<&str>,
         refresher: &dyn Refresher,
     ) -> Result<(Identity, Option<String>), TokenError> {
-        let current = {
+        let (current, proxy) = {
             let inner = self.read();
             let e = inner.accounts.get(id).ok_or(TokenError::Missing)?;
-            e.secrets.clone().ok_or(TokenError::Missing)?
+            (
+                e.secrets.clone().ok_or(TokenError::Missing)?,
+                e.proxy.clone(),
+            )
         };
         tracing::info!(account = %id, "refreshing access token");
-        match refresher.refresh(current.refresh_token.expose()).await {
+        match refresher
+            .refresh(current.refresh_token.expose(), proxy.as_ref())
+            .await
+        {
             Ok(tokens) => {
                 self.refresh.succeeded(id);
                 let fresh = self.rotated(&current, tokens);
@@ -288,7 +304,11 @@ mod tests {
     }
 
     impl Refresher for Fake {
-        fn refresh<'a>(&'a self, _rt: &'a str) -> BoxFuture<'a, Result<TokenSet, Facts>> {
+        fn refresh<'a>(
+            &'a self,
+            _rt: &'a str,
+            _proxy: Option<&'a Arc<ProxyUrl>>,
+        ) -> BoxFuture<'a, Result<TokenSet, Facts>> {
             Box::pin(async move {
                 self.calls.fetch_add(1, Ordering::SeqCst);
                 let _permit = self.gate.acquire().await;

@@ -336,8 +336,8 @@ impl super::Fleet {
         }
     }
 
-    /// `PUT /api/admin/accounts/{id}` and `account set`: the account's label, its priority and
-    /// its own concurrency cap (`Some(None)` removes the cap).
+    /// `PUT /api/admin/accounts/{id}` and `account set`: the account's label, its priority,
+    /// its own concurrency cap (`Some(None)` removes the cap) and its egress proxy.
     pub async fn set_account(
         &self,
         selector: &str,
@@ -347,7 +347,16 @@ impl super::Fleet {
             label,
             priority,
             max_concurrency,
+            proxy,
         } = change;
+        let proxy = match proxy {
+            None => None,
+            Some(None) => Some(None),
+            Some(Some(url)) => Some(Some(std::sync::Arc::new(
+                crate::upstream::egress::ProxyUrl::parse(&url)
+                    .map_err(|e| super::FleetError::Invalid(format!("proxy: {e}")))?,
+            ))),
+        };
         if let Some(l) = &label
             && (l.trim().is_empty() || l.chars().count() > 64 || l.chars().any(char::is_control))
         {
@@ -370,9 +379,17 @@ impl super::Fleet {
             e.record.updated_at = now_ms / 1000;
             e.record.clone()
         })?;
-        self.store
-            .write(vec![crate::store::Store::account_mutation(&record)?])
-            .await?;
+        let mut writes = vec![crate::store::Store::account_mutation(&record)?];
+        if let Some(p) = &proxy {
+            let url = p.as_ref().map(|p| p.as_url());
+            writes.push(self.store.proxy_mutation(&id, url.as_deref())?);
+        }
+        self.store.write(writes).await?;
+        // The new way out takes effect once it is durable (a failed write changes nothing).
+        if let Some(p) = proxy {
+            let _ = self.update_entry(&id, |e, _| e.proxy = p);
+            tracing::info!(account = %id, proxy = ?self.get(&id).and_then(|v| v.proxy), "account egress proxy set");
+        }
         self.hand_off(&id);
         self.get(&id).ok_or(super::FleetError::NotFound(id))
     }
@@ -385,6 +402,8 @@ pub struct AccountChange {
     pub priority: Option<i32>,
     /// `Some(None)` removes the account's own cap.
     pub max_concurrency: Option<Option<u32>>,
+    /// Its own egress proxy URL; `Some(None)` removes it (then `[upstream] proxy`, if any).
+    pub proxy: Option<Option<String>>,
 }
 
 #[cfg(test)]

@@ -90,6 +90,9 @@ pub struct RecordedRequest {
     pub body: Value,
     /// The status answered; 0 when the connection was reset before any headers.
     pub status: u16,
+    /// The address the request came from (`ip:port`): which connection carried it.
+    #[serde(default)]
+    pub peer: String,
 }
 
 #[derive(Clone, Debug)]

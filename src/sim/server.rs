@@ -68,6 +68,8 @@ pub(crate) struct SimRequest {
     pub body: Bytes,
     /// The body as JSON, `Null` if it is not JSON.
     pub json: Value,
+    /// The client's address, as this end of the connection sees it.
+    pub peer: String,
 }
 
 impl SimRequest {
@@ -140,8 +142,8 @@ pub(crate) async fn serve(sim: Sim, listener: TcpListener, shutdown: Cancellatio
             () = shutdown.cancelled() => return,
             r = listener.accept() => r,
         };
-        let stream = match accepted {
-            Ok((stream, _)) => stream,
+        let (stream, peer) = match accepted {
+            Ok((stream, peer)) => (stream, peer.to_string()),
             Err(e) => {
                 // Out of file descriptors and the like: back off a little instead of spinning.
                 tracing::warn!(error = %e, "sim: accept failed");
@@ -154,7 +156,7 @@ pub(crate) async fn serve(sim: Sim, listener: TcpListener, shutdown: Cancellatio
         let shutdown = shutdown.clone();
         tokio::spawn(async move {
             let stop = shutdown.clone();
-            let svc = service_fn(move |req| handle(sim.clone(), stop.clone(), req));
+            let svc = service_fn(move |req| handle(sim.clone(), stop.clone(), peer.clone(), req));
             let conn = http1::Builder::new()
                 .serve_connection(TokioIo::new(stream), svc)
                 .with_upgrades();
@@ -169,6 +171,7 @@ pub(crate) async fn serve(sim: Sim, listener: TcpListener, shutdown: Cancellatio
 async fn handle(
     sim: Sim,
     shutdown: CancellationToken,
+    peer: String,
     mut req: Request<Incoming>,
 ) -> Result<Response<SimBody>, Dropped> {
     let at_ms = sim.now_ms();
@@ -197,6 +200,7 @@ async fn handle(
         query: parts.uri.query().map(str::to_string),
         headers: parts.headers,
         body,
+        peer,
     };
     let recorded = req.path.starts_with("/backend-api/")
         || matches!(req.path.as_str(), "/oauth/token" | "/oauth/authorize")
@@ -252,6 +256,7 @@ fn record_of(req: SimRequest, at_ms: u64, status: u16) -> RecordedRequest {
         headers,
         body,
         status,
+        peer: req.peer,
     }
 }
 

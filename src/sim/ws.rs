@@ -182,6 +182,7 @@ pub(crate) fn handshake(
             headers,
             body: Value::Null,
             status: 0,
+            peer: req.peer.clone(),
         },
         contexts: VecDeque::new(),
     };

@@ -20,11 +20,11 @@ use tokio::sync::{mpsc, oneshot};
 
 use self::codec::{CodecError, Versioned};
 use self::records::{
-    AccountRecord, AccountSecrets, ClientKeyRecord, HealthRecord, RequestRow, SettingsRecord,
-    SnapshotRecord, UsageBucketRow,
+    AccountProxyRecord, AccountRecord, AccountSecrets, ClientKeyRecord, HealthRecord, RequestRow,
+    SettingsRecord, SnapshotRecord, UsageBucketRow,
 };
 use self::schema::{META, META_KEY_CHECK, META_SCHEMA_VERSION, SCHEMA_VERSION, Table};
-use self::secrets::Sealer;
+use self::secrets::{Sealer, Secret};
 use self::writer::{Job, Key, Mutation};
 
 pub const DB_FILE: &str = "switchyard.redb";
@@ -449,6 +449,40 @@ impl Store {
         ))
     }
 
+    /// An account's own egress proxy (its whole URL). One that cannot be opened is counted and
+    /// logged, and is an error: the account must not silently go out another way.
+    pub fn account_proxy(&self, id: &str) -> Result<Option<String>, StoreError> {
+        let Some(sealed) = self.get_raw(schema::ACCOUNT_PROXIES, id)? else {
+            return Ok(None);
+        };
+        let what = || format!("proxy of account {id}");
+        let Some(plain) = self.inner.sealer.open(&proxy_aad(id), &sealed) else {
+            let e = StoreError::Unseal { what: what() };
+            self.note_undecodable(schema::ACCOUNT_PROXIES.name(), id, &e);
+            return Err(e);
+        };
+        codec::decode::<AccountProxyRecord>(&plain)
+            .map(|r| Some(r.url.expose().to_string()))
+            .map_err(|e| {
+                self.note_undecodable(schema::ACCOUNT_PROXIES.name(), id, &e);
+                StoreError::codec(what(), e)
+            })
+    }
+
+    /// The mutation that seals an account's proxy (`None` removes it).
+    pub fn proxy_mutation(&self, id: &str, url: Option<&str>) -> Result<Mutation, StoreError> {
+        let key = Key::Text(id.to_string());
+        let Some(url) = url else {
+            return Ok(Mutation::Delete(Table::AccountProxies, key));
+        };
+        let plain = codec::encode(&AccountProxyRecord {
+            url: Secret::new(url),
+        })
+        .map_err(|e| StoreError::codec(format!("proxy of account {id}"), e))?;
+        let sealed = self.inner.sealer.seal(&proxy_aad(id), &plain)?;
+        Ok(Mutation::Put(Table::AccountProxies, key, sealed))
+    }
+
     /// Writes an account and (when given) its secrets in one transaction.
     pub async fn put_account(
         &self,
@@ -477,6 +511,7 @@ impl Store {
         self.write(vec![
             Mutation::Delete(Table::Accounts, k()),
             Mutation::Delete(Table::AccountSecrets, k()),
+            Mutation::Delete(Table::AccountProxies, k()),
             Mutation::Delete(Table::AccountHealth, k()),
         ])
         .await
@@ -609,6 +644,10 @@ fn secret_aad(id: &str) -> String {
     format!("account_secrets/{id}")
 }
 
+fn proxy_aad(id: &str) -> String {
+    format!("account_proxies/{id}")
+}
+
 fn read_meta(db: &Database, key: &str) -> Result<Option<Vec<u8>>, StoreError> {
     let txn = db.begin_read().map_err(StoreError::db)?;
     let table = match txn.open_table(META) {
@@ -627,7 +666,9 @@ fn read_meta(db: &Database, key: &str) -> Result<Option<Vec<u8>>, StoreError> {
 /// 1 -> 2 (0.2.0): values carry their own versions and every older one still decodes, so no
 /// row is rewritten; the number moves so that 0.1.0, which would skip rows it cannot decode,
 /// refuses the file instead. 2 -> 3 (0.3.0): the same, for key policies (client keys at
-/// version 2) and the new `usage_hourly` table, created on first write.
+/// version 2) and the new `usage_hourly` table, created on first write. 3 -> 4 (0.4.0): the new
+/// `account_proxies` table; the number moves so that 0.3.0, which would send a proxied
+/// account's traffic straight out, refuses the file.
 fn migrate(db: &Database, from: u64) -> Result<(), StoreError> {
     tracing::info!(from, to = SCHEMA_VERSION, "migrating the store's schema");
     let txn = db.begin_write().map_err(StoreError::db)?;

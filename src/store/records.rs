@@ -140,9 +140,17 @@ pub struct SnapshotRow {
     pub touched_ms: u64,
 }
 
+/// An account's own egress proxy, its whole URL (credentials included); stored only sealed.
+/// Version 1 (0.4.0).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AccountProxyRecord {
+    pub url: Secret,
+}
+
 versioned_once!(
     AccountRecord => "account",
     AccountSecrets => "account tokens",
+    AccountProxyRecord => "account proxy",
     SnapshotRecord => "snapshot",
     UsageBucketRow => "usage bucket",
 );

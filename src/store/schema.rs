@@ -6,8 +6,8 @@ use redb::TableDefinition;
 /// The schema this binary writes. A file with a larger number was written by a newer
 /// switchyard and is refused; a smaller one is migrated at open (`super::migrate`).
 /// 1: 0.1.0. 2: 0.2.0, whose values carry their own versions. 3: 0.3.0, with key policies
-/// and hourly usage buckets.
-pub const SCHEMA_VERSION: u64 = 3;
+/// and hourly usage buckets. 4: 0.4.0, with accounts' egress proxies.
+pub const SCHEMA_VERSION: u64 = 4;
 
 /// `schema_version` (u64 little-endian, never codec-encoded so any future binary can read
 /// it) and `key_check` (a value sealed with `secret.key`, to detect a wrong key at open).
@@ -19,6 +19,8 @@ pub const META_KEY_CHECK: &str = "key_check";
 pub const ACCOUNTS: TableDefinition<&str, &[u8]> = TableDefinition::new("accounts");
 /// Account id -> sealed `AccountSecrets`.
 pub const ACCOUNT_SECRETS: TableDefinition<&str, &[u8]> = TableDefinition::new("account_secrets");
+/// Account id -> sealed `AccountProxyRecord` (its own egress proxy).
+pub const ACCOUNT_PROXIES: TableDefinition<&str, &[u8]> = TableDefinition::new("account_proxies");
 /// Account id -> health state, written through on every transition.
 pub const ACCOUNT_HEALTH: TableDefinition<&str, &[u8]> = TableDefinition::new("account_health");
 /// Key id -> `ClientKeyRecord` (the SHA-256 of the key, never the key).
@@ -39,6 +41,7 @@ pub enum Table {
     Meta,
     Accounts,
     AccountSecrets,
+    AccountProxies,
     AccountHealth,
     ClientKeys,
     Settings,
@@ -56,6 +59,7 @@ impl Table {
             Table::Meta => META,
             Table::Accounts => ACCOUNTS,
             Table::AccountSecrets => ACCOUNT_SECRETS,
+            Table::AccountProxies => ACCOUNT_PROXIES,
             Table::AccountHealth => ACCOUNT_HEALTH,
             Table::ClientKeys => CLIENT_KEYS,
             Table::Settings => SETTINGS,
@@ -66,10 +70,11 @@ impl Table {
     }
 
     /// Every table, so a new file gets them all at creation.
-    pub(crate) const ALL: [Table; 9] = [
+    pub(crate) const ALL: [Table; 10] = [
         Table::Meta,
         Table::Accounts,
         Table::AccountSecrets,
+        Table::AccountProxies,
         Table::AccountHealth,
         Table::ClientKeys,
         Table::Settings,

@@ -1,6 +1,7 @@
 //! The Codex backend's protocol and transports. Sends what it is given with the identity it is
 //! given and reports typed facts; it never picks accounts and knows nothing of their health.
 
+pub mod egress;
 pub mod event;
 pub mod failure;
 pub mod login;
@@ -9,6 +10,8 @@ pub mod sse;
 pub mod stream;
 pub mod ws;
 
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -19,6 +22,7 @@ use serde_json::{Value, json};
 use crate::config::UpstreamConfig;
 use crate::names::named;
 
+use self::egress::{EgressError, ProxyUrl, TunnelConnector};
 use self::failure::{Endpoint, Facts, Phase};
 
 /// Client headers passed through to the backend (session topology, telemetry, routing).
@@ -78,6 +82,8 @@ pub struct Identity {
     pub chatgpt_account_id: String,
     /// Per-account device id (`x-codex-installation-id`).
     pub installation_id: String,
+    /// The account's own egress proxy (else `[upstream] proxy`, else straight out).
+    pub proxy: Option<Arc<ProxyUrl>>,
 }
 
 /// New tokens from the OAuth endpoint.
@@ -88,19 +94,44 @@ pub struct TokenSet {
     pub id_token: Option<String>,
 }
 
+/// The gateway's own `User-Agent` towards the backend (a client's is passed through).
+const USER_AGENT: &str = concat!("switchyard/", env!("CARGO_PKG_VERSION"));
+
 /// Largest error body read from the upstream.
 pub const MAX_ERROR_BODY: usize = 64 * 1024;
 
-#[derive(Debug, Clone)]
+/// The HTTP client of one egress proxy: every connection a tunnel through it.
+type TunnelClient = hyper_util::client::legacy::Client<TunnelConnector, reqwest::Body>;
+
+#[derive(Clone)]
 pub struct Upstream {
     http: reqwest::Client,
     config: UpstreamConfig,
+    /// `[upstream] proxy`: the way out of accounts without a proxy of their own.
+    default_proxy: Option<Arc<ProxyUrl>>,
+    /// One client per proxy in use, by its URL.
+    tunnels: Arc<Mutex<HashMap<String, TunnelClient>>>,
 }
 
-/// An HTTP client builder for the upstream and its auth server: the connect timeout, and proxy
-/// environment variables only when `use_env_proxy` says so.
+impl std::fmt::Debug for Upstream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Upstream")
+            .field("base_url", &self.config.base_url)
+            .field("proxy", &self.default_proxy)
+            .finish()
+    }
+}
+
+/// An HTTP client builder for the upstream and its auth server: the connect timeout,
+/// `[upstream] proxy` when set, and proxy environment variables only when `use_env_proxy`
+/// says so.
 pub fn http_client(config: &UpstreamConfig) -> reqwest::ClientBuilder {
     let b = reqwest::Client::builder().connect_timeout(config.connect_timeout);
+    if let Some(p) = config.proxy.as_deref()
+        && let Ok(proxy) = reqwest::Proxy::all(p)
+    {
+        return b.proxy(proxy);
+    }
     if config.use_env_proxy {
         b
     } else {
@@ -119,13 +150,41 @@ impl Upstream {
         let http = http_client(config)
             .pool_idle_timeout(Duration::from_secs(90))
             .tcp_nodelay(true)
-            .user_agent(concat!("switchyard/", env!("CARGO_PKG_VERSION")))
+            .user_agent(USER_AGENT)
             .build()
             .map_err(|e| format!("cannot build the HTTP client: {e}"))?;
+        let default_proxy = match config.proxy.as_deref() {
+            Some(p) => Some(Arc::new(
+                ProxyUrl::parse(p).map_err(|e| format!("[upstream] proxy: {e}"))?,
+            )),
+            None => None,
+        };
         Ok(Upstream {
             http,
             config: config.clone(),
+            default_proxy,
+            tunnels: Arc::default(),
         })
+    }
+
+    /// The way out of an account: its own proxy, else `[upstream] proxy`, else straight.
+    pub fn route<'a>(&'a self, own: Option<&'a Arc<ProxyUrl>>) -> Option<&'a Arc<ProxyUrl>> {
+        own.or(self.default_proxy.as_ref())
+    }
+
+    fn tunnel_client(&self, proxy: &Arc<ProxyUrl>) -> TunnelClient {
+        let mut tunnels = self.tunnels.lock().unwrap_or_else(|e| e.into_inner());
+        tunnels
+            .entry(proxy.as_url())
+            .or_insert_with(|| {
+                hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+                    .pool_idle_timeout(Duration::from_secs(90))
+                    .build(TunnelConnector::new(
+                        Arc::clone(proxy),
+                        self.config.connect_timeout,
+                    ))
+            })
+            .clone()
     }
 
     pub fn config(&self) -> &UpstreamConfig {
@@ -165,11 +224,30 @@ impl Upstream {
         for (k, v) in headers {
             req = req.header(k, v);
         }
-        self.send(req.body(body)).await
+        self.send(req.body(body), id.proxy.as_ref()).await
     }
 
-    async fn send(&self, req: reqwest::RequestBuilder) -> Result<reqwest::Response, Facts> {
-        match tokio::time::timeout(self.config.header_timeout, req.send()).await {
+    /// Sends a request on the account's way out (`proxy`: its own, see [`Upstream::route`])
+    /// and waits for the answer's headers within the header timeout.
+    async fn send(
+        &self,
+        req: reqwest::RequestBuilder,
+        proxy: Option<&Arc<ProxyUrl>>,
+    ) -> Result<reqwest::Response, Facts> {
+        let sent = async {
+            match self.route(proxy) {
+                None => req.send().await.map_err(|e| {
+                    let phase = if e.is_connect() {
+                        Phase::Connect
+                    } else {
+                        Phase::PreHeaders
+                    };
+                    Facts::transport(phase, describe(&e))
+                }),
+                Some(p) => self.send_through(req, p).await,
+            }
+        };
+        match tokio::time::timeout(self.config.header_timeout, sent).await {
             Err(_) => Err(Facts::transport(
                 Phase::PreHeaders,
                 format!(
@@ -177,15 +255,37 @@ impl Upstream {
                     self.config.header_timeout
                 ),
             )),
-            Ok(Err(e)) => {
+            Ok(r) => r,
+        }
+    }
+
+    /// A request through a proxy's tunnel; its answer is handed on as any other.
+    async fn send_through(
+        &self,
+        req: reqwest::RequestBuilder,
+        proxy: &Arc<ProxyUrl>,
+    ) -> Result<reqwest::Response, Facts> {
+        fn unbuildable(e: &(dyn std::error::Error + 'static)) -> Facts {
+            Facts::transport(Phase::Connect, describe(e))
+        }
+        let req = req.build().map_err(|e| unbuildable(&e))?;
+        let mut req =
+            hyper::Request::<reqwest::Body>::try_from(req).map_err(|e| unbuildable(&e))?;
+        req.headers_mut()
+            .entry(reqwest::header::USER_AGENT)
+            .or_insert(HeaderValue::from_static(USER_AGENT));
+        match self.tunnel_client(proxy).request(req).await {
+            Ok(resp) => Ok(reqwest::Response::from(resp.map(reqwest::Body::wrap))),
+            Err(e) => {
                 let phase = if e.is_connect() {
                     Phase::Connect
                 } else {
                     Phase::PreHeaders
                 };
-                Err(Facts::transport(phase, describe(&e)))
+                // The proxy's own words first: "proxy unreachable: …".
+                let text = egress_cause(&e).map_or_else(|| describe(&e), ToString::to_string);
+                Err(Facts::transport(phase, text))
             }
-            Ok(Ok(resp)) => Ok(resp),
         }
     }
 
@@ -202,7 +302,7 @@ impl Upstream {
             )),
             id,
         );
-        self.json_answer(req)
+        self.json_answer(req, id.proxy.as_ref())
             .await
             .map_err(|f| f.at(Endpoint::Models))
     }
@@ -210,14 +310,19 @@ impl Upstream {
     /// `GET wham/usage`.
     pub async fn usage(&self, id: &Identity) -> Result<Value, Facts> {
         let req = self.authed(self.http.get(&self.config.usage_url), id);
-        self.json_answer(req)
+        self.json_answer(req, id.proxy.as_ref())
             .await
             .map_err(|f| f.at(Endpoint::Usage))
     }
 
-    /// Exchanges a refresh token for new tokens (the refresh token rotates). A failure is the
-    /// token endpoint's answer (or the transport's) as facts, for the classifier.
-    pub async fn refresh(&self, refresh_token: &str) -> Result<TokenSet, Facts> {
+    /// Exchanges a refresh token for new tokens (the refresh token rotates), on the account's
+    /// way out (`proxy`). A failure is the token endpoint's answer (or the transport's) as
+    /// facts, for the classifier.
+    pub async fn refresh(
+        &self,
+        refresh_token: &str,
+        proxy: Option<&Arc<ProxyUrl>>,
+    ) -> Result<TokenSet, Facts> {
         let body = json!({
             "client_id": self.config.oauth_client_id,
             "grant_type": "refresh_token",
@@ -226,7 +331,10 @@ impl Upstream {
         });
         let at_token = |f: Facts| f.at(Endpoint::Token);
         let resp = self
-            .send(self.http.post(&self.config.oauth_token_url).json(&body))
+            .send(
+                self.http.post(&self.config.oauth_token_url).json(&body),
+                proxy,
+            )
             .await
             .map_err(at_token)?;
         let status = resp.status().as_u16();
@@ -262,8 +370,12 @@ impl Upstream {
 
 impl Upstream {
     /// Sends `req` and reads a JSON answer; a non-2xx is an error's facts.
-    async fn json_answer(&self, req: reqwest::RequestBuilder) -> Result<Value, Facts> {
-        let resp = self.send(req).await?;
+    async fn json_answer(
+        &self,
+        req: reqwest::RequestBuilder,
+        proxy: Option<&Arc<ProxyUrl>>,
+    ) -> Result<Value, Facts> {
+        let resp = self.send(req, proxy).await?;
         let status = resp.status().as_u16();
         let headers = resp.headers().clone();
         let bytes = self
@@ -334,6 +446,18 @@ async fn read_capped(
     Ok(Bytes::from(out))
 }
 
+/// The egress failure behind a transport error, if that is what it was.
+pub fn egress_cause<'a>(e: &'a (dyn std::error::Error + 'static)) -> Option<&'a EgressError> {
+    let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(c) = cur {
+        if let Some(x) = c.downcast_ref::<EgressError>() {
+            return Some(x);
+        }
+        cur = c.source();
+    }
+    None
+}
+
 /// A transport error, with its causes, in one line.
 pub fn describe(e: &(dyn std::error::Error + 'static)) -> String {
     let mut s = e.to_string();
@@ -388,6 +512,7 @@ mod tests {
             access_token: "t".into(),
             chatgpt_account_id: "a".into(),
             installation_id: "i".into(),
+            proxy: None,
         }
     }
 

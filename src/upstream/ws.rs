@@ -10,11 +10,11 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use futures_util::{SinkExt, StreamExt};
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
-use tokio::net::TcpStream;
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
 
+use super::egress::{self, EgressStream};
 use super::event::Event;
 use super::failure::{Endpoint, Facts, Phase};
 use super::stream::{Item, StreamError};
@@ -22,7 +22,7 @@ use super::{Identity, Upstream};
 use crate::clock::SharedClock;
 use crate::names::named;
 
-type Socket = WebSocketStream<MaybeTlsStream<TcpStream>>;
+type Socket = WebSocketStream<MaybeTlsStream<EgressStream>>;
 
 /// Largest frame or message of a Responses WebSocket, either way (the downstream closes with
 /// 1009 beyond it).
@@ -431,9 +431,28 @@ impl Upstream {
             .write_buffer_size(SOCKET_BUFFER)
             .max_message_size(Some(MAX_FRAME))
             .max_frame_size(Some(MAX_FRAME));
-        let connect = tokio_tungstenite::connect_async_with_config(req, Some(config), true);
         let transport = |what: String| {
             DialError::Transport(Facts::transport(Phase::Connect, what).at(Endpoint::WebSocket))
+        };
+        let uri = req.uri();
+        let tls = uri.scheme_str() == Some("wss");
+        let host = uri
+            .host()
+            .unwrap_or("")
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .to_string();
+        let port = uri.port_u16().unwrap_or(if tls { 443 } else { 80 });
+        let proxy = self.route(id.proxy.as_ref()).cloned();
+        let timeout = self.config.connect_timeout;
+        // The way out (straight, or a proxy's tunnel), then TLS to the backend for wss.
+        let connect = async move {
+            let stream = egress::connect(proxy.as_deref(), &host, port, timeout)
+                .await
+                .map_err(|e| Err(e.to_string()))?;
+            tokio_tungstenite::client_async_tls_with_config(req, stream, Some(config), None)
+                .await
+                .map_err(Ok)
         };
         match tokio::time::timeout(budget, connect).await {
             Err(_) => Err(DialError::Budget),
@@ -444,7 +463,8 @@ impl Upstream {
                 headers: resp.headers().clone(),
                 produced: Vec::new(),
             }),
-            Ok(Err(tokio_tungstenite::tungstenite::Error::Http(resp))) => {
+            Ok(Err(Err(egress))) => Err(transport(egress)),
+            Ok(Err(Ok(tokio_tungstenite::tungstenite::Error::Http(resp)))) => {
                 let status = resp.status().as_u16();
                 if status == 426 {
                     return Err(DialError::Refused);
@@ -455,7 +475,7 @@ impl Upstream {
                 facts.phase = Some(Phase::PreHeaders);
                 Err(DialError::Rejected(facts))
             }
-            Ok(Err(e)) => Err(transport(super::describe(&e))),
+            Ok(Err(Ok(e))) => Err(transport(super::describe(&e))),
         }
     }
 }

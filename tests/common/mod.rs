@@ -13,6 +13,7 @@ use serde_json::Value;
 use switchyard::sim::auth::{AuthSpec, auth_json};
 
 pub mod gw;
+pub mod proxies;
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_switchyard");
 

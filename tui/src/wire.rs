@@ -87,6 +87,9 @@ pub struct Account {
     /// The last usage windows the backend reported.
     #[serde(default)]
     pub quota: Option<Quota>,
+    /// Its own egress proxy, password hidden (`socks5h://user:***@host:1080`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub proxy: Option<String>,
 }
 
 /// An account's usage windows: primary is the 5-hour window, secondary the weekly one.

@@ -43,6 +43,7 @@ fn account(n: u32, state: &str) -> Account {
         draining: false,
         unsupported_models: Vec::new(),
         quota: None,
+        proxy: None,
     }
 }
 
