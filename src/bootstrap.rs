@@ -117,6 +117,7 @@ pub fn dispatch_config(config: &Config) -> DispatchConfig {
         aliases: config.models.aliases.clone(),
         request_deadline: config.upstream.request_deadline,
         client_write_timeout: config.server.client_write_timeout,
+        probe_model: config.upstream.probe_model.clone(),
         ..DispatchConfig::default()
     }
 }

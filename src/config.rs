@@ -174,7 +174,13 @@ pub struct UpstreamConfig {
     /// `socks5://`, `socks5h://`, credentials allowed), for the backend and the auth server.
     #[serde(deserialize_with = "proxy_url")]
     pub proxy: Option<String>,
+    /// The model of the one minimal request that proves a new, logged-in-again or long-cooled
+    /// account before it takes requests.
+    pub probe_model: String,
 }
+
+/// The model accounts are proved with, unless `[upstream] probe_model` says otherwise.
+pub const DEFAULT_PROBE_MODEL: &str = "gpt-5.5";
 
 impl Default for UpstreamConfig {
     fn default() -> Self {
@@ -192,6 +198,7 @@ impl Default for UpstreamConfig {
             client_version: "0.169.0".into(),
             use_env_proxy: false,
             proxy: None,
+            probe_model: DEFAULT_PROBE_MODEL.into(),
         }
     }
 }
@@ -529,6 +536,9 @@ use_env_proxy = false
 # https://, socks5:// or socks5h://, with optional user:password@. Backend traffic goes through
 # it as a tunnel (CONNECT or SOCKS5), HTTP and WebSocket alike.
 # proxy = "socks5h://127.0.0.1:1080"
+# A new, logged-in-again or long-cooled (> 30 min) account is proved before it takes requests:
+# its usage, then one minimal streamed request with this model.
+probe_model = "gpt-5.5"
 
 [models]
 # Extra model names clients may use, and the upstream model each stands for.

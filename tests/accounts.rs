@@ -345,6 +345,23 @@ mod ownership {
         })
         .await
         .unwrap();
+        // A login new to this daemon is proved (its usage, one minimal request) before it
+        // takes requests.
+        let start = std::time::Instant::now();
+        loop {
+            let listed = daemon.admin("GET", "/api/admin/accounts", None).json();
+            if listed[0]["state"] == "ready" {
+                break;
+            }
+            assert_eq!(listed[0]["state"], "probing", "{listed}");
+            assert!(start.elapsed() < SIGNAL_DEADLINE, "never proved");
+            tokio::task::yield_now().await;
+        }
+        let probes = gw.sim.sim.requests(&acct);
+        assert_eq!(
+            probes.last().unwrap().body["input"][0]["content"][0]["text"],
+            "ping"
+        );
         let served = gw.served(&acct);
         let resp = reqwest::Client::new()
             .post(format!("http://{}/v1/responses", daemon.http))

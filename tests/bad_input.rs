@@ -347,12 +347,12 @@ fn enable_disable_remove_by_id_or_account_id() {
     assert_eq!(listed[0]["state"], "disabled");
     assert_eq!(listed[0]["enabled"], false);
     let id = listed[0]["id"].as_str().unwrap().to_string();
-    assert_eq!(
-        daemon
-            .admin("POST", &format!("/api/admin/accounts/{id}/enable"), None)
-            .json()["state"],
-        "ready"
-    );
+    // Enabled again, it is whatever its probe made it (no backend answers here).
+    let enabled = daemon
+        .admin("POST", &format!("/api/admin/accounts/{id}/enable"), None)
+        .json();
+    assert_eq!(enabled["enabled"], true);
+    assert_ne!(enabled["state"], "disabled");
     assert!(daemon.terminate().success());
     let out = cli(&state, &["account", "remove", &id]);
     assert!(stdout(&out).starts_with("removed "), "{}", stderr(&out));

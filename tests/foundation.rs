@@ -67,7 +67,8 @@ fn import_two_accounts_then_list_shows_both_with_email_plan_and_account_id() {
     assert_eq!(ids(&json), ["acc-0001", "acc-0002"]);
     assert_eq!(json[1]["email"], "user2@example.com");
     assert_eq!(json[1]["plan"], "pro");
-    assert_eq!(json[0]["state"], "ready");
+    // New accounts are proved by the daemon before they take requests.
+    assert_eq!(json[0]["state"], "probing");
     for field in [
         "id",
         "label",

@@ -179,9 +179,8 @@ async fn a_device_code_login_adds_the_account_through_the_daemon() {
     assert!(ok, "{err}");
     assert!(out.starts_with("logged in: "), "{out}");
     assert!(out.contains(&second), "{out}");
-    // The daemon has it at once, ready, and serves with it.
-    let a = gw.account(&second).await;
-    assert_eq!(a["state"], "ready", "{a}");
+    // The daemon has it at once, proves it, and serves with it.
+    gw.until_proven(&second).await;
     let served = gw.served(&second);
     for i in 0..4 {
         let sse = gw
@@ -303,7 +302,7 @@ async fn a_browser_login_completes_with_the_pasted_redirect_url() {
     let (ok, out, err) = login.finish().await;
     assert!(ok, "{err}");
     assert!(out.contains(&second), "{out}");
-    assert_eq!(gw.account(&second).await["state"], "ready");
+    gw.until_proven(&second).await;
 
     // A denial comes back the same way, and stores nothing.
     remove_account(&gw, &second).await;
@@ -359,11 +358,9 @@ async fn logging_an_account_in_again_keeps_its_id_and_history_and_ends_needs_rea
     let (ok, out, err) = login.finish().await;
     assert!(ok, "{err}");
     assert!(out.starts_with("logged in again: "), "{out}");
-    let a = gw.account(&acct).await;
-    assert_eq!(
-        (a["id"].as_str(), a["state"].as_str()),
-        (Some(id.as_str()), Some("ready"))
-    );
+    // Logged in again, it is proved before it takes requests.
+    gw.until_proven(&acct).await;
+    assert_eq!(gw.account(&acct).await["id"], id.as_str());
     assert_eq!(gw.accounts().await.len(), 1);
     let records = gw.requests(10).await;
     assert!(records.iter().any(|r| r["account"] == acct.as_str()));

@@ -71,6 +71,8 @@ async fn import_account(
 ) -> Result<Response, ApiError> {
     let parsed = state.fleet.parse_auth(&body)?;
     let imported = state.fleet.import(parsed).await?;
+    // Prove it before it takes requests, now rather than at the poller's next round.
+    state.dispatcher.wake_prober();
     tracing::info!(account = %imported.account.id, created = imported.created, "account imported");
     let status = if imported.created {
         StatusCode::CREATED
@@ -138,20 +140,19 @@ async fn refresh_account(
     )))
 }
 
-/// Probes an account now: its usage (which refreshes its quota), and for a half-open account
-/// the verdict that brings it back or cools it again.
+/// Probes an account now: its usage (which refreshes its quota); for a half-open account the
+/// verdict that brings it back or cools it again; for an account not yet proved, its proof.
 async fn probe_account(
     State(state): State<Arc<AppState>>,
     Path(id): Path<String>,
 ) -> Result<Json<wire::Account>, ApiError> {
     let id = state.fleet.resolve(&id)?;
     let d = &state.dispatcher;
-    let half_open = state
-        .fleet
-        .get(&id)
-        .is_some_and(|a| a.state == AccountState::HalfOpen);
-    if half_open {
+    let now = state.fleet.get(&id).map(|a| a.state);
+    if now == Some(AccountState::HalfOpen) {
         d.probe(&id).await;
+    } else if now == Some(AccountState::Probing) {
+        d.prove(&id).await;
     } else if let Err(f) = d.poll_usage(&id).await {
         return Err(ApiError::new(
             axum::http::StatusCode::BAD_GATEWAY,

@@ -53,6 +53,8 @@ pub struct DispatchConfig {
     /// How long a frame may wait for the client to take it before the client counts as
     /// stalled.
     pub client_write_timeout: Duration,
+    /// The model of the minimal request that proves an account before it takes requests.
+    pub probe_model: String,
 }
 
 impl Default for DispatchConfig {
@@ -66,6 +68,7 @@ impl Default for DispatchConfig {
             aliases: BTreeMap::new(),
             request_deadline: Duration::from_secs(600),
             client_write_timeout: Duration::from_secs(60),
+            probe_model: crate::config::DEFAULT_PROBE_MODEL.into(),
         }
     }
 }
@@ -204,6 +207,10 @@ pub struct Dispatcher {
     pub keys: KeyRing,
     /// Usage per key, model and account, by the hour.
     pub usage: UsageBook,
+    /// Wakes the usage poller, which proves unproven accounts.
+    prober: Arc<tokio::sync::Notify>,
+    /// The accounts whose proof runs.
+    proving: probe::ProvingSet,
 }
 
 impl Dispatcher {
@@ -236,6 +243,8 @@ impl Dispatcher {
             tasks: tokio_util::task::TaskTracker::new(),
             keys,
             usage,
+            prober: Arc::default(),
+            proving: Arc::default(),
         }
     }
 

@@ -1,9 +1,16 @@
 //! Background work on accounts: polling each account's `wham/usage` (jittered) so quota-aware
-//! scheduling and the ceiling see fresh numbers, and probing accounts whose quota cooldown has
-//! ended (half-open) so they come back without a user's request paying for the check.
+//! scheduling and the ceiling see fresh numbers, probing accounts whose quota cooldown has
+//! ended (half-open) so they come back without a user's request paying for the check, and
+//! proving accounts not known to be healthy — new, logged in again, or back from a long
+//! cooldown — with their usage and one minimal request before they take any (probe before
+//! bind).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
+
+use bytes::Bytes;
+use serde_json::json;
 
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -12,8 +19,11 @@ use super::Dispatcher;
 use crate::fleet::Origin;
 use crate::fleet::health::{AccountState, Blame, Class};
 use crate::fleet::refresh::TokenError;
-use crate::upstream::failure::Facts;
+use crate::upstream::event::is_terminal;
+use crate::upstream::failure::{Facts, Phase};
 use crate::upstream::quota::QuotaSnapshot;
+use crate::upstream::stream::{EventStream, Item};
+use crate::upstream::{MAX_ERROR_BODY, Overflow};
 
 /// Why a usage poll failed.
 #[derive(Debug)]
@@ -97,7 +107,159 @@ impl Dispatcher {
         Some(class)
     }
 
-    /// The poller: every account's usage at the configured interval, half-open accounts at once.
+    /// Proves an account not known to be healthy: its usage (a window used up cools it until
+    /// the reset), then one minimal streamed request, read to its first output. Any answer from
+    /// the backend that shows the login works — output, or a refusal of the request itself
+    /// (the probe's model or a parameter) — proves it; any other failure is classified like a
+    /// request's and applied, and the account stays unproven. Returns the verdict's class.
+    pub async fn prove(&self, id: &str) -> Option<Class> {
+        if self.fleet.get(id)?.state != AccountState::Probing {
+            return None;
+        }
+        // One proof of an account at a time (the poller's, or an operator's).
+        let _running = Proving::start(&self.proving, id)?;
+        let class = match self.poll_usage(id).await {
+            Ok(snap) => match snap.exhaustion() {
+                Some(facts) => {
+                    self.fleet
+                        .report_failure(id, &facts, self.origin(), &mut Blame::default())
+                }
+                None => self.probe_request(id).await,
+            },
+            Err(PollError::Upstream(facts)) => {
+                self.fleet
+                    .report_failure(id, &facts, self.origin(), &mut Blame::default())
+            }
+            Err(PollError::Token(TokenError::Failed { class, .. })) => class,
+            Err(PollError::Token(TokenError::Missing)) => return None,
+        };
+        let proven = matches!(
+            class,
+            Class::Success | Class::Caller | Class::ModelUnsupported | Class::Policy
+        );
+        if proven {
+            self.fleet.proven(id);
+            if class == Class::Success {
+                // It counts towards clearing an escalated ladder, as a request's would.
+                self.fleet.report(id, Class::Success, None, "");
+            }
+        }
+        tracing::info!(account = %id, class = class.as_str(), proven, "probe before bind");
+        Some(class)
+    }
+
+    /// One minimal request on the account, judged at its first output.
+    async fn probe_request(&self, id: &str) -> Class {
+        let identity = match self
+            .fleet
+            .ensure_fresh(id, None, self.upstream.as_ref())
+            .await
+        {
+            Ok(i) => i,
+            Err(TokenError::Failed { class, .. }) => return class,
+            Err(TokenError::Missing) => return Class::Abandoned,
+        };
+        let model = self.config.probe_model.as_str();
+        let body = json!({
+            "model": model,
+            "instructions": "Reply with one word.",
+            "input": [{"type": "message", "role": "user",
+                       "content": [{"type": "input_text", "text": "ping"}]}],
+            "tools": [],
+            "tool_choice": "auto",
+            "parallel_tool_calls": false,
+            "store": false,
+            "stream": true,
+        });
+        let origin = crate::fleet::Origin {
+            model,
+            started_ms: self.fleet.clock().now_ms(),
+        };
+        let judged = async {
+            let resp = self
+                .upstream
+                .post(
+                    "/responses",
+                    &identity,
+                    &[],
+                    Bytes::from(body.to_string()),
+                    true,
+                )
+                .await?;
+            let status = resp.status().as_u16();
+            if !(200..300).contains(&status) {
+                let headers = resp.headers().clone();
+                let bytes = self
+                    .upstream
+                    .read_body(resp, MAX_ERROR_BODY, Overflow::Truncate)
+                    .await
+                    .unwrap_or_default();
+                return Err(Facts::from_response(status, &headers, bytes));
+            }
+            let mut events = EventStream::sse(resp, self.config.max_event_bytes);
+            loop {
+                match events.next().await {
+                    None => {
+                        return Err(Facts::transport(
+                            Phase::PreCommit,
+                            "the probe's stream ended before any output",
+                        ));
+                    }
+                    Some(Err(e)) => return Err(Facts::transport(Phase::PreCommit, e)),
+                    Some(Ok(Item::KeepAlive)) => {}
+                    Some(Ok(Item::Event(ev))) => {
+                        let kind = ev.kind();
+                        if kind == "response.completed" {
+                            return Ok(());
+                        }
+                        if is_terminal(kind) || kind == "error" {
+                            let v = ev.json().unwrap_or_default();
+                            return Err(Facts::from_event(Phase::PreCommit, &v));
+                        }
+                        if !super::stream::is_precommit(kind) {
+                            return Ok(());
+                        }
+                    }
+                }
+            }
+        };
+        let within = self.upstream.config().header_timeout;
+        let verdict = match tokio::time::timeout(within, judged).await {
+            Ok(v) => v,
+            Err(_) => Err(Facts::transport(
+                Phase::PreCommit,
+                format!("the probe showed no output within {within:?}"),
+            )),
+        };
+        match verdict {
+            Ok(()) => Class::Success,
+            Err(facts) => self
+                .fleet
+                .report_failure(id, &facts, origin, &mut Blame::default()),
+        }
+    }
+
+    /// Starts proving `id` in its own task (the poller does not wait for it).
+    fn spawn_prove(&self, id: &str) {
+        if self
+            .proving
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .contains(id)
+        {
+            return;
+        }
+        let (d, id) = (self.clone(), id.to_string());
+        tokio::spawn(async move { d.prove(&id).await });
+    }
+
+    /// Wakes the poller now (an account was added or logged in again: prove it at once).
+    pub fn wake_prober(&self) {
+        self.prober.notify_one();
+    }
+
+    /// The poller: every account's usage at the configured interval, half-open accounts at
+    /// once, and unproven accounts proved as soon as they are seen.
     pub fn spawn_usage_poller(&self, stop: CancellationToken) -> JoinHandle<()> {
         let d = self.clone();
         tokio::spawn(async move {
@@ -108,10 +270,15 @@ impl Dispatcher {
                 tokio::select! {
                     _ = stop.cancelled() => break,
                     _ = tick.tick() => {}
+                    () = d.prober.notified() => {}
                 }
                 let interval = d.fleet.settings().usage_poll_interval;
                 for a in d.fleet.list() {
                     if !a.enabled || a.state == AccountState::NeedsReauth {
+                        continue;
+                    }
+                    if a.state == AccountState::Probing {
+                        d.spawn_prove(&a.id);
                         continue;
                     }
                     // A quota cooldown is judged by the usage document itself; other cooldowns
@@ -134,5 +301,36 @@ impl Dispatcher {
                 }
             }
         })
+    }
+}
+
+/// The accounts being proved; an entry lives as long as its proof.
+pub(super) type ProvingSet = Arc<Mutex<HashSet<String>>>;
+
+struct Proving {
+    set: ProvingSet,
+    id: String,
+}
+
+impl Proving {
+    /// `None` when a proof of `id` already runs.
+    fn start(set: &ProvingSet, id: &str) -> Option<Proving> {
+        let fresh = set
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(id.to_string());
+        fresh.then(|| Proving {
+            set: Arc::clone(set),
+            id: id.to_string(),
+        })
+    }
+}
+
+impl Drop for Proving {
+    fn drop(&mut self) {
+        self.set
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&self.id);
     }
 }

@@ -350,8 +350,11 @@ impl Dispatcher {
                         walk.remaining.remove(i);
                         return Acquire::Lease(Box::new(lease));
                     }
-                    // Busy (or deciding its half-open probe): worth waiting for.
-                    Err(reason @ (SkipReason::Full | SkipReason::Probing)) => {
+                    // Busy (or deciding its half-open probe, or being proven): worth waiting
+                    // for.
+                    Err(
+                        reason @ (SkipReason::Full | SkipReason::Probing | SkipReason::Unproven),
+                    ) => {
                         let id = walk.remaining[i].clone();
                         self.skip(trace, &id, reason);
                         i += 1;

@@ -173,8 +173,9 @@ impl Fleet {
     }
 
     /// Adds the account of an auth.json, or updates the tokens (and claims) of the account it
-    /// already is; a re-login also clears its health (a new login is a fresh start). Returns
-    /// once durable.
+    /// already is. Either way it is unproven — probed in the background before it takes
+    /// requests; a re-login keeps its health otherwise (a cooldown on its quota stays, a dead
+    /// login is alive again). Returns once durable.
     pub async fn import(&self, parsed: ParsedAuth) -> Result<Imported, FleetError> {
         let id = account_id(
             &parsed.chatgpt_account_id,
@@ -208,7 +209,13 @@ impl Fleet {
                 updated_at: now,
             },
         };
-        let health = Health::default();
+        let mut health = self
+            .read()
+            .accounts
+            .get(&id)
+            .map(|e| e.health.clone())
+            .unwrap_or_default();
+        health.relogin();
         self.store
             .write(vec![
                 Store::account_mutation(&record)?,

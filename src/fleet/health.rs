@@ -248,6 +248,9 @@ named! {
         Cooling => "cooling",
         /// Cooling whose time is up: one request (or probe) decides.
         HalfOpen => "half_open",
+        /// Not known to be healthy (new, logged in again, or back from a long cooldown): a
+        /// background probe decides before it takes requests.
+        Probing => "probing",
         NeedsReauth => "needs_reauth",
         Disabled => "disabled",
     }
@@ -279,6 +282,8 @@ pub const QUOTA_DEFAULT: Duration = Duration::from_secs(3600);
 pub const QUOTA_CAP: Duration = Duration::from_secs(7 * 24 * 3600);
 /// Successes in a row needed to clear an escalated account.
 pub const CLEAN_SUCCESSES: u8 = 2;
+/// An account back from a cooldown longer than this is probed before it takes requests.
+pub const LONG_COOLDOWN: Duration = Duration::from_secs(30 * 60);
 
 /// The three ladders an account climbs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -318,6 +323,8 @@ pub struct Health {
     /// When the running cooldown began (unix ms; kept in memory only: after a restart no
     /// attempt from before it is in flight).
     pub cooled_at_ms: u64,
+    /// Not known to be healthy (new, or logged in again) until a background probe passes.
+    pub unproven: bool,
 }
 
 impl Default for Health {
@@ -333,6 +340,7 @@ impl Default for Health {
             last_error: None,
             last_error_ms: 0,
             cooled_at_ms: 0,
+            unproven: false,
         }
     }
 }
@@ -341,8 +349,12 @@ impl Default for Health {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Effective {
     Ready,
-    Cooling { until_ms: u64 },
+    Cooling {
+        until_ms: u64,
+    },
     HalfOpen,
+    /// Takes no request until a background probe passes.
+    Probing,
     NeedsReauth,
 }
 
@@ -352,6 +364,7 @@ impl Effective {
             Effective::Ready => AccountState::Ready,
             Effective::Cooling { .. } => AccountState::Cooling,
             Effective::HalfOpen => AccountState::HalfOpen,
+            Effective::Probing => AccountState::Probing,
             Effective::NeedsReauth => AccountState::NeedsReauth,
         }
     }
@@ -373,13 +386,43 @@ fn ms(d: Duration) -> u64 {
 impl Health {
     pub fn effective(&self, now_ms: u64) -> Effective {
         match self.state {
+            State::Ready if self.unproven => Effective::Probing,
             State::Ready => Effective::Ready,
             State::NeedsReauth => Effective::NeedsReauth,
             State::Cooling if now_ms < self.cooldown_until_ms => Effective::Cooling {
                 until_ms: self.cooldown_until_ms,
             },
+            State::Cooling if self.unproven || self.long_cooldown() => Effective::Probing,
             State::Cooling => Effective::HalfOpen,
         }
+    }
+
+    /// The running (or ended) cooldown lasted longer than [`LONG_COOLDOWN`]. After a restart
+    /// its start is unknown, which counts as long.
+    fn long_cooldown(&self) -> bool {
+        self.cooldown_until_ms.saturating_sub(self.cooled_at_ms) > ms(LONG_COOLDOWN)
+    }
+
+    /// A new login for this account: a dead login is alive again, cooldowns and ladders stay
+    /// (its quota did not reset), and it is unproven until a probe passes.
+    pub fn relogin(&mut self) {
+        if self.state == State::NeedsReauth {
+            self.state = State::Ready;
+            self.reason = None;
+            self.reauth = None;
+        }
+        self.unproven = true;
+    }
+
+    /// The background probe passed: the account takes requests again. True when that changed
+    /// the state.
+    pub fn proven(&mut self, now_ms: u64) -> bool {
+        if self.effective(now_ms) != Effective::Probing {
+            return false;
+        }
+        self.state = State::Ready;
+        self.unproven = false;
+        true
     }
 
     /// The level shown to operators: the highest ladder step reached.
@@ -573,6 +616,7 @@ impl Health {
             clean_successes: self.clean_successes,
             last_error: self.last_error.clone(),
             last_error_ms: self.last_error_ms,
+            unproven: self.unproven,
         }
     }
 
@@ -600,14 +644,16 @@ impl Health {
             last_error: r.last_error,
             last_error_ms: r.last_error_ms,
             cooled_at_ms: 0,
+            unproven: r.unproven,
         })
     }
 
-    /// An operator cleared the cooldown (or re-imported the account).
+    /// An operator cleared the cooldown; an account not yet proven still waits for its probe.
     pub fn clear(&mut self) {
         *self = Health {
             last_error: self.last_error.take(),
             last_error_ms: self.last_error_ms,
+            unproven: self.unproven,
             ..Health::default()
         };
     }
@@ -872,24 +918,34 @@ mod tests {
     const T0: u64 = 1_767_225_600_000;
 
     #[test]
-    fn quota_cools_until_the_reset_then_half_opens() {
+    fn quota_cools_until_the_reset_then_half_opens_or_after_a_long_one_is_probed() {
         let mut h = Health::default();
         let f = Facts {
-            resets_in_seconds: Some(3600),
+            resets_in_seconds: Some(1200),
             ..facts(429, "usage_limit_reached")
         };
         let t = h.apply(Class::Quota, Some(&f), T0).unwrap();
         assert_eq!((t.from, t.to), (AccountState::Ready, AccountState::Cooling));
         assert_eq!(
-            h.effective(T0 + 3_599_000),
+            h.effective(T0 + 1_199_000),
             Effective::Cooling {
-                until_ms: T0 + 3_600_000
+                until_ms: T0 + 1_200_000
             }
         );
-        assert_eq!(h.effective(T0 + 3_600_000), Effective::HalfOpen);
-        h.apply(Class::Success, None, T0 + 3_600_001).unwrap();
-        assert_eq!(h.effective(T0 + 3_600_001), Effective::Ready);
+        assert_eq!(h.effective(T0 + 1_200_000), Effective::HalfOpen);
+        h.apply(Class::Success, None, T0 + 1_200_001).unwrap();
+        assert_eq!(h.effective(T0 + 1_200_001), Effective::Ready);
         assert_eq!(h.reason, None);
+
+        // Over 30 minutes: not a request but the background probe decides.
+        let f = Facts {
+            resets_in_seconds: Some(3600),
+            ..facts(429, "usage_limit_reached")
+        };
+        h.apply(Class::Quota, Some(&f), T0 + 2_000_000).unwrap();
+        assert_eq!(h.effective(T0 + 5_600_000), Effective::Probing);
+        assert!(h.proven(T0 + 5_600_000));
+        assert_eq!(h.effective(T0 + 5_600_000), Effective::Ready);
     }
 
     #[test]

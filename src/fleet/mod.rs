@@ -439,6 +439,25 @@ impl Fleet {
         Some(transition)
     }
 
+    /// The account proved healthy (its background probe passed; or whoever added it vouches
+    /// for it, as the demo does for its simulated accounts): it takes requests from now on,
+    /// and the requests waiting for it get its slots. True when it was waiting for that.
+    pub fn proven(&self, id: &str) -> bool {
+        let now = self.clock.now_ms();
+        let health = {
+            let mut inner = self.write();
+            let Some(e) = inner.accounts.get_mut(id) else {
+                return false;
+            };
+            e.health.proven(now).then(|| e.health.clone())
+        };
+        let Some(h) = health else { return false };
+        tracing::info!(account = %id, "account proven; it takes requests");
+        self.persist_health(id, &h);
+        self.hand_off(id);
+        true
+    }
+
     /// Shows a failure on the account without changing its state (a refresh that failed while
     /// the current access token is still usable).
     pub(crate) fn note_failure(&self, id: &str, class: Class, facts: &Facts) {
@@ -509,6 +528,10 @@ impl Fleet {
                 (true, Effective::HalfOpen) => {
                     usable += 1;
                     ("half-open, probe running".to_string(), None)
+                }
+                (true, Effective::Probing) => {
+                    usable += 1;
+                    ("being probed".to_string(), None)
                 }
                 (true, Effective::Ready) => {
                     usable += 1;
@@ -584,7 +607,14 @@ mod tests {
         (f, clock)
     }
 
+    /// Imports an account and vouches for it (it takes requests at once).
     async fn import(f: &Fleet, n: u32) -> AccountView {
+        let a = import_unproven(f, n).await;
+        assert!(f.proven(&a.id));
+        f.get(&a.id).unwrap()
+    }
+
+    async fn import_unproven(f: &Fleet, n: u32) -> AccountView {
         f.import(
             f.parse_auth(auth_json(&spec(n, "t")).to_string().as_bytes())
                 .unwrap(),
@@ -592,6 +622,48 @@ mod tests {
         .await
         .unwrap()
         .account
+    }
+
+    #[tokio::test]
+    async fn an_account_is_probed_before_it_takes_requests_new_relogged_or_long_cooled() {
+        let store = Store::open_in_memory().unwrap();
+        let clock = ManualClock::new(1_767_225_600_000);
+        let f = Fleet::load(store.clone(), Arc::new(clock.clone())).unwrap();
+        // New: a candidate that is busy until its probe passes.
+        let a = import_unproven(&f, 1).await.id;
+        assert_eq!(f.get(&a).unwrap().state, AccountState::Probing);
+        assert_eq!(f.plan("m", None).order, vec![a.clone()]);
+        assert_eq!(f.lease(&a, "m").unwrap_err(), SkipReason::Unproven);
+        // Unproven survives a restart.
+        store.flush().await.unwrap();
+        let f = Fleet::load(store.clone(), Arc::new(clock.clone())).unwrap();
+        assert_eq!(f.get(&a).unwrap().state, AccountState::Probing);
+        assert!(f.proven(&a));
+        assert!(!f.proven(&a), "only an unproven account is proven");
+        assert_eq!(f.get(&a).unwrap().state, AccountState::Ready);
+        drop(f.lease(&a, "m").unwrap());
+
+        // Logged in again while cooling on quota: the cooldown stays, then a probe decides.
+        f.report(&a, Class::Quota, None, "m");
+        import_unproven(&f, 1).await;
+        let v = f.get(&a).unwrap();
+        assert_eq!(
+            (v.state, v.reason),
+            (AccountState::Cooling, Some(Class::Quota))
+        );
+        clock.advance(Duration::from_secs(3601));
+        assert_eq!(f.get(&a).unwrap().state, AccountState::Probing);
+        assert!(f.proven(&a));
+
+        // Back from a long cooldown (the 1 h quota default): probed; from a short one:
+        // half-open, decided by one request.
+        f.report(&a, Class::Quota, None, "m");
+        clock.advance(Duration::from_secs(3601));
+        assert_eq!(f.get(&a).unwrap().state, AccountState::Probing);
+        assert!(f.proven(&a));
+        f.report(&a, Class::Transient, None, "m");
+        clock.advance(Duration::from_secs(31));
+        assert_eq!(f.get(&a).unwrap().state, AccountState::HalfOpen);
     }
 
     #[tokio::test]
@@ -661,8 +733,9 @@ mod tests {
         let (all_quota, _, text) = f.exhaustion_summary();
         assert!(!all_quota);
         assert!(text.starts_with("3 accounts:"), "{text}");
+        // Back from an hour's cooldown it is proved by a probe before it takes requests.
         clock.advance(Duration::from_secs(3600));
-        assert_eq!(f.get(&a).unwrap().state, AccountState::HalfOpen);
+        assert_eq!(f.get(&a).unwrap().state, AccountState::Probing);
     }
 
     #[tokio::test]

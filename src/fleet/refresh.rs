@@ -344,6 +344,7 @@ mod tests {
             .unwrap()
             .account
             .id;
+        f.proven(&id);
         clock.set_ms(NOW_S * 1000);
         (f, id, clock)
     }

@@ -26,6 +26,8 @@ named! {
         Cooling => "cooling",
         /// Half-open with its one probe already running.
         Probing => "half_open_probe",
+        /// Not known to be healthy yet: a background probe decides first.
+        Unproven => "probing",
         ModelUnsupported => "model_unsupported",
         NoTokens => "no_tokens",
         /// Above the quota ceiling while another account has headroom.
@@ -212,9 +214,10 @@ impl Fleet {
         match e.health.effective(now_ms) {
             Effective::NeedsReauth => return Some(SkipReason::NeedsReauth),
             Effective::Cooling { .. } => return Some(SkipReason::Cooling),
-            // A half-open account whose probe runs is a candidate that is busy (see
-            // `try_lease`): requests wait for its verdict instead of being turned away.
-            Effective::HalfOpen | Effective::Ready => {}
+            // A half-open account whose probe runs, and an account its background probe has
+            // yet to prove, are candidates that are busy (see `try_lease`): requests wait for
+            // the verdict instead of being turned away.
+            Effective::HalfOpen | Effective::Probing | Effective::Ready => {}
         }
         if !model.is_empty() && e.is_unsupported(model, now_ms) {
             return Some(SkipReason::ModelUnsupported);
@@ -363,9 +366,13 @@ impl Fleet {
         if let Some(r) = self.skip_reason(e, model, now) {
             return Err(r);
         }
-        // One probe at a time decides a half-open account; others wait for its verdict.
+        // One probe at a time decides a half-open account; others wait for its verdict. A
+        // request is never the probe of an account not known to be healthy.
         if e.probing {
             return Err(SkipReason::Probing);
+        }
+        if e.health.effective(now) == Effective::Probing {
+            return Err(SkipReason::Unproven);
         }
         // Waiters go first: a free slot with a queue in front of it is not ours.
         if e.in_flight >= e.limit.floor() as u32 || !e.waiters.is_empty() {
@@ -527,7 +534,10 @@ impl Fleet {
             let mut guard = self.write();
             let inner: &mut Inner = &mut guard;
             while let Some(e) = inner.accounts.get_mut(id) {
-                if e.in_flight >= e.limit.floor() as u32 || e.probing {
+                if e.in_flight >= e.limit.floor() as u32
+                    || e.probing
+                    || e.health.effective(now) == Effective::Probing
+                {
                     break;
                 }
                 let waiter = if let Some(w) = e.waiters.front() {

@@ -159,8 +159,9 @@ versioned_once!(
 
 /// An account's health, written through on every transition.
 ///
-/// Version 2 (0.2.0): the state by name, and why a `needs_reauth` account needs a new login.
-/// Version 1 (0.1.0): the state as an enum index, no `reauth`.
+/// Version 3 (0.4.0): whether it still waits for the probe that proves it. Version 2 (0.2.0):
+/// the state by name, and why a `needs_reauth` account needs a new login. Version 1 (0.1.0):
+/// the state as an enum index, no `reauth`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct HealthRecord {
     /// `ready`, `cooling` or `needs_reauth`.
@@ -176,6 +177,21 @@ pub struct HealthRecord {
     pub clean_successes: u8,
     pub last_error: Option<String>,
     pub last_error_ms: u64,
+    /// Not proven healthy yet (new, or logged in again): probed before it takes requests.
+    pub unproven: bool,
+}
+
+#[derive(Deserialize)]
+struct HealthRecordV2 {
+    state: String,
+    reason: Option<String>,
+    reauth: Option<String>,
+    cooldown_until_ms: u64,
+    levels: [u8; 3],
+    last_failure_ms: u64,
+    clean_successes: u8,
+    last_error: Option<String>,
+    last_error_ms: u64,
 }
 
 #[derive(Deserialize)]
@@ -199,10 +215,25 @@ struct HealthRecordV1 {
 
 impl Versioned for HealthRecord {
     const NAME: &'static str = "account health";
-    const VERSION: u8 = 2;
+    const VERSION: u8 = 3;
     fn decode_version(version: u8, b: &[u8]) -> Result<Self, CodecError> {
         match version {
-            2 => body(b),
+            3 => body(b),
+            2 => {
+                let v: HealthRecordV2 = body(b)?;
+                Ok(HealthRecord {
+                    state: v.state,
+                    reason: v.reason,
+                    reauth: v.reauth,
+                    cooldown_until_ms: v.cooldown_until_ms,
+                    levels: v.levels,
+                    last_failure_ms: v.last_failure_ms,
+                    clean_successes: v.clean_successes,
+                    last_error: v.last_error,
+                    last_error_ms: v.last_error_ms,
+                    unproven: false,
+                })
+            }
             1 => {
                 let v: HealthRecordV1 = body(b)?;
                 Ok(HealthRecord {
@@ -220,6 +251,7 @@ impl Versioned for HealthRecord {
                     clean_successes: v.clean_successes,
                     last_error: v.last_error,
                     last_error_ms: v.last_error_ms,
+                    unproven: false,
                 })
             }
             found => Err(unknown::<Self>(found)),
@@ -460,6 +492,7 @@ mod tests {
             clean_successes: 0,
             last_error: Some("auth_dead: token refresh: 401 refresh_token_reused".into()),
             last_error_ms: 1_767_225_600_000,
+            unproven: false,
         }
     }
 
@@ -608,12 +641,20 @@ mod tests {
     }
 
     #[test]
-    fn health_version_2_round_trips_exactly() {
+    fn health_version_2_decodes_as_proven_and_version_3_adds_the_flag() {
         assert_eq!(
             decode::<HealthRecord>(&hex(v2::HEALTH)).unwrap(),
             health_v2()
         );
-        assert_eq!(to_hex(&encode(&health_v2()).unwrap()), v2::HEALTH);
+        // Version 3 is version 2's bytes and one for `unproven`.
+        let unproven = HealthRecord {
+            unproven: true,
+            ..health_v2()
+        };
+        let bytes = encode(&unproven).unwrap();
+        assert_eq!(bytes[0], 3);
+        assert_eq!(to_hex(&bytes[1..]), format!("{}01", &v2::HEALTH[2..]));
+        assert_eq!(decode::<HealthRecord>(&bytes).unwrap(), unproven);
     }
 
     #[test]

@@ -31,6 +31,9 @@ pub struct GwOptions {
     /// The backend's origin refuses connections (the simulator still answers the token and
     /// usage endpoints).
     pub origin_down: bool,
+    /// Leave the imported accounts unproven, for the gateway to probe before they take
+    /// requests (otherwise the test vouches for them: they are ready at once).
+    pub probe_accounts: bool,
 }
 
 impl Default for GwOptions {
@@ -41,6 +44,7 @@ impl Default for GwOptions {
             clock: clock::system(),
             sim_access_ttl: std::time::Duration::from_secs(3600),
             origin_down: false,
+            probe_accounts: false,
         }
     }
 }
@@ -178,6 +182,7 @@ impl Gw {
             clock,
             sim_access_ttl,
             origin_down,
+            probe_accounts,
         } = opts;
         let sim = Sim::start(SimOptions {
             accounts,
@@ -197,8 +202,12 @@ impl Gw {
                 .import(fleet.parse_auth(auth.to_string().as_bytes()).unwrap())
                 .await
                 .unwrap();
+            if !probe_accounts {
+                fleet.proven(&imported.account.id);
+            }
             ids.insert(acct, imported.account.id);
         }
+        store.flush().await.unwrap();
         let key = KeyRing::load(store.clone(), Arc::clone(&clock))
             .unwrap()
             .create("test", &Default::default())
@@ -342,6 +351,20 @@ impl Gw {
             .into_iter()
             .find(|a| a["chatgpt_account_id"] == chatgpt_id)
             .unwrap_or_else(|| panic!("no account {chatgpt_id}"))
+    }
+
+    /// Waits for an account just added or logged in again to be proved by the gateway's
+    /// probe: it shows `probing` until then, and `ready` after.
+    pub async fn until_proven(&self, chatgpt_id: &str) {
+        until(&format!("{chatgpt_id} proved"), || async {
+            let a = self.account(chatgpt_id).await;
+            assert!(
+                a["state"] == "probing" || a["state"] == "ready",
+                "an account being proved is probing, then ready: {a}"
+            );
+            a["state"] == "ready"
+        })
+        .await;
     }
 
     pub async fn admin_call(&self, method: Method, path: &str, body: Option<Value>) -> Value {

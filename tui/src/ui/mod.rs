@@ -218,7 +218,7 @@ pub fn state_color(state: &str) -> Color {
     match state {
         "ready" => Color::Green,
         "cooling" => Color::Yellow,
-        "half_open" => Color::Cyan,
+        "half_open" | "probing" => Color::Cyan,
         "needs_reauth" => Color::Red,
         _ => Color::DarkGray,
     }
