@@ -284,6 +284,37 @@ mod ownership {
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_request_that_meets_a_login_used_elsewhere_says_why_in_its_record() {
+        let gw = Gw::start(1).await;
+        let acct = gw.ids.keys().next().unwrap().clone();
+        let id = gw.ids[&acct].clone();
+        let secrets = gw.sim.sim.auth_json(&acct).unwrap();
+        gw.admin_call(
+            axum::http::Method::POST,
+            "/api/admin/accounts",
+            Some(secrets.clone()),
+        )
+        .await;
+        gw.until_proven(&acct).await;
+        // The gateway's access token expires, and the source refreshes first.
+        assert!(gw.sim.sim.expire_access_token(&acct));
+        let rt = secrets["tokens"]["refresh_token"].as_str().unwrap();
+        assert_eq!(source_refreshes(&gw, rt).await.0, 200);
+        let (status, answer) = gw.json(&body("gpt-5.5", "hi", false)).await;
+        assert_eq!(status, 503, "{answer}");
+        let rec = &gw.requests(1).await[0];
+        let error = rec["attempts"][1]["error"].as_str().unwrap_or("");
+        assert_eq!(rec["attempts"][1]["class"], "auth_dead", "{rec}");
+        assert!(
+            error.contains("refresh_token_reused")
+                && error.contains("used by another client")
+                && error.contains(&format!("switchyard account login --account {id}")),
+            "{rec}"
+        );
+        assert_eq!(gw.account(&acct).await["state"], "needs_reauth");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn export_writes_a_codex_auth_file_disables_the_account_and_serves_elsewhere() {
         let gw = Gw::start(2).await;
         let acct = gw.rr_order()[0].clone();

@@ -228,6 +228,11 @@ impl Fleet {
                 }
                 tracing::warn!(account = %id, class = class.as_str(), reason = %why, "refresh failed");
                 self.report(id, class, Some(&facts), "");
+                // A dead login says why and what to run, in the request's record too.
+                let why = match self.get(id).and_then(|a| a.reauth) {
+                    Some(r) if class == Class::AuthDead => format!("{why}: {}", r.advice(id)),
+                    _ => why,
+                };
                 Err(TokenError::Failed { class, why })
             }
         }
