@@ -360,6 +360,7 @@ async fn the_request_deadline_bounds_the_whole_failover_walk() {
     assert_eq!(v["error"]["code"], "request_deadline_exceeded", "{v}");
     let record = &gw.requests(1).await[0];
     assert_eq!(record["outcome"], "deadline_exceeded");
+    assert_eq!(record["terminal_source"], "synthetic", "{record}");
     assert_eq!(classes(record), ["transient", "abandoned"], "{record}");
     // Giving up on the second account says nothing about it.
     let order = gw.rr_order();

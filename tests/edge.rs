@@ -128,6 +128,8 @@ async fn a_client_that_stops_reading_frees_its_slot() {
     let records = gw.requests(2).await;
     let cut = &records[1];
     assert_eq!(cut["outcome"], "client_stalled", "{cut}");
+    // It got events from the backend, but nothing that ended the answer.
+    assert_eq!(cut["terminal_source"], "none", "{cut}");
     assert_eq!(cut["attempts"][0]["class"], "client_stalled", "{cut}");
     // Neutral for the account.
     let a = gw.account(&account).await;
@@ -174,6 +176,8 @@ async fn a_websocket_client_that_stops_reading_frees_its_slot_and_its_upstream_s
     let records = gw.requests(2).await;
     let cut = &records[1];
     assert_eq!(cut["outcome"], "client_stalled", "{cut}");
+    // It got events from the backend, but nothing that ended the answer.
+    assert_eq!(cut["terminal_source"], "none", "{cut}");
     assert_eq!(cut["attempts"][0]["class"], "client_stalled", "{cut}");
     assert_eq!(gw.account(&account).await["state"], "ready");
     // The upstream socket of the cut turn is closed, not pooled.
@@ -361,6 +365,7 @@ async fn a_cut_stream_is_told_and_recorded_and_readyz_says_503_while_draining() 
     let records = gw.requests(1).await;
     let cut = &records[0];
     assert_eq!(cut["outcome"], "shutting_down", "{cut}");
+    assert_eq!(cut["terminal_source"], "synthetic", "{cut}");
     assert_eq!(cut["attempts"][0]["class"], "abandoned", "{cut}");
     assert_eq!(cut["attempts"][0]["phase"], "mid_stream", "{cut}");
     // Neutral for the account.
@@ -429,6 +434,7 @@ async fn a_cut_websocket_turn_is_told_and_the_connection_closed() {
     gw.restart().await;
     let records = gw.requests(1).await;
     assert_eq!(records[0]["outcome"], "shutting_down", "{}", records[0]);
+    assert_eq!(records[0]["terminal_source"], "synthetic", "{}", records[0]);
 }
 
 /// The body of a chunked HTTP/1.1 answer.

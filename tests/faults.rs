@@ -435,6 +435,8 @@ async fn compact_passes_through() {
     );
     let reqs = gw.sim.sim.requests(&gw.rr_order()[0]);
     assert!(reqs[0].path.ends_with("/responses/compact"));
+    let record = &gw.requests(1).await[0];
+    assert_eq!(record["terminal_source"], "upstream", "{record}");
 }
 
 #[tokio::test]

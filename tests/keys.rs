@@ -100,6 +100,7 @@ async fn a_model_outside_the_keys_globs_is_refused_before_any_account() {
     assert_eq!(served_total(&gw), 0, "no account was asked");
     let r = record(&gw).await;
     assert_eq!(r["outcome"], "model_not_allowed");
+    assert_eq!(r["terminal_source"], "synthetic", "{r}");
     assert_eq!(r["attempts"], json!([]));
     assert_eq!(r["candidate_pool"], json!([]));
     for a in gw.accounts().await {

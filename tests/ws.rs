@@ -201,6 +201,10 @@ async fn a_warm_up_over_http_is_answered_by_the_gateway_and_its_continuation_car
         "with the warm-up's input"
     );
     assert!(posts[0].body.get("previous_response_id").is_none());
+    // The warm-up's answer was the gateway's own; the real turn's the backend's.
+    let recs = gw.requests(2).await;
+    assert_eq!(recs[1]["terminal_source"], "synthetic", "{}", recs[1]);
+    assert_eq!(recs[0]["terminal_source"], "upstream", "{}", recs[0]);
 }
 
 #[tokio::test]

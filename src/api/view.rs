@@ -164,6 +164,7 @@ pub fn request(r: &RequestRecord) -> wire::RequestRecord {
         transport: r.transport.as_str().into(),
         ws: r.ws,
         ws_connect_ms: r.ws_connect_ms,
+        terminal_source: r.terminal_source.map(|t| t.as_str().into()),
     }
 }
 

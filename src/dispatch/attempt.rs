@@ -16,7 +16,7 @@ use crate::fleet::refresh::TokenError;
 use crate::fleet::scheduler::SkipReason;
 use crate::fleet::{Lease, Origin};
 use crate::telemetry::metrics::Metrics;
-use crate::telemetry::records::{AttemptRecord, Outcome, QueueRecord, Usage};
+use crate::telemetry::records::{AttemptRecord, Outcome, QueueRecord, TerminalSource, Usage};
 use crate::upstream::event::Event;
 use crate::upstream::failure::{Endpoint, Facts, Phase};
 use crate::upstream::quota::QuotaSnapshot;
@@ -27,12 +27,13 @@ use crate::upstream::{Identity, MAX_ERROR_BODY, Overflow, Transport, relayed};
 /// How an attempt ended.
 #[derive(Debug)]
 pub(crate) enum End {
-    /// The request is answered: its outcome, the status the client got, and the frames still
-    /// to send (they go out after the record is kept).
+    /// The request is answered: its outcome, the status the client got, the frames still to
+    /// send (they go out after the record is kept), and whose its last event is.
     Done {
         outcome: Outcome,
         status: u16,
         tail: Vec<Frame>,
+        source: TerminalSource,
     },
     /// Nothing reached the client; the failure was applied to the account: try the next one.
     Next,
@@ -429,6 +430,7 @@ impl<'a> Attempt<'a> {
                     Event::from_value(&completed),
                 ]),
             ],
+            source: TerminalSource::Synthetic,
         }
     }
 
@@ -455,6 +457,7 @@ impl<'a> Attempt<'a> {
                     outcome: Outcome::Success,
                     status,
                     tail: vec![Frame::Head { status, headers }, Frame::Body(body)],
+                    source: TerminalSource::Upstream,
                 }
             }
             Err(facts) => self.fail_over(facts),
@@ -611,6 +614,7 @@ impl<'a> Attempt<'a> {
                     "server_shutting_down",
                     "the gateway shut down before the response completed; resend the request",
                 )])],
+                source: TerminalSource::Synthetic,
             },
             None => End::Reply(super::request::shutting_down_reply(), Outcome::ShuttingDown),
         }
@@ -719,6 +723,7 @@ fn caller_reply(f: &Facts) -> ErrorReply {
             headers: Vec::new(),
             code,
             message,
+            source: TerminalSource::Upstream,
         },
         _ => ErrorReply::openai(
             status,
@@ -726,6 +731,7 @@ fn caller_reply(f: &Facts) -> ErrorReply {
             &code,
             message,
             serde_json::Map::new(),
-        ),
+        )
+        .from_upstream(),
     }
 }

@@ -24,7 +24,7 @@ use tokio::sync::mpsc;
 use crate::fleet::Fleet;
 use crate::keys::KeyRing;
 use crate::telemetry::metrics::Metrics;
-use crate::telemetry::records::RequestLog;
+use crate::telemetry::records::{RequestLog, TerminalSource};
 use crate::ttl::{TtlConfig, TtlMap};
 use crate::upstream::Upstream;
 use crate::upstream::event::Event;
@@ -134,6 +134,8 @@ pub struct ErrorReply {
     /// For the event form.
     pub code: String,
     pub message: String,
+    /// Whether it is the backend's own error or one the gateway made.
+    pub source: TerminalSource,
 }
 
 impl ErrorReply {
@@ -159,6 +161,15 @@ impl ErrorReply {
             headers: Vec::new(),
             code: code.into(),
             message,
+            source: TerminalSource::Synthetic,
+        }
+    }
+
+    /// The same error, saying what the backend said (reframed, not made up).
+    pub fn from_upstream(self) -> Self {
+        ErrorReply {
+            source: TerminalSource::Upstream,
+            ..self
         }
     }
 

@@ -17,7 +17,7 @@ use crate::fleet::scheduler::{QueueOutcome, Wait};
 use crate::fleet::{Lease, Plan, SkipReason};
 use crate::keys::Denied;
 use crate::keys::policy::Refusal;
-use crate::telemetry::records::{Outcome, QueueRecord, RequestLog, RequestRecord};
+use crate::telemetry::records::{Outcome, QueueRecord, RequestLog, RequestRecord, TerminalSource};
 use crate::upstream::Transport;
 use crate::usage::Counters;
 
@@ -221,16 +221,21 @@ impl Dispatcher {
         candidate_pool: Vec<String>,
         end: End,
     ) -> Vec<Frame> {
-        let (outcome, status, tail) = match end {
+        let nothing = TerminalSource::Nothing;
+        let (outcome, status, tail, terminal_source) = match end {
             End::Done {
                 outcome,
                 status,
                 tail,
-            } => (outcome, status, tail),
-            End::Reply(reply, outcome) => (outcome, reply.status, vec![Frame::Error(reply)]),
-            End::ClientGone => (Outcome::ClientCancelled, 499, Vec::new()),
-            End::ClientStalled => (Outcome::ClientStalled, 499, Vec::new()),
-            End::Next => (Outcome::NoAccount, 503, Vec::new()),
+                source,
+            } => (outcome, status, tail, source),
+            End::Reply(reply, outcome) => {
+                let source = reply.source;
+                (outcome, reply.status, vec![Frame::Error(reply)], source)
+            }
+            End::ClientGone => (Outcome::ClientCancelled, 499, Vec::new(), nothing),
+            End::ClientStalled => (Outcome::ClientStalled, 499, Vec::new(), nothing),
+            End::Next => (Outcome::NoAccount, 503, Vec::new(), nothing),
         };
         // A request its key's policy refused was never scheduled: no affinity either way.
         let affinity = match plan {
@@ -291,6 +296,7 @@ impl Dispatcher {
             queue: trace.queue,
             transport,
             ws_connect_ms: trace.ws_connect_ms,
+            terminal_source: Some(terminal_source),
         });
         tail
     }

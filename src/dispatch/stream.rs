@@ -14,7 +14,7 @@ use serde_json::Value;
 use super::attempt::{Attempt, End, ms_since};
 use super::{ErrorReply, Frame, Mode};
 use crate::fleet::health::Class;
-use crate::telemetry::records::{Outcome, Usage};
+use crate::telemetry::records::{Outcome, TerminalSource, Usage};
 use crate::upstream::event::Event;
 use crate::upstream::failure::{Facts, Phase};
 use crate::upstream::stream::{EventStream, Item, StreamError};
@@ -254,7 +254,8 @@ impl Attempt<'_> {
                     f.error_code.as_deref().unwrap_or("invalid_request_error"),
                     f.message.clone().unwrap_or_default(),
                     serde_json::Map::new(),
-                );
+                )
+                .from_upstream();
                 return End::Reply(reply, Outcome::CallerError);
             }
             let mut headers = b.relay.clone();
@@ -267,6 +268,7 @@ impl Attempt<'_> {
                 outcome,
                 status,
                 tail: vec![Frame::Head { status, headers }, Frame::Body(body)],
+                source: TerminalSource::Upstream,
             };
         }
         let mut tail = Vec::new();
@@ -286,6 +288,7 @@ impl Attempt<'_> {
             outcome,
             status,
             tail,
+            source: TerminalSource::Upstream,
         }
     }
 
@@ -308,6 +311,7 @@ impl Attempt<'_> {
                 "upstream_stream_error",
                 &message,
             )])],
+            source: TerminalSource::Synthetic,
         }
     }
 }
@@ -319,12 +323,14 @@ fn with_batch(batch: Vec<Event>, end: End) -> End {
             outcome,
             status,
             mut tail,
+            source,
         } if !batch.is_empty() => {
             tail.insert(0, Frame::Events(batch));
             End::Done {
                 outcome,
                 status,
                 tail,
+                source,
             }
         }
         other => other,

@@ -666,9 +666,10 @@ fn read_meta(db: &Database, key: &str) -> Result<Option<Vec<u8>>, StoreError> {
 /// 1 -> 2 (0.2.0): values carry their own versions and every older one still decodes, so no
 /// row is rewritten; the number moves so that 0.1.0, which would skip rows it cannot decode,
 /// refuses the file instead. 2 -> 3 (0.3.0): the same, for key policies (client keys at
-/// version 2) and the new `usage_hourly` table, created on first write. 3 -> 4 (0.4.0): the new
-/// `account_proxies` table; the number moves so that 0.3.0, which would send a proxied
-/// account's traffic straight out, refuses the file.
+/// version 2) and the new `usage_hourly` table, created on first write. 3 -> 4 (0.4.0): the same,
+/// for request records at version 3 (their terminal source), account health at version 3 and
+/// the new `account_proxies` table; the number moves so that 0.3.0, which would also send a
+/// proxied account's traffic straight out, refuses the file.
 fn migrate(db: &Database, from: u64) -> Result<(), StoreError> {
     tracing::info!(from, to = SCHEMA_VERSION, "migrating the store's schema");
     let txn = db.begin_write().map_err(StoreError::db)?;

@@ -336,8 +336,9 @@ impl Versioned for SettingsRecord {
 /// One `/v1` request with its attempt chain. The row's key is the record's key (unix ms << 16
 /// | a sequence number), so the id is not stored.
 ///
-/// Version 2 (0.2.0): the start as unix ms, no id, no `cached_tokens` (it is in `usage`).
-/// Version 1 (0.1.0): the admin API's JSON shape of the time, in postcard.
+/// Version 3 (after 0.3.0): where its terminal answer came from. Version 2 (0.2.0): the start
+/// as unix ms, no id, no `cached_tokens` (it is in `usage`). Version 1 (0.1.0): the admin
+/// API's JSON shape of the time, in postcard.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RequestRow {
     pub started_ms: u64,
@@ -362,9 +363,11 @@ pub struct RequestRow {
     pub queue: Option<QueueRow>,
     pub transport: String,
     pub ws_connect_ms: Option<u64>,
+    /// `upstream`, `synthetic` or `none`; absent from versions 1 and 2.
+    pub terminal_source: Option<String>,
 }
 
-/// Part of versions 1 and 2 of [`RequestRow`]: frozen.
+/// Part of versions 1 to 3 of [`RequestRow`]: frozen.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AttemptRow {
     pub account: String,
@@ -375,7 +378,7 @@ pub struct AttemptRow {
     pub error: Option<String>,
 }
 
-/// Part of versions 1 and 2 of [`RequestRow`]: frozen.
+/// Part of versions 1 to 3 of [`RequestRow`]: frozen.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct UsageRow {
     pub input_tokens: u64,
@@ -384,19 +387,43 @@ pub struct UsageRow {
     pub reasoning_tokens: u64,
 }
 
-/// Part of versions 1 and 2 of [`RequestRow`]: frozen.
+/// Part of versions 1 to 3 of [`RequestRow`]: frozen.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SkipRow {
     pub account: String,
     pub reason: String,
 }
 
-/// Part of versions 1 and 2 of [`RequestRow`]: frozen.
+/// Part of versions 1 to 3 of [`RequestRow`]: frozen.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct QueueRow {
     pub queue: String,
     pub outcome: String,
     pub wait_ms: u64,
+}
+
+#[derive(Deserialize)]
+struct RequestRowV2 {
+    started_ms: u64,
+    key_name: String,
+    model: String,
+    path: String,
+    stream: bool,
+    ws: bool,
+    outcome: String,
+    status: u16,
+    account: Option<String>,
+    attempts: Vec<AttemptRow>,
+    ttft_ms: Option<u64>,
+    duration_ms: u64,
+    usage: Option<UsageRow>,
+    session: Option<String>,
+    candidate_pool: Vec<String>,
+    skipped: Vec<SkipRow>,
+    affinity: String,
+    queue: Option<QueueRow>,
+    transport: String,
+    ws_connect_ms: Option<u64>,
 }
 
 #[derive(Deserialize)]
@@ -427,10 +454,36 @@ struct RequestRowV1 {
 
 impl Versioned for RequestRow {
     const NAME: &'static str = "request record";
-    const VERSION: u8 = 2;
+    const VERSION: u8 = 3;
     fn decode_version(version: u8, b: &[u8]) -> Result<Self, CodecError> {
         match version {
-            2 => body(b),
+            3 => body(b),
+            2 => {
+                let v: RequestRowV2 = body(b)?;
+                Ok(RequestRow {
+                    started_ms: v.started_ms,
+                    key_name: v.key_name,
+                    model: v.model,
+                    path: v.path,
+                    stream: v.stream,
+                    ws: v.ws,
+                    outcome: v.outcome,
+                    status: v.status,
+                    account: v.account,
+                    attempts: v.attempts,
+                    ttft_ms: v.ttft_ms,
+                    duration_ms: v.duration_ms,
+                    usage: v.usage,
+                    session: v.session,
+                    candidate_pool: v.candidate_pool,
+                    skipped: v.skipped,
+                    affinity: v.affinity,
+                    queue: v.queue,
+                    transport: v.transport,
+                    ws_connect_ms: v.ws_connect_ms,
+                    terminal_source: None,
+                })
+            }
             1 => {
                 let v: RequestRowV1 = body(b)?;
                 let started_ms =
@@ -458,6 +511,7 @@ impl Versioned for RequestRow {
                     queue: v.queue,
                     transport: v.transport,
                     ws_connect_ms: v.ws_connect_ms,
+                    terminal_source: None,
                 })
             }
             found => Err(unknown::<Self>(found)),
@@ -541,6 +595,7 @@ mod tests {
             }),
             transport: "ws_reused".into(),
             ws_connect_ms: None,
+            terminal_source: None,
         }
     }
 
@@ -704,15 +759,34 @@ mod tests {
         assert_eq!(r.usage.map(|u| u.cached_tokens), Some(0));
         assert_eq!(r.path, "/v1/responses");
         assert!(!r.ws);
+        assert_eq!(r.terminal_source, None);
     }
 
     #[test]
-    fn request_version_2_round_trips_exactly() {
+    fn request_version_2_decodes_into_version_3_without_a_terminal_source() {
         assert_eq!(
             decode::<RequestRow>(&hex(v2::REQUEST)).unwrap(),
             request_v2()
         );
-        assert_eq!(to_hex(&encode(&request_v2()).unwrap()), v2::REQUEST);
+        // Written again, it is version 3: version 2 with no terminal source after it.
+        let again = encode(&request_v2()).unwrap();
+        assert_eq!(again[0], 3);
+        assert_eq!(to_hex(&again[1..]), format!("{}00", &v2::REQUEST[2..]));
+    }
+
+    /// Bytes the release after 0.3.0 writes.
+    mod next {
+        pub const REQUEST: &str = "03fbd0eab6b73305616c696365076770742d352e350d2f76312f726573706f6e73657301010c73747265616d5f6572726f72c80101056163632d3201056163632d32097472616e7369656e7401c801010a6d69645f73747265616d0c0105726573657401051400010c61626364656630313233343501056163632d3201056163632d3107636f6f6c696e67107265626f756e6428636f6f6c696e67290104706f6f6c086163717569726564030977735f72657573656400010973796e746865746963";
+    }
+
+    #[test]
+    fn request_version_3_round_trips_exactly() {
+        let r = RequestRow {
+            terminal_source: Some("synthetic".into()),
+            ..request_v2()
+        };
+        assert_eq!(to_hex(&encode(&r).unwrap()), next::REQUEST);
+        assert_eq!(decode::<RequestRow>(&hex(next::REQUEST)).unwrap(), r);
     }
 
     /// Bytes 0.3.0 writes.
@@ -773,8 +847,8 @@ mod tests {
 
     #[test]
     fn a_version_newer_than_the_binary_is_refused_by_name() {
-        let mut bytes = hex(v2::REQUEST);
-        bytes[0] = 3;
+        let mut bytes = hex(next::REQUEST);
+        bytes[0] = 4;
         let e = decode::<RequestRow>(&bytes).unwrap_err();
         assert!(e.to_string().contains("newer than this binary"), "{e}");
     }

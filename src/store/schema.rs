@@ -6,7 +6,8 @@ use redb::TableDefinition;
 /// The schema this binary writes. A file with a larger number was written by a newer
 /// switchyard and is refused; a smaller one is migrated at open (`super::migrate`).
 /// 1: 0.1.0. 2: 0.2.0, whose values carry their own versions. 3: 0.3.0, with key policies
-/// and hourly usage buckets. 4: 0.4.0, with accounts' egress proxies.
+/// and hourly usage buckets. 4: 0.4.0, with accounts' egress proxies, unproven accounts and
+/// request records with their terminal source.
 pub const SCHEMA_VERSION: u64 = 4;
 
 /// `schema_version` (u64 little-endian, never codec-encoded so any future binary can read

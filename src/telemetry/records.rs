@@ -59,6 +59,21 @@ named! {
     }
 }
 
+named! {
+    /// Where the answer that ended a request came from: its last event (`response.completed`,
+    /// `response.failed`, …) or its error answer.
+    pub enum TerminalSource {
+        /// The backend's own: forwarded, or reframed for a JSON client without changing what
+        /// it says (a completed response, a caller error, a policy refusal).
+        Upstream => "upstream",
+        /// Made by the gateway: a `response.failed` it wrote (`upstream_stream_error`,
+        /// `server_shutting_down`), an exhaustion or deadline answer, a key's refusal.
+        Synthetic => "synthetic",
+        /// Nothing ended it for the client: it left or stopped reading first.
+        Nothing => "none",
+    }
+}
+
 impl Outcome {
     /// Whether its client got an error (a client that left or stopped reading got nothing).
     pub fn is_error(self) -> bool {
@@ -133,6 +148,8 @@ pub struct RequestRecord {
     pub queue: Option<QueueRecord>,
     pub transport: Transport,
     pub ws_connect_ms: Option<u64>,
+    /// Where its terminal answer came from; `None` in records written before it was kept.
+    pub terminal_source: Option<TerminalSource>,
 }
 
 impl RequestRecord {
@@ -190,6 +207,7 @@ impl RequestRecord {
             }),
             transport: self.transport.as_str().into(),
             ws_connect_ms: self.ws_connect_ms,
+            terminal_source: self.terminal_source.map(|t| t.as_str().into()),
         }
     }
 
@@ -262,6 +280,10 @@ impl RequestRecord {
             queue,
             transport: name("transport", &r.transport, Transport::from_name)?,
             ws_connect_ms: r.ws_connect_ms,
+            terminal_source: r
+                .terminal_source
+                .map(|t| name("terminal source", &t, TerminalSource::from_name))
+                .transpose()?,
         })
     }
 }
@@ -414,6 +436,7 @@ mod tests {
             }),
             transport: Transport::HttpWsBudgetExhausted,
             ws_connect_ms: None,
+            terminal_source: Some(TerminalSource::Upstream),
         }
     }
 
@@ -424,6 +447,7 @@ mod tests {
         assert_eq!(row.outcome, "success");
         assert_eq!(row.affinity, "rebound(quota)");
         assert_eq!(row.skipped[0].reason, "half_open_probe");
+        assert_eq!(row.terminal_source.as_deref(), Some("upstream"));
         assert_eq!(RequestRecord::from_row(r.key, row).unwrap(), r);
         assert_eq!(r.id(), "req_019b76daa87b0007");
     }
@@ -434,6 +458,18 @@ mod tests {
         row.outcome = "teleported".into();
         let e = RequestRecord::from_row(1, row).unwrap_err();
         assert!(e.contains("teleported"), "{e}");
+        let mut row = record().to_row();
+        row.terminal_source = Some("carrier_pigeon".into());
+        let e = RequestRecord::from_row(1, row).unwrap_err();
+        assert!(e.contains("terminal source `carrier_pigeon`"), "{e}");
+    }
+
+    #[test]
+    fn a_record_written_before_the_terminal_source_reads_without_one() {
+        let mut row = record().to_row();
+        row.terminal_source = None;
+        let r = RequestRecord::from_row(1, row).unwrap();
+        assert_eq!(r.terminal_source, None);
     }
 
     #[tokio::test]

@@ -401,6 +401,12 @@ pub struct RequestRecord {
     /// Time to open an upstream WebSocket, when one was opened for this turn.
     #[serde(default)]
     pub ws_connect_ms: Option<u64>,
+    /// Where the answer that ended the request came from: `upstream` (the backend's own,
+    /// forwarded), `synthetic` (made by the gateway: `upstream_stream_error`, an exhaustion
+    /// answer, a key's refusal, …) or `none` (the client left or stopped reading first);
+    /// null in records written before it was kept.
+    #[serde(default)]
+    pub terminal_source: Option<String>,
 }
 
 /// An account left out of a request's candidates.

@@ -63,6 +63,16 @@ pub fn render(frame: &mut Frame, area: Rect, app: &App, id: &str) {
             ),
         ),
         field(
+            "terminal",
+            match r.terminal_source.as_deref() {
+                Some("upstream") => "upstream: the backend's own answer".to_string(),
+                Some("synthetic") => "synthetic: made by the gateway".to_string(),
+                Some("none") => "none: the client left or stopped reading first".to_string(),
+                Some(other) => other.to_string(),
+                None => "not recorded".to_string(),
+            },
+        ),
+        field(
             "transport",
             match r.ws_connect_ms {
                 Some(ms) => format!(

@@ -90,6 +90,7 @@ fn record(n: u64, ago_ms: u64) -> RequestRecord {
         transport: "http".into(),
         ws: false,
         ws_connect_ms: None,
+        terminal_source: Some("upstream".into()),
     }
 }
 
@@ -186,6 +187,7 @@ fn fixture() -> App {
     dropped.account = Some("chatgpt-3".into());
     dropped.attempts = vec![attempt("chatgpt-3", "transient", 200)];
     dropped.affinity = "new_bind".into();
+    dropped.terminal_source = Some("synthetic".into());
 
     let feed = Feed {
         status: Status {
@@ -405,6 +407,7 @@ fn enter_opens_the_full_record() {
         has(&s, "pool queue · acquired after 1.2s");
         has(&s, "rebound(quota)");
         has(&s, "1. sim-acct-1 quota · status 429 · pre_headers");
+        has(&s, "terminal    upstream: the backend's own answer");
     }
     app.on_key(key(KeyCode::Esc));
     assert_eq!(app.overlay, Overlay::None);
@@ -412,6 +415,15 @@ fn enter_opens_the_full_record() {
     app.on_key(key(KeyCode::Down));
     app.on_key(key(KeyCode::Enter));
     assert_eq!(app.overlay, Overlay::Detail("req_0002".into()));
+    // The oldest: a stream the gateway ended itself.
+    app.on_key(key(KeyCode::Esc));
+    app.on_key(key(KeyCode::Down));
+    app.on_key(key(KeyCode::Enter));
+    assert_eq!(app.overlay, Overlay::Detail("req_0003".into()));
+    has(
+        &screen(&app, 160, 48),
+        "terminal    synthetic: made by the gateway",
+    );
 }
 
 #[test]
