@@ -6,7 +6,8 @@
 //!
 //! - what the client saw: the status or terminal event, the error code, `Retry-After`;
 //! - each account's state and reason afterwards;
-//! - the record: its attempts (account, class, phase), outcome and the account that answered;
+//! - the record: its attempts (account, class, phase), outcome, the account that answered and
+//!   where the answer that ended it came from (the backend, or the gateway itself);
 //! - that a second request with the same session reaches no account the gateway already knows
 //!   is bad.
 //!
@@ -476,6 +477,9 @@ struct Expected {
     served_by: Option<usize>,
     /// Per account: its state and reason afterwards.
     states: Vec<(&'static str, Option<&'static str>)>,
+    /// Whose the answer that ended it is: `upstream` (the backend's, forwarded) or
+    /// `synthetic` (made by the gateway).
+    terminal: &'static str,
 }
 
 /// The rules every row follows.
@@ -505,6 +509,7 @@ fn expect(row: &Row, transport: Transport, scope: Scope, make: &Make) -> Expecte
             attempts: vec![failed, (0, "success", None)],
             served_by: Some(0),
             states,
+            terminal: "upstream",
         };
     }
     if row.class == "caller" {
@@ -525,12 +530,13 @@ fn expect(row: &Row, transport: Transport, scope: Scope, make: &Make) -> Expecte
             attempts: vec![failed],
             served_by: Some(0),
             states,
+            terminal: "upstream",
         };
     }
     if committed {
-        let outcome = match row.ending {
-            Ending::Forwarded => "failed",
-            Ending::Synthetic => "stream_error",
+        let (outcome, terminal) = match row.ending {
+            Ending::Forwarded => ("failed", "upstream"),
+            Ending::Synthetic => ("stream_error", "synthetic"),
         };
         return Expected {
             seen: Seen::EndedWith(row.code.into()),
@@ -538,6 +544,7 @@ fn expect(row: &Row, transport: Transport, scope: Scope, make: &Make) -> Expecte
             attempts: vec![failed],
             served_by: Some(0),
             states,
+            terminal,
         };
     }
     if scope == Scope::Pool && !every_account {
@@ -548,6 +555,7 @@ fn expect(row: &Row, transport: Transport, scope: Scope, make: &Make) -> Expecte
             attempts: vec![failed, (1, "success", None)],
             served_by: Some(1),
             states,
+            terminal: "upstream",
         };
     }
     // No account is left.
@@ -558,11 +566,12 @@ fn expect(row: &Row, transport: Transport, scope: Scope, make: &Make) -> Expecte
             *state = after(row.effect);
         }
     }
-    let (status, code, outcome) = match row.effect {
-        Effect::Cools("quota") => (429, "usage_limit_reached", "quota_exhausted"),
-        Effect::MarksModel => (404, "model_not_found", "model_not_found"),
-        Effect::AvoidedBySession => (400, row.code, "policy_refused"),
-        _ => (503, "no_available_account", "no_account"),
+    // The gateway answers for the pool, except a policy refusal: that is the backend's own.
+    let (status, code, outcome, terminal) = match row.effect {
+        Effect::Cools("quota") => (429, "usage_limit_reached", "quota_exhausted", "synthetic"),
+        Effect::MarksModel => (404, "model_not_found", "model_not_found", "synthetic"),
+        Effect::AvoidedBySession => (400, row.code, "policy_refused", "upstream"),
+        _ => (503, "no_available_account", "no_account", "synthetic"),
     };
     Expected {
         seen: Seen::Error {
@@ -574,6 +583,7 @@ fn expect(row: &Row, transport: Transport, scope: Scope, make: &Make) -> Expecte
         attempts,
         served_by: None,
         states,
+        terminal,
     }
 }
 
@@ -794,6 +804,11 @@ async fn cell(row: &Row, transport: Transport, scope: Scope) -> Vec<String> {
         "attempts",
         attempts == want_attempts,
         format!("want {want_attempts:?}, got {attempts:?}"),
+    );
+    check(
+        "terminal source",
+        record["terminal_source"] == want.terminal,
+        format!("want {}, record {record}", want.terminal),
     );
     let served = record["account"].as_str().map(str::to_string);
     check(
