@@ -3,8 +3,11 @@
 //! import.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
+
 use std::time::{Duration, Instant};
 
+use common::gw::until;
 use reqwest::{Client, Response, StatusCode};
 use serde_json::{Value, json};
 use switchyard::clock::{ManualClock, SharedClock};
@@ -803,10 +806,40 @@ async fn hang_mid_stream_goes_silent_after_n_deltas() {
     }
     let silent = tokio::time::timeout(Duration::from_millis(300), reader.next()).await;
     assert!(silent.is_err(), "data arrived after the hang: {silent:?}");
+    assert_eq!(
+        (h.sim.http_open("sim-acct-1"), h.sim.http_cut("sim-acct-1")),
+        (1, 0)
+    );
     drop(reader);
-    // The simulator still serves others.
+    // The client gave the answer up: it counts as cut.
+    until("the hung answer cut", || async {
+        h.sim.http_cut("sim-acct-1") == 1
+    })
+    .await;
+    assert_eq!(h.sim.http_open("sim-acct-1"), 0);
+    // The simulator still serves others; an answer read to its end is not cut.
     let r = post(&client(), &h, "sim-acct-1", &turn("hi", "k", true)).await;
     assert_eq!(r.status(), 200);
+    assert!(r.text().await.unwrap().contains("response.completed"));
+    assert_eq!(
+        (h.sim.http_open("sim-acct-1"), h.sim.http_cut("sim-acct-1")),
+        (0, 1)
+    );
+    // The control API shows the same.
+    let sim: Value = client()
+        .get(format!("{}/sim/accounts", h.url()))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let a = &sim["accounts"][0];
+    assert_eq!(
+        (a["http_open"].as_u64(), a["http_cut"].as_u64()),
+        (Some(0), Some(1)),
+        "{a}"
+    );
 }
 
 #[tokio::test]

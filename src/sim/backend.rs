@@ -12,7 +12,7 @@ use super::catalog;
 use super::faults::{self, Cut, Endpoint, ErrorAnswer, FaultKind, StreamShape};
 use super::profile::scripted_fault;
 use super::responses::{self, Plan, TurnSpec};
-use super::server::{Outcome, Reply, SimBody, SimRequest, full, json, set_header, steps};
+use super::server::{OpenBody, Outcome, Reply, SimBody, SimRequest, full, json, set_header, steps};
 use super::state::{Account, AuthFailure, State};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -77,7 +77,7 @@ pub(crate) fn handle(sim: &Sim, req: &SimRequest) -> Outcome {
                 id,
                 ray: &ray,
             };
-            responses_route(account, req, &ctx, route == Route::Compact)
+            responses_route(sim, account, req, &ctx, route == Route::Compact)
         }
     }
 }
@@ -377,6 +377,7 @@ pub(crate) fn decide(account: &mut Account, req: &TurnRequest<'_>, ctx: &Ctx<'_>
 }
 
 fn responses_route(
+    sim: &Sim,
     account: &mut Account,
     req: &SimRequest,
     ctx: &Ctx<'_>,
@@ -423,16 +424,23 @@ fn responses_route(
         shape,
         delta_pause,
     } = served;
+    let open = Some(OpenBody::new(sim, account));
     let mut r = if compact {
         let mut out = turn.response.clone();
         out["object"] = json!("response.compaction");
-        steps(200, "application/json", responses::json_steps(&out, &shape))
+        let body = responses::json_steps(&out, &shape);
+        steps(200, "application/json", body, open)
     } else if unary {
         let out = &turn.response;
-        steps(200, "application/json", responses::json_steps(out, &shape))
+        steps(
+            200,
+            "application/json",
+            responses::json_steps(out, &shape),
+            open,
+        )
     } else {
         let body = responses::sse_steps(&turn, &shape, delta_pause);
-        steps(200, "text/event-stream; charset=utf-8", body)
+        steps(200, "text/event-stream; charset=utf-8", body, open)
     };
     decorate(&mut r, account, now, ctx.ray);
     set_header(

@@ -370,6 +370,26 @@ impl Sim {
         }
     }
 
+    /// The account's HTTP answers of `/responses*` whose body is being written now (from the
+    /// headers until the body ends or its connection does).
+    pub fn http_open(&self, account_id: &str) -> u32 {
+        self.lock().account(account_id).map_or(0, |a| a.http_open)
+    }
+
+    /// The account's HTTP answers of `/responses*` whose connection ended before their body
+    /// was written to the end: the client gave the request up.
+    pub fn http_cut(&self, account_id: &str) -> u32 {
+        self.lock().account(account_id).map_or(0, |a| a.http_cut)
+    }
+
+    /// An HTTP answer's body of the account ended; `cut` when before its end.
+    pub(crate) fn http_closed(&self, account_id: &str, cut: bool) {
+        self.with_account(account_id, |a| {
+            a.http_open = a.http_open.saturating_sub(1);
+            a.http_cut += u32::from(cut);
+        });
+    }
+
     /// Wakes `wait_device_codes` (call without the lock held).
     pub(crate) fn device_code_issued(&self) {
         self.inner.device_codes_issued.send_modify(|n| *n += 1);

@@ -100,22 +100,65 @@ pub(crate) fn json(status: u16, v: &Value) -> Response<SimBody> {
     full(status, "application/json", v.to_string())
 }
 
-/// A body that plays `steps` in order; each data step is flushed on its own.
-pub(crate) fn steps(status: u16, content_type: &str, steps: Vec<Step>) -> Response<SimBody> {
-    let stream = futures_util::stream::unfold(steps.into_iter(), |mut it| async move {
+/// Counts an answer's body as open until it is dropped, and as cut when that happens before
+/// its last step was played (its connection ended: the client went away).
+pub(crate) struct OpenBody {
+    sim: Sim,
+    account: String,
+    played: bool,
+}
+
+impl OpenBody {
+    /// Counts a body of `account` as open (call with the state locked, through `account`).
+    pub(crate) fn new(sim: &Sim, account: &mut super::state::Account) -> OpenBody {
+        account.http_open += 1;
+        OpenBody {
+            sim: sim.clone(),
+            account: account.id().to_string(),
+            played: false,
+        }
+    }
+}
+
+impl Drop for OpenBody {
+    fn drop(&mut self) {
+        self.sim.http_closed(&self.account, !self.played);
+    }
+}
+
+/// A body that plays `steps` in order; each data step is flushed on its own. `open` counts it
+/// while it lives.
+pub(crate) fn steps(
+    status: u16,
+    content_type: &str,
+    steps: Vec<Step>,
+    open: Option<OpenBody>,
+) -> Response<SimBody> {
+    let state = (steps.into_iter(), open);
+    let stream = futures_util::stream::unfold(state, |(mut it, mut open)| async move {
         loop {
-            match it.next()? {
+            let Some(step) = it.next() else {
+                if let Some(o) = open.as_mut() {
+                    o.played = true;
+                }
+                return None;
+            };
+            match step {
                 Step::Data(b) => {
                     // Yielding once makes hyper flush what it has before the next event, so a
                     // client sees events one by one (and the bytes before a reset arrive).
                     tokio::task::yield_now().await;
-                    return Some((Ok(Frame::data(b)), it));
+                    return Some((Ok(Frame::data(b)), (it, open)));
                 }
                 Step::Pause(d) => tokio::time::sleep(d).await,
                 Step::Reset => {
+                    // Cut on purpose: played as planned.
+                    if let Some(o) = open.as_mut() {
+                        o.played = true;
+                    }
                     tokio::task::yield_now().await;
                     let e = io::Error::new(io::ErrorKind::ConnectionReset, "sim: stream cut");
-                    return Some((Err(e), it));
+                    return Some((Err(e), (it, open)));
                 }
                 Step::Hang => std::future::pending::<()>().await,
             }

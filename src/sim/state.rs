@@ -124,6 +124,11 @@ pub(crate) struct Account {
     pub ws_connections: u32,
     /// WebSockets open now.
     pub ws_open: u32,
+    /// HTTP answers of `/responses*` whose body is being written now.
+    pub http_open: u32,
+    /// HTTP answers of `/responses*` whose connection ended before their body was written
+    /// to the end (the client went away).
+    pub http_cut: u32,
     pub script: Script,
     /// Profile quota: exhausted until (unix s), and requests since the last reset.
     pub script_quota_until: Option<u64>,
@@ -159,6 +164,8 @@ impl Account {
             served: 0,
             ws_connections: 0,
             ws_open: 0,
+            http_open: 0,
+            http_cut: 0,
             script_quota_until: None,
             script_since_reset: 0,
             script,
@@ -355,6 +362,8 @@ impl Account {
             "served": self.served,
             "ws_connections": self.ws_connections,
             "ws_open": self.ws_open,
+            "http_open": self.http_open,
+            "http_cut": self.http_cut,
         })
     }
 }
