@@ -142,6 +142,15 @@ async fn a_client_that_stops_reading_frees_its_slot() {
         .await,
         1
     );
+    // The upstream request was given up while its client still held the connection: the
+    // backend's long answer stopped being written before its end (the next one was read to
+    // its end).
+    until("the backend's answer cut", || async {
+        gw.sim.sim.http_cut(&account) == 1
+    })
+    .await;
+    assert_eq!(gw.sim.sim.http_open(&account), 0);
+    assert_eq!(gw.served(&account), 2);
     drop(stalled);
 }
 
