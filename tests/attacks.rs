@@ -402,6 +402,66 @@ async fn a_compact_answer_that_never_ends_fails_within_the_header_timeout() {
     assert_eq!(classes(record), ["transient", "success"], "{record}");
 }
 
+/// More than the 16 MiB a compact answer may have.
+const OVER_THE_CAP: FaultKind = FaultKind::LongAnswer { kib: 17 * 1024 };
+
+async fn compact(gw: &Gw) -> reqwest::Response {
+    gw.post_raw(
+        "/v1/responses/compact",
+        &body_plain("gpt-5.5", "compact me", false),
+        &[],
+    )
+    .await
+}
+
+#[tokio::test]
+async fn a_compact_answer_over_the_cap_fails_over_instead_of_arriving_cut() {
+    let gw = Gw::start(2).await;
+    let order = gw.rr_order();
+    gw.fault(&order[0], OVER_THE_CAP, Some(1));
+    let resp = compact(&gw).await;
+    assert_eq!(resp.status(), 200);
+    // The second account's whole answer, not a part of the first one's.
+    let v: Value = resp.json().await.unwrap();
+    assert_eq!(v["object"], "response.compaction", "{v}");
+    assert!(v["output"][0]["encrypted_content"].as_str().unwrap().len() < 1024);
+    assert_eq!(gw.served(&order[1]), 1, "answered by the second account");
+    let record = &gw.requests(1).await[0];
+    assert_eq!(classes(record), ["transient", "success"], "{record}");
+    let failed = &record["attempts"][0];
+    assert_eq!(failed["phase"], "pre_commit", "{record}");
+    assert!(
+        failed["error"]
+            .as_str()
+            .unwrap()
+            .contains("exceeds 16777216 bytes"),
+        "{record}"
+    );
+    assert_eq!(record["account"], order[1].as_str());
+    assert_eq!(gw.account(&order[0]).await["state"], "cooling");
+}
+
+#[tokio::test]
+async fn a_compact_answer_over_the_cap_on_the_only_account_is_an_error() {
+    let gw = Gw::start(1).await;
+    let account = gw.rr_order()[0].clone();
+    gw.fault(&account, OVER_THE_CAP, Some(1));
+    let resp = compact(&gw).await;
+    assert_eq!(resp.status(), 503);
+    assert!(resp.headers().contains_key("retry-after"));
+    let v: Value = resp.json().await.unwrap();
+    assert_eq!(v["error"]["code"], "no_available_account", "{v}");
+    let record = &gw.requests(1).await[0];
+    assert_eq!(record["outcome"], "no_account", "{record}");
+    assert_eq!(classes(record), ["transient"], "{record}");
+    assert_eq!(record["terminal_source"], "synthetic", "{record}");
+    let a = gw.account(&account).await;
+    assert_eq!(
+        (a["state"].as_str(), a["reason"].as_str()),
+        (Some("cooling"), Some("transient"))
+    );
+}
+
 /// One account cooled by a failure, then half-open on a manual clock.
 async fn half_open_single() -> (Gw, String) {
     use std::sync::Arc;

@@ -55,7 +55,7 @@ pub enum FaultKind {
     /// A normal answer paced with a pause of `ms` between deltas (a long answer).
     SlowDeltas { ms: u64 },
     /// An answer whose message is `kib` KiB of text, in 4 KiB deltas (larger than a socket's
-    /// buffers can hide).
+    /// buffers can hide); a compaction's encrypted content of `kib` KiB.
     LongAnswer { kib: u32 },
     /// The token endpoint answers `status` to this account's refresh.
     RefreshFails { status: u16 },

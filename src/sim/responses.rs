@@ -93,7 +93,8 @@ pub(crate) struct TurnSpec<'a> {
     pub generate: bool,
     /// Echoed in the response object (WebSocket continuations).
     pub previous_response_id: Option<String>,
-    /// The message is this many bytes of text instead of the greeting.
+    /// The message is this many bytes of text instead of the greeting (a compaction: its
+    /// encrypted content).
     pub answer_bytes: Option<usize>,
 }
 
@@ -321,8 +322,13 @@ fn compaction(b: &mut Builder, spec: &TurnSpec<'_>) -> Value {
         "response.output_item.added",
         json!({"output_index": 0, "item": {"id": id, "type": "compaction"}}),
     );
-    let item = json!({"id": id, "type": "compaction",
-        "encrypted_content": encrypted("compaction", spec)});
+    let mut content = encrypted("compaction", spec);
+    if let Some(n) = spec.answer_bytes {
+        // A long answer: the compacted history is padded to `n` bytes.
+        let pad = n.saturating_sub(content.len());
+        content.extend(std::iter::repeat_n('A', pad));
+    }
+    let item = json!({"id": id, "type": "compaction", "encrypted_content": content});
     b.push(
         "response.output_item.done",
         json!({"output_index": 0, "item": item}),
