@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::gw::Gw;
+use common::gw::{Gw, until};
 use futures_util::{SinkExt, StreamExt};
 use serde_json::{Value, json};
 use switchyard::sim::FaultKind;
@@ -397,7 +397,7 @@ async fn ws_turn_waits_for_slot() {
     let a = gw.rr_order()[0].clone();
     gw.fault(&a, FaultKind::SlowFirstToken { ms: 600 }, Some(1));
     let holder = gw.spawn_stream(common::gw::body_plain("gpt-5.5", "slow", true));
-    common::gw::until("the slot to be taken", || async {
+    until("the slot to be taken", || async {
         gw.account(&a).await["in_flight"] == 1
     })
     .await;
@@ -745,11 +745,10 @@ async fn a_half_open_breaker_is_settled_by_a_rejected_handshake() {
     );
 }
 
-#[tokio::test]
-async fn idle_upstream_sockets_are_bounded_per_account_and_evicted_when_it_cools() {
-    let gw = Gw::start(2).await;
+/// Twelve sessions leave an idle upstream socket each on the first account (the second is
+/// disabled meanwhile): at most eight stay. Returns the accounts in round-robin order.
+async fn eight_idle_sockets_on_the_first_account(gw: &Gw) -> Vec<String> {
     let order = gw.rr_order();
-    // Twelve sessions leave an idle socket each, on the first account.
     gw.admin_call(
         axum::http::Method::POST,
         &format!("/api/admin/accounts/{}/disable", order[1]),
@@ -773,21 +772,18 @@ async fn idle_upstream_sockets_are_bounded_per_account_and_evicted_when_it_cools
             "response.completed"
         );
     }
-    assert_eq!(idle_sockets(&gw).await, 8, "at most eight per account");
+    assert_eq!(idle_sockets(gw).await, 8, "at most eight per account");
     gw.admin_call(
         axum::http::Method::POST,
         &format!("/api/admin/accounts/{}/enable", order[1]),
         None,
     )
     .await;
-    // The account cools: its idle sockets go.
-    gw.fault(
-        &order[0],
-        FaultKind::Burst429 {
-            retry_after_secs: 30,
-        },
-        Some(1),
-    );
+    order
+}
+
+/// A request of a session bound to the first account: it fails there and the second answers.
+async fn fail_over_from_the_first(gw: &Gw) {
     let sse = gw
         .stream(
             &common::gw::body("gpt-5.5", "x", true),
@@ -795,8 +791,37 @@ async fn idle_upstream_sockets_are_bounded_per_account_and_evicted_when_it_cools
         )
         .await;
     assert_eq!(sse.last().0, "response.completed");
+}
+
+#[tokio::test]
+async fn idle_upstream_sockets_are_bounded_per_account_and_evicted_when_it_cools() {
+    let gw = Gw::start(2).await;
+    let order = eight_idle_sockets_on_the_first_account(&gw).await;
+    gw.fault(
+        &order[0],
+        FaultKind::Burst429 {
+            retry_after_secs: 30,
+        },
+        Some(1),
+    );
+    fail_over_from_the_first(&gw).await;
     assert_eq!(gw.account(&order[0]).await["state"], "cooling");
     assert_eq!(idle_sockets(&gw).await, 0);
+}
+
+#[tokio::test]
+async fn idle_upstream_sockets_are_evicted_when_the_backend_says_the_login_is_dead() {
+    let gw = Gw::start(2).await;
+    let order = eight_idle_sockets_on_the_first_account(&gw).await;
+    gw.fault(&order[0], FaultKind::AccountDeactivated, Some(1));
+    fail_over_from_the_first(&gw).await;
+    assert_eq!(gw.account(&order[0]).await["state"], "needs_reauth");
+    assert_eq!(idle_sockets(&gw).await, 0);
+    // Closed, not only forgotten.
+    until("the backend sees the sockets closed", || async {
+        gw.sim.sim.ws_open(&order[0]) == 0
+    })
+    .await;
 }
 
 #[tokio::test]
