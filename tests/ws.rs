@@ -825,6 +825,31 @@ async fn idle_upstream_sockets_are_evicted_when_the_backend_says_the_login_is_de
 }
 
 #[tokio::test]
+async fn idle_upstream_sockets_are_evicted_when_a_refresh_finds_the_login_dead() {
+    let gw = Gw::start(2).await;
+    let order = eight_idle_sockets_on_the_first_account(&gw).await;
+    // The access token is refused as expired, and the refresh it calls for is refused as a
+    // token another client used.
+    assert!(gw.sim.sim.expire_access_token(&order[0]));
+    gw.fault(
+        &order[0],
+        FaultKind::RefreshError {
+            status: 401,
+            code: "refresh_token_reused".into(),
+        },
+        Some(1),
+    );
+    fail_over_from_the_first(&gw).await;
+    let a = gw.account(&order[0]).await;
+    assert_eq!(a["state"], "needs_reauth", "{a}");
+    assert_eq!(idle_sockets(&gw).await, 0);
+    until("the backend sees the sockets closed", || async {
+        gw.sim.sim.ws_open(&order[0]) == 0
+    })
+    .await;
+}
+
+#[tokio::test]
 async fn idle_upstream_sockets_are_dropped_after_their_idle_life() {
     use std::sync::Arc;
     use switchyard::clock::{Clock, ManualClock, SystemClock};

@@ -671,17 +671,23 @@ fn token_failed(
     started: Instant,
 ) -> End {
     match e {
-        TokenError::Failed { class, why } => trace.push_attempt(
-            &d.metrics,
-            AttemptRecord {
-                account: lease.chatgpt_account_id.clone(),
-                class,
-                status: None,
-                phase: Some(Phase::Connect),
-                ms: ms_since(started),
-                error: Some(why),
-            },
-        ),
+        TokenError::Failed { class, why } => {
+            if class.cools_account() {
+                // It cools or needs a new login: its idle upstream sockets are no use.
+                d.ws_pool.evict(&lease.id);
+            }
+            trace.push_attempt(
+                &d.metrics,
+                AttemptRecord {
+                    account: lease.chatgpt_account_id.clone(),
+                    class,
+                    status: None,
+                    phase: Some(Phase::Connect),
+                    ms: ms_since(started),
+                    error: Some(why),
+                },
+            );
+        }
         // Removed (or its tokens gone) since the plan was made.
         TokenError::Missing => trace
             .skipped
