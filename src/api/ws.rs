@@ -98,6 +98,54 @@ pub async fn upgrade(
         })
 }
 
+/// The responses a connection produced: each one's full input (its request's input plus its
+/// output), within a budget of bytes. Past the budget the oldest go first; the newest always
+/// stays, whatever its size.
+struct History {
+    /// Response id -> the full input that led to it, plus its output.
+    entries: HashMap<String, Vec<Value>>,
+    /// Oldest first, with the size of each entry (about the bytes it was made of).
+    order: std::collections::VecDeque<(String, usize)>,
+    bytes: usize,
+    max_bytes: usize,
+}
+
+impl History {
+    fn new(max_bytes: usize) -> History {
+        History {
+            entries: HashMap::new(),
+            order: std::collections::VecDeque::new(),
+            bytes: 0,
+            max_bytes,
+        }
+    }
+
+    fn get(&self, id: &str) -> Option<&Vec<Value>> {
+        self.entries.get(id)
+    }
+
+    /// Keeps a response's history (`size`: about the bytes it was made of), dropping the
+    /// oldest entries beyond the budget.
+    fn remember(&mut self, id: String, items: Vec<Value>, size: usize) {
+        if self.entries.insert(id.clone(), items).is_some() {
+            // The same id again: its new size replaces the old one.
+            if let Some(at) = self.order.iter().position(|(o, _)| *o == id)
+                && let Some((_, old)) = self.order.remove(at)
+            {
+                self.bytes -= old;
+            }
+        }
+        self.order.push_back((id, size));
+        self.bytes += size;
+        while self.bytes > self.max_bytes && self.order.len() > 1 {
+            if let Some((old, size)) = self.order.pop_front() {
+                self.entries.remove(&old);
+                self.bytes -= size;
+            }
+        }
+    }
+}
+
 /// What one downstream connection remembers between turns.
 struct Connection {
     state: Arc<AppState>,
@@ -108,11 +156,8 @@ struct Connection {
     session: String,
     /// Set when a write to the client made no progress for the write timeout.
     stalled: Option<Arc<std::sync::atomic::AtomicBool>>,
-    /// Response id -> the full input that led to it, plus its output.
-    history: HashMap<String, Vec<Value>>,
-    /// Oldest first, with the size of each entry (about the bytes it was made of).
-    order: std::collections::VecDeque<(String, usize)>,
-    history_bytes: usize,
+    /// The responses it produced, for continuations.
+    history: History,
     /// Requests that arrived while a turn ran (a client may send its next request the moment
     /// it has read `response.completed`, before the turn has ended here).
     queued: std::collections::VecDeque<axum::extract::ws::Utf8Bytes>,
@@ -159,25 +204,8 @@ impl Connection {
             headers,
             session,
             stalled,
-            history: HashMap::new(),
-            order: std::collections::VecDeque::new(),
-            history_bytes: 0,
+            history: History::new(MAX_HISTORY_BYTES),
             queued: std::collections::VecDeque::new(),
-        }
-    }
-
-    /// Keeps a response's history (`size`: about the bytes it was made of), dropping the
-    /// oldest entries beyond the connection's budget.
-    fn remember(&mut self, id: String, items: Vec<Value>, size: usize) {
-        if self.history.insert(id.clone(), items).is_none() {
-            self.order.push_back((id, size));
-            self.history_bytes += size;
-        }
-        while self.history_bytes > MAX_HISTORY_BYTES && self.order.len() > 1 {
-            if let Some((old, size)) = self.order.pop_front() {
-                self.history.remove(&old);
-                self.history_bytes -= size;
-            }
         }
     }
 
@@ -371,7 +399,8 @@ impl Connection {
         if let Some(id) = completed_id {
             let mut items = full;
             items.extend(output);
-            self.remember(id, items, body_bytes + completed_bytes);
+            self.history
+                .remember(id, items, body_bytes + completed_bytes);
         }
         Ok(())
     }
@@ -455,5 +484,45 @@ impl AppState {
                 counts: Arc::clone(self),
                 key: key.to_string(),
             })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn items(n: usize) -> Vec<Value> {
+        vec![json!({"type": "message", "n": n})]
+    }
+
+    #[test]
+    fn past_its_budget_the_history_drops_the_oldest_and_keeps_the_newest() {
+        let mut h = History::new(100);
+        for (i, id) in ["r1", "r2", "r3"].iter().enumerate() {
+            h.remember((*id).into(), items(i), 40);
+        }
+        // 120 bytes: the oldest went, the two newest stay.
+        assert!(h.get("r1").is_none());
+        assert_eq!(h.get("r2"), Some(&items(1)));
+        assert_eq!(h.get("r3"), Some(&items(2)));
+        assert_eq!(h.bytes, 80);
+        // A response larger than the whole budget is still kept, alone.
+        h.remember("big".into(), items(9), 500);
+        assert_eq!(h.get("big"), Some(&items(9)));
+        assert!(h.get("r2").is_none() && h.get("r3").is_none());
+        assert_eq!((h.order.len(), h.bytes), (1, 500));
+        // The next one pushes it out.
+        h.remember("r4".into(), items(4), 10);
+        assert!(h.get("big").is_none());
+        assert_eq!((h.order.len(), h.bytes), (1, 10));
+    }
+
+    #[test]
+    fn the_same_response_again_is_counted_once() {
+        let mut h = History::new(100);
+        h.remember("r1".into(), items(1), 60);
+        h.remember("r1".into(), items(2), 30);
+        assert_eq!((h.order.len(), h.bytes), (1, 30));
+        assert_eq!(h.get("r1"), Some(&items(2)));
     }
 }
