@@ -228,6 +228,38 @@ async fn an_unknown_previous_response_is_not_found_and_the_socket_stays_open() {
 }
 
 #[tokio::test]
+async fn past_its_history_bound_a_connection_forgets_its_oldest_response_and_serves_the_newest() {
+    let gw = Gw::start(1).await;
+    let mut ws = connect(&gw, Some(&gw.key)).await.unwrap();
+    // About 1 MB of input each (within the model's context window): seventeen of them pass
+    // the connection's 16 MiB of history.
+    let text = "x".repeat(1_000_000);
+    let mut ids = Vec::new();
+    for i in 0..17 {
+        let input = json!([{"type": "message", "role": "user", "content": [{"type": "input_text", "text": format!("{i} {text}")}]}]);
+        ws.send(create(json!({ "input": input }))).await.unwrap();
+        let events = turn(&mut ws).await;
+        assert_eq!(events.last().unwrap()["type"], "response.completed");
+        ids.push(response_id(&events));
+    }
+    let not_found = |events: &[Value]| {
+        let last = events.last().unwrap();
+        last["type"] == "error" && last["error"]["code"] == "previous_response_not_found"
+    };
+    // The oldest is forgotten: it is answered as an id the connection never produced.
+    let oldest = continue_with_empty_input(&mut ws, &ids[0]).await;
+    assert!(not_found(&oldest), "{oldest:?}");
+    // The newest continues.
+    let newest = continue_with_empty_input(&mut ws, &ids[16]).await;
+    assert_eq!(newest.last().unwrap()["type"], "response.completed");
+    // That answer, the newest now, pushed the next oldest out, and only it.
+    let second = continue_with_empty_input(&mut ws, &ids[1]).await;
+    assert!(not_found(&second), "{second:?}");
+    let third = continue_with_empty_input(&mut ws, &ids[2]).await;
+    assert_eq!(third.last().unwrap()["type"], "response.completed");
+}
+
+#[tokio::test]
 async fn exhaustion_arrives_as_an_error_frame() {
     let gw = Gw::start(1).await;
     gw.fault(
