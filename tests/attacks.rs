@@ -176,6 +176,58 @@ async fn a_cyber_policy_failure_event_excludes_the_account_for_the_session_and_c
 }
 
 #[tokio::test]
+async fn a_policy_exclusion_is_its_keys_alone_not_the_same_session_id_under_another_key() {
+    let gw = Gw::start(2).await;
+    let order = gw.rr_order();
+    gw.fault(&order[0], FaultKind::CyberPolicy, Some(1));
+    let session = [("session-id", "sess-shared")];
+    let sse = gw.stream(&body("gpt-5.5", "hello", true), &session).await;
+    assert_eq!(sse.last().0, "response.completed", "{:?}", sse.kinds());
+    assert_eq!(classes(&gw.requests(1).await[0]), ["policy", "success"]);
+    // Only the refusing account is left.
+    gw.admin_call(
+        Method::POST,
+        &format!("/api/admin/accounts/{}/disable", order[1]),
+        None,
+    )
+    .await;
+    // The refused key's session has no account.
+    let resp = gw
+        .post_raw("/v1/responses", &body("gpt-5.5", "again", true), &session)
+        .await;
+    assert_eq!(resp.status(), 503);
+    let record = &gw.requests(1).await[0];
+    assert!(
+        skipped(record).contains(&(order[0].clone(), "policy_excluded".into())),
+        "{record}"
+    );
+    assert_eq!(gw.served(&order[0]), 1, "not asked again");
+    // Another key with the same session id is served by that account.
+    let (_, other) = gw.make_key("other", serde_json::json!({})).await;
+    let resp = gw
+        .http
+        .post(gw.url("/v1/responses"))
+        .header("authorization", format!("Bearer {other}"))
+        .header("session-id", "sess-shared")
+        .json(&body("gpt-5.5", "mine", true))
+        .send()
+        .await
+        .unwrap();
+    let sse = common::gw::read_sse(resp).await;
+    assert_eq!(sse.last().0, "response.completed", "{:?}", sse.kinds());
+    assert!(sse.text().contains(&order[0]), "{}", sse.text());
+    let record = &gw.requests(1).await[0];
+    assert_eq!(record["key"], "other", "{record}");
+    assert_eq!(record["account"], order[0].as_str(), "{record}");
+    assert!(
+        !skipped(record).iter().any(|(_, r)| r == "policy_excluded"),
+        "{record}"
+    );
+    let a = gw.account(&order[0]).await;
+    assert_eq!(a["state"], "ready", "no cooling for the refusal: {a}");
+}
+
+#[tokio::test]
 async fn when_every_account_refuses_the_client_gets_the_refusal_and_no_account_cools() {
     let gw = Gw::start(2).await;
     for a in gw.rr_order() {
