@@ -418,6 +418,92 @@ async fn the_usage_endpoint_shows_a_key_its_own_usage_and_limits_only() {
     assert_eq!(anon.status().as_u16(), 401);
 }
 
+/// The value of one series in a `/metrics` exposition (0 when absent).
+fn series(text: &str, name: &str) -> u64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
+        .map_or(0, |v| v.trim().parse().unwrap())
+}
+
+#[tokio::test]
+async fn metrics_count_each_keys_requests_errors_and_tokens() {
+    let gw = Gw::start(1).await;
+    let account = gw.rr_order()[0].clone();
+    let (_, alpha) = gw.make_key("alpha", json!({"models": ["gpt-5.5"]})).await;
+    let (_, beta) = gw.make_key("beta", json!({})).await;
+    // alpha: two streams and a JSON answer, a refused model, and a caller error.
+    for stream in [true, true, false] {
+        let resp = post(&gw, &alpha, &body("gpt-5.5", "hello", stream)).await;
+        assert_eq!(resp.status(), 200);
+        resp.bytes().await.unwrap();
+    }
+    assert_eq!(ask(&gw, &alpha, "gpt-5.4-mini").await.0, 403);
+    gw.fault(&account, FaultKind::ContextLength, Some(1));
+    assert_eq!(ask(&gw, &alpha, "gpt-5.5").await.0, 400);
+    // beta: one answer, and a stream the backend breaks after output.
+    assert_eq!(ask(&gw, &beta, "gpt-5.5").await.0, 200);
+    gw.fault(
+        &account,
+        FaultKind::ResetMidStream { after_deltas: 2 },
+        Some(1),
+    );
+    let broken = read_sse(post(&gw, &beta, &body("gpt-5.5", "hello", true)).await).await;
+    assert_eq!(
+        broken.last().1["response"]["error"]["code"],
+        "upstream_stream_error"
+    );
+
+    // The tokens each key used, as its records have them.
+    let records = gw.requests(100).await;
+    assert_eq!(records.len(), 7);
+    let tokens = |key: &str, kind: &str| -> u64 {
+        records
+            .iter()
+            .filter(|r| r["key"] == key)
+            .filter_map(|r| r["usage"][kind].as_u64())
+            .sum()
+    };
+    let text = gw.metrics_text().await;
+    for (key, requests, errors) in [("alpha", 5, 2), ("beta", 2, 1)] {
+        let label = format!("{{key=\"{key}\"}}");
+        assert_eq!(
+            series(&text, &format!("switchyard_key_requests_total{label}")),
+            requests,
+            "{key}:\n{text}"
+        );
+        assert_eq!(
+            series(&text, &format!("switchyard_key_errors_total{label}")),
+            errors,
+            "{key}:\n{text}"
+        );
+        for (kind, field) in [
+            ("input", "input_tokens"),
+            ("cached", "cached_tokens"),
+            ("output", "output_tokens"),
+            ("reasoning", "reasoning_tokens"),
+        ] {
+            let want = tokens(key, field);
+            let got = series(
+                &text,
+                &format!("switchyard_key_tokens_total{{key=\"{key}\",kind=\"{kind}\"}}"),
+            );
+            assert_eq!(got, want, "{key} {kind}:\n{text}");
+        }
+    }
+    // The answers carried tokens: three of alpha's, one of beta's.
+    assert!(tokens("alpha", "input_tokens") > 0 && tokens("alpha", "output_tokens") > 0);
+    assert!(
+        tokens("alpha", "cached_tokens") > 0,
+        "the same prompt again hits the cache"
+    );
+    assert!(tokens("beta", "output_tokens") > 0);
+    // The gateway's own key sent nothing.
+    assert_eq!(
+        series(&text, "switchyard_key_requests_total{key=\"test\"}"),
+        0
+    );
+}
+
 #[tokio::test]
 async fn budgets_hold_across_a_restart() {
     let mut gw = Gw::start(1).await;
