@@ -608,16 +608,85 @@ fn the_key_commands_set_show_change_and_revoke_a_policy_by_name() {
     let nothing = cli(&state, &["key", "update", "team"]);
     assert_one_line_error(&nothing, &["nothing to change"]);
 
-    // Revoked by name; a second key of that name makes the name ambiguous where both count.
+    // Revoked by name; a second key of that name makes the name ambiguous where both count,
+    // and the error lists every key of that name.
     let id = k["id"].as_str().unwrap();
     assert!(cli(&state, &["key", "revoke", "team"]).status.success());
     assert!(cli(&state, &["key", "create", "team"]).status.success());
-    let ambiguous = cli(&state, &["key", "show", "team"]);
-    assert_one_line_error(&ambiguous, &["more than one key", id]);
+    let listed: Value =
+        serde_json::from_str(&stdout(&cli(&state, &["key", "list", "--json"]))).unwrap();
+    let ids: Vec<&str> = listed
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|k| k["name"] == "team")
+        .map(|k| k["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids.len(), 2, "{listed}");
+    assert!(ids.contains(&id));
+    for args in [
+        &["key", "show", "team"][..],
+        &["key", "update", "team", "--rpm", "5"],
+    ] {
+        let ambiguous = cli(&state, args);
+        let mut needles = vec!["more than one key"];
+        needles.extend(&ids);
+        assert_one_line_error(&ambiguous, &needles);
+    }
     // Revoking by the shared name means the active one.
     let revoked = cli(&state, &["key", "revoke", "team"]);
     assert!(revoked.status.success(), "{}", stderr(&revoked));
     assert!(!stdout(&revoked).contains(id), "{}", stdout(&revoked));
     let unknown = cli(&state, &["key", "update", "nobody", "--rpm", "5"]);
     assert_one_line_error(&unknown, &["nobody"]);
+}
+
+#[test]
+fn an_expiry_given_as_a_duration_counts_from_now() {
+    use common::{cli, stderr};
+    use std::time::{SystemTime, UNIX_EPOCH};
+    let now = || {
+        SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap()
+            .as_secs()
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let state = tmp.path().join("state");
+    let expires_at = || {
+        let show = cli(&state, &["key", "show", "temp", "--json"]);
+        assert!(show.status.success(), "{}", stderr(&show));
+        let k: Value = serde_json::from_slice(&show.stdout).unwrap();
+        k["policy"]["expires_at"]
+            .as_str()
+            .map(|t| switchyard::clock::parse_rfc3339_ms(t).unwrap() / 1000)
+    };
+
+    let before = now();
+    let created = cli(&state, &["key", "create", "temp", "--expires", "2h"]);
+    assert!(created.status.success(), "{}", stderr(&created));
+    let after = now();
+    let at = expires_at().unwrap();
+    assert!(
+        (before + 7200..=after + 7200).contains(&at),
+        "{at} not 2 h after {before}..{after}"
+    );
+
+    let before = now();
+    let updated = cli(&state, &["key", "update", "temp", "--expires", "30m"]);
+    assert!(updated.status.success(), "{}", stderr(&updated));
+    let after = now();
+    let at = expires_at().unwrap();
+    assert!(
+        (before + 1800..=after + 1800).contains(&at),
+        "{at} not 30 min after {before}..{after}"
+    );
+
+    // Days count too, and `none` removes the expiry.
+    let updated = cli(&state, &["key", "update", "temp", "--expires", "7d"]);
+    assert!(updated.status.success(), "{}", stderr(&updated));
+    assert!(expires_at().unwrap() >= after + 7 * 86_400);
+    let cleared = cli(&state, &["key", "update", "temp", "--expires", "none"]);
+    assert!(cleared.status.success(), "{}", stderr(&cleared));
+    assert_eq!(expires_at(), None);
 }
