@@ -396,6 +396,66 @@ async fn usage_totals_equal_the_records_for_every_grouping_and_format() {
     assert_eq!(priced["unpriced_models"], json!(["gpt-5.4-mini"]));
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn usage_since_a_duration_leaves_out_the_hours_before_it() {
+    use std::sync::Arc;
+    use std::time::Duration;
+    use switchyard::clock::{Clock, ManualClock, SystemClock};
+    const HOUR: Duration = Duration::from_secs(3600);
+    // The gateway's clock starts four hours ago; `usage` counts from the real now.
+    let clock = ManualClock::new(SystemClock.now_ms() - 4 * 3_600_000);
+    let gw = Gw::start_opts(common::gw::GwOptions {
+        accounts: 1,
+        clock: Arc::new(clock.clone()),
+        ..Default::default()
+    })
+    .await;
+    let ask = |text: &'static str| {
+        let gw = &gw;
+        async move {
+            let (status, _) = gw.json(&body("gpt-5.5", text, false)).await;
+            assert_eq!(status, 200);
+        }
+    };
+    ask("four hours ago").await;
+    ask("four hours ago, again").await;
+    clock.advance(HOUR * 5 / 2);
+    ask("ninety minutes ago").await;
+    clock.advance(HOUR * 3 / 2);
+    ask("now").await;
+    ask("now, again").await;
+
+    let records = gw.requests(10).await;
+    assert_eq!(records.len(), 5);
+    let mut recent = Sums::default();
+    for r in &records[..3] {
+        recent.add_record(r);
+    }
+    let mut all = recent;
+    for r in &records[3..] {
+        all.add_record(r);
+    }
+    let report = |since: &'static str| {
+        let dir = gw.dir.clone();
+        async move {
+            let text = run_cli(&dir, &["usage", "--since", since, "--format", "json"]).await;
+            let v: Value = serde_json::from_str(&text).unwrap();
+            Sums::of_row(&v["total"])
+        }
+    };
+    // The last two hours: the three recent requests only.
+    let last_two = report("2h").await;
+    assert_eq!(last_two, recent);
+    assert_eq!(last_two.requests, 3);
+    assert!(last_two.input > 0 && last_two.output > 0);
+    // Five hours reach back to the first two.
+    assert_eq!(report("5h").await, all);
+    // The table says so too.
+    let table = run_cli(&gw.dir, &["usage", "--since", "2h", "--by", "hour"]).await;
+    let total_line = table.lines().find(|l| l.starts_with("TOTAL")).unwrap();
+    assert_eq!(total_line.split_whitespace().nth(1), Some("3"), "{table}");
+}
+
 #[test]
 fn usage_and_budgets_survive_a_sigkill_of_the_daemon() {
     let rt = tokio::runtime::Runtime::new().unwrap();
