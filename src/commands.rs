@@ -524,26 +524,28 @@ async fn login(
          and paste it here:",
         flow::CALLBACK_PORT
     );
-    // Read on its own thread (a blocked stdin read must not hold the runtime).
+    // Read on a thread of its own that nothing waits for: a read blocked on the terminal must
+    // neither hold the runtime nor keep the command from exiting once the callback came.
     // Without a terminal (stdin closed) only the callback can complete it.
-    let pasted = async {
-        let line = tokio::task::spawn_blocking(|| {
-            let mut line = String::new();
-            loop {
-                line.clear();
-                match std::io::stdin().read_line(&mut line) {
-                    Ok(0) | Err(_) => return None,
-                    Ok(_) if line.trim().is_empty() => continue,
-                    Ok(_) => return Some(line.trim().to_string()),
+    let (line_tx, line_rx) = tokio::sync::oneshot::channel();
+    std::thread::spawn(move || {
+        let mut line = String::new();
+        loop {
+            line.clear();
+            match std::io::stdin().read_line(&mut line) {
+                Ok(0) | Err(_) => return,
+                Ok(_) if line.trim().is_empty() => continue,
+                Ok(_) => {
+                    let _ = line_tx.send(line.trim().to_string());
+                    return;
                 }
             }
-        })
-        .await
-        .ok()
-        .flatten();
-        match line {
-            Some(l) => Ok::<String, LoginError>(l),
-            None => std::future::pending().await,
+        }
+    });
+    let pasted = async {
+        match line_rx.await {
+            Ok(l) => Ok::<String, LoginError>(l),
+            Err(_) => std::future::pending().await,
         }
     };
     let redirected = tokio::select! {
@@ -729,13 +731,22 @@ async fn account_with(
             let auth = tokens.auth_json(clock::system().now_secs());
             let parsed = crate::fleet::auth_file::parse(auth.to_string().as_bytes(), 0)
                 .map_err(|e| CommandError::Usage(format!("the new login: {e}")))?;
-            if let Some(a) = &expected
-                && a.chatgpt_account_id != parsed.chatgpt_account_id
-            {
-                return Err(CommandError::Usage(format!(
-                    "this login is ChatGPT account {}, not {} ({}); nothing was stored",
-                    parsed.chatgpt_account_id, a.id, a.chatgpt_account_id
-                )));
+            // The account is its ChatGPT account and user: another member of the same
+            // workspace is another account, not this one logged in again.
+            if let Some(a) = &expected {
+                let id = crate::fleet::account_id(
+                    &parsed.chatgpt_account_id,
+                    parsed.chatgpt_user_id.as_deref(),
+                );
+                if id != a.id {
+                    return Err(CommandError::Usage(format!(
+                        "this login is ChatGPT account {} ({}), not {} ({}); nothing was stored",
+                        parsed.chatgpt_account_id,
+                        parsed.email.as_deref().unwrap_or("no email"),
+                        a.id,
+                        a.chatgpt_account_id
+                    )));
+                }
             }
             let imported = backend.import_account(auth.to_string().as_bytes()).await?;
             let verb = match (&expected, imported.created) {

@@ -25,20 +25,32 @@ struct Login {
 
 impl Login {
     fn start(gw: &Gw, args: &[&str]) -> Login {
+        Self::start_with(gw, args, false)
+    }
+
+    /// `auth_from_env`: the auth server comes from `SWITCHYARD_AUTH_BASE_URL`, not the config.
+    fn start_with(gw: &Gw, args: &[&str], auth_from_env: bool) -> Login {
         let cfg = gw.dir.with_extension("login.toml");
-        std::fs::write(
-            &cfg,
-            format!(
-                "[upstream]\nbase_url = \"{}\"\nusage_url = \"{}\"\noauth_token_url = \"{}\"\nauth_base_url = \"{}\"\n",
-                gw.sim.base_url(),
-                gw.sim.usage_url(),
-                gw.sim.oauth_token_url(),
-                gw.sim.oauth_token_url().trim_end_matches("/oauth/token"),
-            ),
-        )
-        .unwrap();
+        let auth_base = gw
+            .sim
+            .oauth_token_url()
+            .trim_end_matches("/oauth/token")
+            .to_string();
+        let mut text = format!(
+            "[upstream]\nbase_url = \"{}\"\nusage_url = \"{}\"\noauth_token_url = \"{}\"\n",
+            gw.sim.base_url(),
+            gw.sim.usage_url(),
+            gw.sim.oauth_token_url(),
+        );
+        if !auth_from_env {
+            text.push_str(&format!("auth_base_url = \"{auth_base}\"\n"));
+        }
+        std::fs::write(&cfg, text).unwrap();
         let mut cmd = Command::new(BIN);
         clean_env(&mut cmd);
+        if auth_from_env {
+            cmd.env("SWITCHYARD_AUTH_BASE_URL", &auth_base);
+        }
         cmd.arg("--config")
             .arg(&cfg)
             .arg("--state-dir")
@@ -387,11 +399,41 @@ async fn logging_in_again_as_another_chatgpt_account_is_refused() {
     let (ok, _, err) = login.finish().await;
     assert!(!ok);
     assert!(
-        err.contains(&format!(
-            "this login is ChatGPT account {}, not {id}",
-            order[1]
-        )) && err.contains("nothing was stored"),
+        err.contains(&format!("this login is ChatGPT account {} (", order[1]))
+            && err.contains(&format!("), not {id} ({})", order[0]))
+            && err.contains("nothing was stored"),
         "{err}"
     );
     assert_eq!(gw.accounts().await.len(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_browser_login_on_this_machine_completes_by_its_local_callback() {
+    let gw = Gw::start(2).await;
+    let second = gw.rr_order()[1].clone();
+    remove_account(&gw, &second).await;
+    gw.sim
+        .sim
+        .set_authorize_answer(switchyard::sim::AuthorizeAnswer::Approve {
+            account_id: second.clone(),
+        })
+        .unwrap();
+    // The auth server's address comes from the environment this time.
+    let login = Login::start_with(&gw, &["--browser"], true);
+    let url = authorize_url(&login).await;
+    assert!(url.starts_with(gw.sim.oauth_token_url().trim_end_matches("/oauth/token")));
+    let resp = browse(&url).await;
+    let location = resp.headers()["location"].to_str().unwrap().to_string();
+    assert!(
+        location.starts_with("http://localhost:1455/auth/callback?"),
+        "{location}"
+    );
+    // The browser follows the redirect to the command's own callback on 127.0.0.1:1455.
+    let callback = location.replace("http://localhost:1455", "http://127.0.0.1:1455");
+    let page = reqwest::get(&callback).await.unwrap();
+    assert!(page.status().is_success(), "{}", page.status());
+    let (ok, out, err) = login.finish().await;
+    assert!(ok, "{err}");
+    assert!(out.contains(&second), "{out}");
+    gw.until_proven(&second).await;
 }
