@@ -482,4 +482,100 @@ mod ownership {
         std::fs::write(&honoured, format!("{text}use_env_proxy = true\n")).unwrap();
         assert_ne!(answer(honoured, tmp.path().join("honoured")).await, 200);
     }
+
+    /// With `use_env_proxy`, the environment's proxy carries HTTP and WebSocket traffic
+    /// alike, as a tunnel; `NO_PROXY` lets a host go straight.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_environments_proxy_carries_http_and_websocket_traffic_when_asked_for() {
+        use futures_util::{SinkExt, StreamExt};
+        use tokio_tungstenite::tungstenite::{Message, client::IntoClientRequest};
+        let gw = Gw::start(1).await;
+        let acct = gw.ids.keys().next().unwrap().clone();
+        let proxy = common::proxies::Proxy::connect(None).await;
+        for no_proxy in ["", "127.0.0.1"] {
+            let tmp = tempfile::tempdir().unwrap();
+            let cfg = config_for(&gw, tmp.path());
+            let text = std::fs::read_to_string(&cfg).unwrap();
+            std::fs::write(&cfg, format!("{text}use_env_proxy = true\n")).unwrap();
+            let file = tmp.path().join("auth.json");
+            std::fs::write(&file, gw.sim.sim.auth_json(&acct).unwrap().to_string()).unwrap();
+            let state = tmp.path().join("state");
+            let import = ["account", "import", "--no-refresh", file.to_str().unwrap()];
+            assert!(
+                run(args(Some(&cfg), &state, &import))
+                    .await
+                    .status
+                    .success()
+            );
+            let key = run(args(Some(&cfg), &state, &["key", "create", "k"])).await;
+            let key = stdout(&key).trim().to_string();
+            let before = gw.sim.sim.all_requests().len();
+            let env = vec![
+                ("HTTP_PROXY", proxy.url("http")),
+                ("NO_PROXY", no_proxy.to_string()),
+            ];
+            let (state2, cfg2) = (state.clone(), cfg.clone());
+            let daemon = tokio::task::spawn_blocking(move || {
+                Daemon::start_with(
+                    &state2,
+                    DaemonOptions {
+                        config: Some(&cfg2),
+                        env,
+                        ..Default::default()
+                    },
+                )
+            })
+            .await
+            .unwrap();
+            let status = reqwest::Client::builder()
+                .no_proxy()
+                .build()
+                .unwrap()
+                .post(format!("http://{}/v1/responses", daemon.http))
+                .header("authorization", format!("Bearer {key}"))
+                .json(&body("gpt-5.5", "over http", false))
+                .send()
+                .await
+                .unwrap()
+                .status();
+            assert_eq!(status.as_u16(), 200);
+            let mut req = format!("ws://{}/v1/responses", daemon.http)
+                .into_client_request()
+                .unwrap();
+            req.headers_mut()
+                .insert("authorization", format!("Bearer {key}").parse().unwrap());
+            let (mut ws, _) = tokio_tungstenite::connect_async(req).await.unwrap();
+            let frame = json!({"type": "response.create", "model": "gpt-5.5", "store": false,
+                "input": [{"type": "message", "role": "user",
+                           "content": [{"type": "input_text", "text": "over ws"}]}]});
+            ws.send(Message::Text(frame.to_string().into()))
+                .await
+                .unwrap();
+            let mut last = Value::Null;
+            while let Some(Ok(m)) = ws.next().await {
+                if let Message::Text(t) = m {
+                    last = serde_json::from_str(t.as_str()).unwrap();
+                    if last["type"] == "response.completed" || last["type"] == "error" {
+                        break;
+                    }
+                }
+            }
+            assert_eq!(last["type"], "response.completed", "{last}");
+            let seen: Vec<_> = gw.sim.sim.all_requests()[before..]
+                .iter()
+                .filter(|r| r.account_id.as_deref() == Some(acct.as_str()))
+                .cloned()
+                .collect();
+            assert!(seen.iter().any(|r| r.method == "WS"), "a WebSocket turn");
+            let carried = seen.iter().filter(|r| proxy.carried(&r.peer)).count();
+            if no_proxy.is_empty() {
+                assert_eq!(carried, seen.len(), "everything through the proxy");
+            } else {
+                assert_eq!(carried, 0, "NO_PROXY lets the backend's host go straight");
+            }
+            tokio::task::spawn_blocking(move || assert!(daemon.terminate().success()))
+                .await
+                .unwrap();
+        }
+    }
 }

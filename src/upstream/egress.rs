@@ -208,6 +208,67 @@ fn percent_encode(s: &str) -> String {
     out
 }
 
+/// The proxy environment variables (`HTTPS_PROXY`, `HTTP_PROXY`, `ALL_PROXY`, `NO_PROXY`, in
+/// upper or lower case), read once.
+#[derive(Debug, Default)]
+pub struct EnvProxies {
+    https: Option<Arc<ProxyUrl>>,
+    http: Option<Arc<ProxyUrl>>,
+    /// Hosts that go straight: `*`, a name (which covers its subdomains), an address.
+    no_proxy: Vec<String>,
+}
+
+impl EnvProxies {
+    pub fn from_env(var: impl Fn(&str) -> Option<String>) -> EnvProxies {
+        let get = |name: &str| {
+            var(name)
+                .or_else(|| var(&name.to_lowercase()))
+                .filter(|v| !v.trim().is_empty())
+        };
+        let parse = |name: &str| {
+            let v = get(name)?;
+            match ProxyUrl::parse(&v) {
+                Ok(p) => Some(Arc::new(p)),
+                Err(e) => {
+                    tracing::warn!(variable = name, error = %e, "proxy variable ignored");
+                    None
+                }
+            }
+        };
+        let all = parse("ALL_PROXY");
+        EnvProxies {
+            https: parse("HTTPS_PROXY").or_else(|| all.clone()),
+            http: parse("HTTP_PROXY").or(all),
+            no_proxy: get("NO_PROXY")
+                .unwrap_or_default()
+                .split(',')
+                .map(|h| h.trim().trim_start_matches('.').to_ascii_lowercase())
+                .filter(|h| !h.is_empty())
+                .collect(),
+        }
+    }
+
+    /// The proxy for a connection to `host`, unless `NO_PROXY` lets it go straight.
+    pub fn for_target(&self, https: bool, host: &str) -> Option<&Arc<ProxyUrl>> {
+        let host = host
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .to_ascii_lowercase();
+        let straight = self
+            .no_proxy
+            .iter()
+            .any(|n| n == "*" || host == *n || host.ends_with(&format!(".{n}")));
+        if straight {
+            return None;
+        }
+        if https {
+            self.https.as_ref()
+        } else {
+            self.http.as_ref()
+        }
+    }
+}
+
 /// Why the way out could not be opened.
 #[derive(Debug, thiserror::Error)]
 pub enum EgressError {
@@ -756,6 +817,45 @@ mod tests {
         ] {
             assert!(ProxyUrl::parse(bad).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn environment_proxies_follow_the_scheme_and_no_proxy() {
+        let env = |pairs: &'static [(&'static str, &'static str)]| {
+            EnvProxies::from_env(move |k| {
+                pairs
+                    .iter()
+                    .find(|(n, _)| *n == k)
+                    .map(|(_, v)| v.to_string())
+            })
+        };
+        let e = env(&[
+            ("https_proxy", "http://secure:3128"),
+            ("ALL_PROXY", "socks5h://all:1080"),
+            ("NO_PROXY", "localhost, .internal.lan,10.0.0.7"),
+        ]);
+        let name = |p: Option<&Arc<ProxyUrl>>| p.map(|p| p.as_url());
+        assert_eq!(
+            name(e.for_target(true, "chatgpt.com")).as_deref(),
+            Some("http://secure:3128")
+        );
+        assert_eq!(
+            name(e.for_target(false, "chatgpt.com")).as_deref(),
+            Some("socks5h://all:1080")
+        );
+        for straight in ["localhost", "api.internal.lan", "internal.lan", "10.0.0.7"] {
+            assert!(e.for_target(true, straight).is_none(), "{straight}");
+        }
+        assert!(
+            env(&[("NO_PROXY", "*"), ("HTTP_PROXY", "http://p:1")])
+                .for_target(false, "x")
+                .is_none()
+        );
+        assert!(
+            env(&[("HTTP_PROXY", "ftp://bad")])
+                .for_target(false, "x")
+                .is_none()
+        );
     }
 
     #[tokio::test]

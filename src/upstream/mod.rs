@@ -109,6 +109,8 @@ pub struct Upstream {
     config: UpstreamConfig,
     /// `[upstream] proxy`: the way out of accounts without a proxy of their own.
     default_proxy: Option<Arc<ProxyUrl>>,
+    /// The proxy environment variables, when `use_env_proxy` says to honour them.
+    env_proxies: Option<Arc<egress::EnvProxies>>,
     /// One client per proxy in use, by its URL.
     tunnels: Arc<Mutex<HashMap<String, TunnelClient>>>,
 }
@@ -147,7 +149,10 @@ pub fn install_crypto_provider() {
 impl Upstream {
     pub fn new(config: &UpstreamConfig) -> Result<Upstream, String> {
         install_crypto_provider();
+        // The environment's proxies are applied here (`Upstream::route`), as tunnels like any
+        // proxy, so the shared client never reads them itself.
         let http = http_client(config)
+            .no_proxy()
             .pool_idle_timeout(Duration::from_secs(90))
             .tcp_nodelay(true)
             .user_agent(USER_AGENT)
@@ -159,17 +164,28 @@ impl Upstream {
             )),
             None => None,
         };
+        let env_proxies = config
+            .use_env_proxy
+            .then(|| Arc::new(egress::EnvProxies::from_env(|k| std::env::var(k).ok())));
         Ok(Upstream {
             http,
             config: config.clone(),
             default_proxy,
+            env_proxies,
             tunnels: Arc::default(),
         })
     }
 
-    /// The way out of an account: its own proxy, else `[upstream] proxy`, else straight.
-    pub fn route<'a>(&'a self, own: Option<&'a Arc<ProxyUrl>>) -> Option<&'a Arc<ProxyUrl>> {
+    /// The way out of an account to `https`-or-not `host`: its own proxy, else
+    /// `[upstream] proxy`, else (with `use_env_proxy`) the environment's, else straight.
+    pub fn route<'a>(
+        &'a self,
+        own: Option<&'a Arc<ProxyUrl>>,
+        https: bool,
+        host: &str,
+    ) -> Option<&'a Arc<ProxyUrl>> {
         own.or(self.default_proxy.as_ref())
+            .or_else(|| self.env_proxies.as_ref()?.for_target(https, host))
     }
 
     fn tunnel_client(&self, proxy: &Arc<ProxyUrl>) -> TunnelClient {
@@ -235,8 +251,12 @@ impl Upstream {
         proxy: Option<&Arc<ProxyUrl>>,
     ) -> Result<reqwest::Response, Facts> {
         let sent = async {
-            match self.route(proxy) {
-                None => req.send().await.map_err(|e| {
+            let req = req
+                .build()
+                .map_err(|e| Facts::transport(Phase::Connect, describe(&e)))?;
+            let (https, host) = (req.url().scheme() == "https", req.url().host_str());
+            match self.route(proxy, https, host.unwrap_or("")) {
+                None => self.http.execute(req).await.map_err(|e| {
                     let phase = if e.is_connect() {
                         Phase::Connect
                     } else {
@@ -262,15 +282,11 @@ impl Upstream {
     /// A request through a proxy's tunnel; its answer is handed on as any other.
     async fn send_through(
         &self,
-        req: reqwest::RequestBuilder,
+        req: reqwest::Request,
         proxy: &Arc<ProxyUrl>,
     ) -> Result<reqwest::Response, Facts> {
-        fn unbuildable(e: &(dyn std::error::Error + 'static)) -> Facts {
-            Facts::transport(Phase::Connect, describe(e))
-        }
-        let req = req.build().map_err(|e| unbuildable(&e))?;
-        let mut req =
-            hyper::Request::<reqwest::Body>::try_from(req).map_err(|e| unbuildable(&e))?;
+        let mut req = hyper::Request::<reqwest::Body>::try_from(req)
+            .map_err(|e| Facts::transport(Phase::Connect, describe(&e)))?;
         req.headers_mut()
             .entry(reqwest::header::USER_AGENT)
             .or_insert(HeaderValue::from_static(USER_AGENT));
