@@ -318,6 +318,17 @@ mod ownership {
     async fn export_writes_a_codex_auth_file_disables_the_account_and_serves_elsewhere() {
         let gw = Gw::start(2).await;
         let acct = gw.rr_order()[0].clone();
+        // --keep: to stdout, and the account keeps serving here.
+        let kept = run(args(None, &gw.dir, &["account", "export", &acct, "--keep"])).await;
+        assert!(kept.status.success(), "{}", stderr(&kept));
+        let auth: Value = serde_json::from_str(&stdout(&kept)).unwrap();
+        assert_eq!(auth["tokens"]["account_id"], acct.as_str());
+        assert!(
+            stderr(&kept).contains("still enabled here"),
+            "{}",
+            stderr(&kept)
+        );
+        assert_eq!(gw.account(&acct).await["enabled"], true);
         let tmp = tempfile::tempdir().unwrap();
         let file = tmp.path().join("exported.json");
         let out = run(args(
