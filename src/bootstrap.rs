@@ -130,6 +130,7 @@ pub fn build_state(
     listen: String,
 ) -> Result<Arc<AppState>, BootError> {
     let fleet = Fleet::load_with(store.clone(), Arc::clone(&clock), config.scheduling.clone())?;
+    fleet.set_rules(config.rules.clone());
     match fleet.affinity.load(&store) {
         Ok((sessions, responses)) => tracing::info!(sessions, responses, "affinity restored"),
         Err(e) => tracing::warn!(error = %e, "cannot restore affinity"),

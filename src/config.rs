@@ -34,6 +34,9 @@ pub struct Config {
     pub log: LogConfig,
     /// USD per million tokens by model, for the "API-equivalent cost" of `switchyard usage`.
     pub pricing: std::collections::BTreeMap<String, Price>,
+    /// Operators' rules for failures, checked in order before the built-in classification.
+    #[serde(deserialize_with = "crate::fleet::rules::unique_names")]
+    pub rules: Vec<crate::fleet::rules::Rule>,
 }
 
 /// A model's API price in USD per million tokens.
@@ -586,6 +589,22 @@ format = "auto"
 # input = 1.25
 # cached_input = 0.125
 # output = 10.0
+
+# Rules for failures, checked in order before the built-in classification (the first that
+# matches decides; a success is never matched). Match on any of: status (a code, a list, or
+# "500-599"), code (the error's code or type), message_contains (any, case-insensitive),
+# header (name = substring), model (a glob), transport ("http" or "websocket"). Then one or
+# more of: class (quota, rate_limited, auth_expired, auth_dead, edge_challenge,
+# model_unsupported, policy, caller, transient), cooldown (instead of the ladder), scope
+# ("account", "session": this key's session avoids the account, "model": the account is
+# avoided for this model), or pass_through = true (the client gets the answer as is, no
+# failover, no effect). `switchyard report` suggests rules for frequent messages.
+# [[rules]]
+# name = "upstream rate limit text"
+# status = [429]
+# message_contains = ["upstream rate limit exceeded"]
+# class = "rate_limited"
+# cooldown = "1m"
 "#;
 
 #[cfg(test)]

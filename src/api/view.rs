@@ -133,6 +133,7 @@ pub fn request(r: &RequestRecord) -> wire::RequestRecord {
                 phase: a.phase.map(|p| p.as_str().into()),
                 ms: a.ms,
                 error: a.error.clone(),
+                rule: a.rule.clone(),
             })
             .collect(),
         ttft_ms: r.ttft_ms,

@@ -13,6 +13,7 @@ use super::{Dispatcher, ErrorReply, Frame, Mode, RequestCtx};
 use crate::fleet::affinity::{Rebound, refusal_scope};
 use crate::fleet::health::{Blame, Class};
 use crate::fleet::refresh::TokenError;
+use crate::fleet::rules::Scope;
 use crate::fleet::scheduler::SkipReason;
 use crate::fleet::{Lease, Origin};
 use crate::telemetry::metrics::Metrics;
@@ -134,6 +135,8 @@ pub(crate) struct Attempt<'a> {
     pub(super) token_refused: bool,
     /// The backend endpoint this try talks to (for the facts of its failures).
     pub(super) endpoint: Endpoint,
+    /// The operator's rule that judged the last failure, for its record.
+    rule: Option<String>,
 }
 
 impl<'a> Attempt<'a> {
@@ -167,6 +170,7 @@ impl<'a> Attempt<'a> {
             client_stalled: false,
             token_refused: false,
             endpoint: Endpoint::Responses,
+            rule: None,
         };
         tracing::debug!(account = %a.lease.id, "attempt_start");
         let rejected = match a.send().await {
@@ -490,23 +494,33 @@ impl<'a> Attempt<'a> {
             model: &self.ctx.model,
             started_ms: self.started_ms,
         };
-        let class =
-            self.d
-                .fleet
-                .report_failure(&self.lease.id, facts, origin, &mut self.trace.blame);
-        if class.cools_account() {
+        let verdict = self
+            .d
+            .fleet
+            .judge(&self.lease.id, facts, origin, &mut self.trace.blame);
+        let class = verdict.class;
+        let on_session = verdict.scope == Scope::Session;
+        if class.cools_account() && verdict.scope == Scope::Account {
             // Its idle upstream sockets are no use while it cools.
             self.d.ws_pool.evict(&self.lease.id);
         }
+        if (class == Class::Policy || on_session)
+            && let Some(session) = &self.ctx.session
+        {
+            let ttl = verdict
+                .cooldown
+                .filter(|_| on_session)
+                .unwrap_or(crate::fleet::affinity::REFUSAL_TTL);
+            self.d.fleet.affinity.refuse_for(
+                &refusal_scope(&self.ctx.key_id, session),
+                &self.lease.id,
+                ttl,
+            );
+        }
         if class == Class::Policy {
-            if let Some(session) = &self.ctx.session {
-                self.d
-                    .fleet
-                    .affinity
-                    .refuse(&refusal_scope(&self.ctx.key_id, session), &self.lease.id);
-            }
             self.trace.refusal = Some(caller_reply(facts));
         }
+        self.rule = verdict.rule;
         class
     }
 
@@ -647,6 +661,7 @@ impl<'a> Attempt<'a> {
             phase,
             ms: ms_since(self.started),
             error,
+            rule: self.rule.take(),
         };
         self.trace.push_attempt(&self.d.metrics, record);
     }
@@ -685,6 +700,7 @@ fn token_failed(
                     phase: Some(Phase::Connect),
                     ms: ms_since(started),
                     error: Some(why),
+                    rule: None,
                 },
             );
         }
@@ -711,7 +727,9 @@ fn with_field(body: &bytes::Bytes, key: &str, value: serde_json::Value) -> bytes
 
 /// A caller error returned to the client as the backend gave it.
 fn caller_reply(f: &Facts) -> ErrorReply {
-    let status = f.status.filter(|s| (400..500).contains(s)).unwrap_or(400);
+    // The backend's own status (an operator rule may pass a 5xx through as it is); a failure
+    // event inside a 200 stream is a 400.
+    let status = f.status.filter(|s| (400..600).contains(s)).unwrap_or(400);
     let message = f.message.clone().unwrap_or_else(|| f.summary());
     let code = f
         .error_code

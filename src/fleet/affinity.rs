@@ -207,8 +207,14 @@ impl Affinity {
 
     /// Keeps a key's session away from an account that refused one of its prompts.
     pub fn refuse(&self, scope: &str, account: &str) {
+        self.refuse_for(scope, account, REFUSAL_TTL);
+    }
+
+    /// The same for `ttl` (an operator rule's cooldown), at most [`REFUSAL_TTL`].
+    pub fn refuse_for(&self, scope: &str, account: &str, ttl: Duration) {
         let now = self.clock.now_ms();
-        let until = now.saturating_add(REFUSAL_TTL.as_millis() as u64);
+        let ttl = ttl.min(REFUSAL_TTL);
+        let until = now.saturating_add(u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX));
         let key = scope.to_string();
         let mut list = self.refusals.peek(&key).unwrap_or_default();
         list.retain(|(a, u)| a != account && *u > now);

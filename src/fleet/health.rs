@@ -455,6 +455,19 @@ impl Health {
         now_ms: u64,
         started_ms: u64,
     ) -> Option<Transition> {
+        self.apply_for(class, facts, now_ms, started_ms, None)
+    }
+
+    /// The same, with `cooldown` (an operator rule's) instead of the ladder or the quota's
+    /// reset for a class that cools; it climbs no ladder.
+    pub fn apply_for(
+        &mut self,
+        class: Class,
+        facts: Option<&Facts>,
+        now_ms: u64,
+        started_ms: u64,
+        cooldown: Option<Duration>,
+    ) -> Option<Transition> {
         let before = self.clone();
         let from = self.effective(now_ms).state();
         let same_incident = matches!(self.effective(now_ms), Effective::Cooling { .. })
@@ -480,6 +493,10 @@ impl Health {
                 } else if self.state == State::Ready {
                     self.reason = None;
                 }
+            }
+            _ if cooldown.is_some() && class.cools_account() && class != Class::AuthDead => {
+                let wait = cooldown.unwrap_or_default();
+                self.cool(now_ms.saturating_add(ms(wait)), class, now_ms);
             }
             Class::Quota => {
                 let until = quota_reset_ms(facts, now_ms);

@@ -11,6 +11,7 @@ pub mod affinity;
 pub mod auth_file;
 pub mod health;
 pub mod refresh;
+pub mod rules;
 pub mod scheduler;
 pub mod settings;
 
@@ -60,6 +61,18 @@ pub enum FleetError {
 pub struct Origin<'a> {
     pub model: &'a str,
     pub started_ms: u64,
+}
+
+/// What the pool made of a failure.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Verdict {
+    pub class: Class,
+    /// The operator's rule that decided it.
+    pub rule: Option<String>,
+    /// Where its effect landed: for `Session` the caller keeps the session away from the
+    /// account (for `cooldown`, at most an hour).
+    pub scope: rules::Scope,
+    pub cooldown: Option<Duration>,
 }
 
 /// How long an (account, model) pair stays marked unsupported.
@@ -129,6 +142,8 @@ pub struct Fleet {
     rr: Arc<AtomicUsize>,
     refresh: refresh::RefreshState,
     settings: Arc<RwLock<SettingsState>>,
+    /// Operators' rules, consulted before the built-in classification.
+    rules: Arc<RwLock<Arc<Vec<rules::Rule>>>>,
     pub affinity: affinity::Affinity,
 }
 
@@ -253,6 +268,7 @@ impl Fleet {
                 patch,
                 effective,
             })),
+            rules: Arc::default(),
             affinity,
         })
     }
@@ -356,13 +372,97 @@ impl Fleet {
         origin: Origin<'_>,
         blame: &mut health::Blame,
     ) -> Class {
-        let class = health::classify(facts, origin.model);
+        self.judge(id, facts, origin, blame).class
+    }
+
+    /// The operators' rules in force.
+    pub fn rules(&self) -> Arc<Vec<rules::Rule>> {
+        Arc::clone(&self.rules.read().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    /// Replaces the operators' rules (at start and on reload); the next failure is judged by
+    /// them.
+    pub fn set_rules(&self, rules: Vec<rules::Rule>) {
+        tracing::info!(rules = rules.len(), "operator rules in force");
+        *self.rules.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(rules);
+    }
+
+    /// Judges a failure of a request on account `id`: the first operator rule that matches
+    /// decides (its class, cooldown and scope, or a pass-through), else the built-in
+    /// classification. The effect is applied within the prompt's blame (an unexplained failure
+    /// cools at most one account per prompt).
+    pub fn judge(
+        &self,
+        id: &str,
+        facts: &Facts,
+        origin: Origin<'_>,
+        blame: &mut health::Blame,
+    ) -> Verdict {
+        let rules = self.rules();
+        let Some(rule) = rules::first_match(&rules, facts, origin.model) else {
+            let class = health::classify(facts, origin.model);
+            self.apply_judged(id, class, facts, origin, blame, None);
+            return Verdict {
+                class,
+                rule: None,
+                scope: rules::Scope::Account,
+                cooldown: None,
+            };
+        };
+        let verdict = Verdict {
+            class: if rule.pass_through {
+                Class::Caller
+            } else {
+                rule.class
+                    .unwrap_or_else(|| health::classify(facts, origin.model))
+            },
+            rule: Some(rule.name.clone()),
+            scope: rule.scope,
+            cooldown: rule.cooldown,
+        };
+        tracing::info!(account = %id, rule = %rule.name, class = verdict.class.as_str(), scope = rule.scope.as_str(), "operator rule matched");
+        match rule.scope {
+            _ if rule.pass_through => {}
+            rules::Scope::Account => {
+                self.apply_judged(id, verdict.class, facts, origin, blame, rule.cooldown)
+            }
+            // The caller keeps this key's session away from the account.
+            rules::Scope::Session => {}
+            rules::Scope::Model => {
+                self.mark_unsupported(id, origin.model, rule.cooldown.unwrap_or(UNSUPPORTED_TTL))
+            }
+        }
+        verdict
+    }
+
+    fn apply_judged(
+        &self,
+        id: &str,
+        class: Class,
+        facts: &Facts,
+        origin: Origin<'_>,
+        blame: &mut health::Blame,
+        cooldown: Option<Duration>,
+    ) {
         if blame.allows(facts, class) {
-            self.report_from(id, class, Some(facts), origin);
+            self.report_with(id, class, Some(facts), origin, cooldown);
         } else {
             tracing::info!(account = %id, error = %facts.summary(), "unexplained failure: this prompt already cooled an account for one; this one is not cooled");
         }
-        class
+    }
+
+    /// Leaves `model` out of the account's candidates for `ttl` (visible in its
+    /// `unsupported_models`, cleared by clear-cooldown).
+    fn mark_unsupported(&self, id: &str, model: &str, ttl: Duration) {
+        let now = self.clock.now_ms();
+        if let Some(e) = self.write().accounts.get_mut(id) {
+            e.unsupported.retain(|_, until| *until > now);
+            e.unsupported.insert(
+                model.to_string(),
+                now.saturating_add(u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX)),
+            );
+        }
+        tracing::info!(account = %id, model, "model marked unsupported for this account");
     }
 
     /// Applies the class of an attempt that began now to its account (see
@@ -387,17 +487,22 @@ impl Fleet {
         facts: Option<&Facts>,
         origin: Origin<'_>,
     ) -> Option<Transition> {
+        self.report_with(id, class, facts, origin, None)
+    }
+
+    /// The same, with an operator rule's `cooldown` instead of the class's ladder.
+    fn report_with(
+        &self,
+        id: &str,
+        class: Class,
+        facts: Option<&Facts>,
+        origin: Origin<'_>,
+        cooldown: Option<Duration>,
+    ) -> Option<Transition> {
         let Origin { model, started_ms } = origin;
         let now = self.clock.now_ms();
         if class == Class::ModelUnsupported {
-            if let Some(e) = self.write().accounts.get_mut(id) {
-                e.unsupported.retain(|_, until| *until > now);
-                e.unsupported.insert(
-                    model.to_string(),
-                    now.saturating_add(UNSUPPORTED_TTL.as_millis() as u64),
-                );
-            }
-            tracing::info!(account = %id, model, "model marked unsupported for this account");
+            self.mark_unsupported(id, model, UNSUPPORTED_TTL);
         }
         let mut grew = false;
         let applied = {
@@ -413,7 +518,7 @@ impl Fleet {
                 _ => {}
             }
             e.health
-                .apply_from(class, facts, now, started_ms)
+                .apply_for(class, facts, now, started_ms, cooldown)
                 .map(|t| (t, e.health.clone()))
         };
         if grew {

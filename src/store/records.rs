@@ -336,7 +336,8 @@ impl Versioned for SettingsRecord {
 /// One `/v1` request with its attempt chain. The row's key is the record's key (unix ms << 16
 /// | a sequence number), so the id is not stored.
 ///
-/// Version 3 (after 0.3.0): where its terminal answer came from. Version 2 (0.2.0): the start
+/// Version 3 (0.4.0): where its terminal answer came from, and the operator rule that judged
+/// each attempt. Version 2 (0.2.0): the start
 /// as unix ms, no id, no `cached_tokens` (it is in `usage`). Version 1 (0.1.0): the admin
 /// API's JSON shape of the time, in postcard.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -365,6 +366,9 @@ pub struct RequestRow {
     pub ws_connect_ms: Option<u64>,
     /// `upstream`, `synthetic` or `none`; absent from versions 1 and 2.
     pub terminal_source: Option<String>,
+    /// The operator rule that judged each attempt, by the attempt's index (so [`AttemptRow`]
+    /// stays as versions 1 and 2 wrote it); empty before version 3.
+    pub attempt_rules: Vec<Option<String>>,
 }
 
 /// Part of versions 1 to 3 of [`RequestRow`]: frozen.
@@ -482,6 +486,7 @@ impl Versioned for RequestRow {
                     transport: v.transport,
                     ws_connect_ms: v.ws_connect_ms,
                     terminal_source: None,
+                    attempt_rules: Vec::new(),
                 })
             }
             1 => {
@@ -512,6 +517,7 @@ impl Versioned for RequestRow {
                     transport: v.transport,
                     ws_connect_ms: v.ws_connect_ms,
                     terminal_source: None,
+                    attempt_rules: Vec::new(),
                 })
             }
             found => Err(unknown::<Self>(found)),
@@ -596,6 +602,7 @@ mod tests {
             transport: "ws_reused".into(),
             ws_connect_ms: None,
             terminal_source: None,
+            attempt_rules: Vec::new(),
         }
     }
 
@@ -768,21 +775,23 @@ mod tests {
             decode::<RequestRow>(&hex(v2::REQUEST)).unwrap(),
             request_v2()
         );
-        // Written again, it is version 3: version 2 with no terminal source after it.
+        // Written again, it is version 3: version 2 with no terminal source and no rules after
+        // it.
         let again = encode(&request_v2()).unwrap();
         assert_eq!(again[0], 3);
-        assert_eq!(to_hex(&again[1..]), format!("{}00", &v2::REQUEST[2..]));
+        assert_eq!(to_hex(&again[1..]), format!("{}0000", &v2::REQUEST[2..]));
     }
 
     /// Bytes the release after 0.3.0 writes.
     mod next {
-        pub const REQUEST: &str = "03fbd0eab6b73305616c696365076770742d352e350d2f76312f726573706f6e73657301010c73747265616d5f6572726f72c80101056163632d3201056163632d32097472616e7369656e7401c801010a6d69645f73747265616d0c0105726573657401051400010c61626364656630313233343501056163632d3201056163632d3107636f6f6c696e67107265626f756e6428636f6f6c696e67290104706f6f6c086163717569726564030977735f72657573656400010973796e746865746963";
+        pub const REQUEST: &str = "03fbd0eab6b73305616c696365076770742d352e350d2f76312f726573706f6e73657301010c73747265616d5f6572726f72c80101056163632d3201056163632d32097472616e7369656e7401c801010a6d69645f73747265616d0c0105726573657401051400010c61626364656630313233343501056163632d3201056163632d3107636f6f6c696e67107265626f756e6428636f6f6c696e67290104706f6f6c086163717569726564030977735f72657573656400010973796e74686574696301010472757368";
     }
 
     #[test]
     fn request_version_3_round_trips_exactly() {
         let r = RequestRow {
             terminal_source: Some("synthetic".into()),
+            attempt_rules: vec![Some("rush".into())],
             ..request_v2()
         };
         assert_eq!(to_hex(&encode(&r).unwrap()), next::REQUEST);

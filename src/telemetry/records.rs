@@ -106,6 +106,8 @@ pub struct AttemptRecord {
     pub phase: Option<Phase>,
     pub ms: u64,
     pub error: Option<String>,
+    /// The operator's rule that judged it.
+    pub rule: Option<String>,
 }
 
 /// A request's wait for a slot.
@@ -208,6 +210,11 @@ impl RequestRecord {
             transport: self.transport.as_str().into(),
             ws_connect_ms: self.ws_connect_ms,
             terminal_source: self.terminal_source.map(|t| t.as_str().into()),
+            attempt_rules: if self.attempts.iter().any(|a| a.rule.is_some()) {
+                self.attempts.iter().map(|a| a.rule.clone()).collect()
+            } else {
+                Vec::new()
+            },
         }
     }
 
@@ -216,11 +223,13 @@ impl RequestRecord {
         fn name<T>(what: &str, n: &str, parse: impl Fn(&str) -> Option<T>) -> Result<T, String> {
             parse(n).ok_or_else(|| format!("{what} `{n}`"))
         }
+        let mut rules = r.attempt_rules.into_iter();
         let attempts = r
             .attempts
             .into_iter()
             .map(|a| {
                 Ok(AttemptRecord {
+                    rule: rules.next().flatten(),
                     class: name("class", &a.class, Class::from_name)?,
                     phase: a
                         .phase
@@ -407,6 +416,7 @@ mod tests {
                     phase: Some(Phase::PreCommit),
                     ms: 3,
                     error: Some("429 usage_limit_reached".into()),
+                    rule: Some("quota-text".into()),
                 },
                 AttemptRecord {
                     account: "acc-2".into(),
@@ -415,6 +425,7 @@ mod tests {
                     phase: None,
                     ms: 40,
                     error: None,
+                    rule: None,
                 },
             ],
             ttft_ms: Some(12),

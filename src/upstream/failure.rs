@@ -64,6 +64,8 @@ pub struct Facts {
     pub content_type: Option<String>,
     /// The access token was refreshed just before this exchange.
     pub after_refresh: bool,
+    /// The answer's headers (lower-case names), for operators' rules.
+    pub headers: Vec<(String, String)>,
 }
 
 /// The longest `Retry-After` (or "try again in …") honoured.
@@ -127,6 +129,10 @@ impl Facts {
             f.message = Some(String::from_utf8_lossy(&body[..body.len().min(500)]).into_owned());
         }
         f.body = Some(body);
+        f.headers = headers
+            .iter()
+            .filter_map(|(k, v)| Some((k.as_str().to_string(), v.to_str().ok()?.to_string())))
+            .collect();
         f
     }
 

@@ -336,6 +336,9 @@ pub struct Attempt {
     pub ms: u64,
     #[serde(default)]
     pub error: Option<String>,
+    /// The operator rule (`[[rules]]`) that judged it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rule: Option<String>,
 }
 
 /// Token counts of a response.

@@ -146,6 +146,12 @@ pub fn render(frame: &mut Frame, area: Rect, app: &App, id: &str) {
                 human_ms(a.ms)
             )),
             colored(
+                a.rule
+                    .as_ref()
+                    .map_or(String::new(), |r| format!(" · rule {r}")),
+                Color::Magenta,
+            ),
+            colored(
                 a.error
                     .as_ref()
                     .map_or(String::new(), |e| format!(" · {e}")),
