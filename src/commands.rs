@@ -1276,6 +1276,7 @@ mod tests {
             unsupported_models: Vec::new(),
             quota: None,
             proxy: None,
+            error_rates: Vec::new(),
         };
         let t = account_table(&[
             a("a1", "ready", None, None),

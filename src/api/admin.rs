@@ -62,7 +62,7 @@ async fn status(State(state): State<Arc<AppState>>) -> Json<wire::Status> {
 }
 
 async fn list_accounts(State(state): State<Arc<AppState>>) -> Json<Vec<wire::Account>> {
-    Json(view::accounts(&state.fleet.list()))
+    Json(state.accounts())
 }
 
 async fn import_account(

@@ -127,7 +127,7 @@ impl AppState {
         let (pool_waiting, pool_oldest_wait_ms) = self.fleet.pool_queue();
         wire::Feed {
             status: self.status(),
-            accounts: view::accounts(&self.fleet.list()),
+            accounts: self.accounts(),
             requests: view::requests(requests),
             sessions,
             ws_pool_idle,
@@ -138,6 +138,55 @@ impl AppState {
             breaker: self.dispatcher.breaker.state().as_str().into(),
             dropped_subscribers: self.feed.dropped(),
             keys: self.keys_live(),
+        }
+    }
+
+    /// The error-rate windows as gauges: pool-wide, and per account (label `account` = its
+    /// `chatgpt_account_id`) where it had requests or attempts in the window.
+    pub fn render_error_rates(&self, out: &mut String) {
+        use std::fmt::Write;
+        let windows = self.dispatcher.log.windows();
+        let _ = writeln!(
+            out,
+            "# HELP switchyard_client_error_rate Share of requests whose client got an error, over the window.\n\
+             # TYPE switchyard_client_error_rate gauge\n\
+             # HELP switchyard_upstream_error_rate Upstream errors per request, over the window.\n\
+             # TYPE switchyard_upstream_error_rate gauge"
+        );
+        for w in &windows {
+            let m = w.minutes;
+            let _ = writeln!(
+                out,
+                "switchyard_client_error_rate{{window=\"{m}m\"}} {}\n\
+                 switchyard_upstream_error_rate{{window=\"{m}m\"}} {}",
+                w.pool.client_rate().unwrap_or(0.0),
+                w.pool.upstream_rate_per_request().unwrap_or(0.0)
+            );
+        }
+        let _ = writeln!(
+            out,
+            "# HELP switchyard_account_client_error_rate Share of the requests that ended on an account whose client got an error, over the window.\n\
+             # TYPE switchyard_account_client_error_rate gauge\n\
+             # HELP switchyard_account_upstream_error_rate Share of an account's attempts the upstream failed, over the window.\n\
+             # TYPE switchyard_account_upstream_error_rate gauge"
+        );
+        for w in &windows {
+            for (account, t) in &w.accounts {
+                let a = crate::telemetry::metrics::escape(account);
+                let m = w.minutes;
+                if let Some(r) = t.client_rate() {
+                    let _ = writeln!(
+                        out,
+                        "switchyard_account_client_error_rate{{account=\"{a}\",window=\"{m}m\"}} {r}"
+                    );
+                }
+                if let Some(r) = t.upstream_rate_per_attempt() {
+                    let _ = writeln!(
+                        out,
+                        "switchyard_account_upstream_error_rate{{account=\"{a}\",window=\"{m}m\"}} {r}"
+                    );
+                }
+            }
         }
     }
 
@@ -271,7 +320,13 @@ impl AppState {
                 (pool + sticky) as u64
             },
             strategy: self.fleet.settings().strategy.as_str().to_string(),
+            error_rates: view::pool_rates(&self.dispatcher.log.windows()),
         }
+    }
+
+    /// Every account as the admin API and the console show it, with its error rates.
+    pub fn accounts(&self) -> Vec<wire::Account> {
+        view::accounts_with_rates(&self.fleet.list(), &self.dispatcher.log.windows())
     }
 }
 
@@ -320,6 +375,7 @@ async fn metrics(State(state): State<Arc<AppState>>) -> impl IntoResponse {
     );
     state.edge.render(&mut text);
     state.render_key_metrics(&mut text);
+    state.render_error_rates(&mut text);
     (
         [(
             axum::http::header::CONTENT_TYPE,

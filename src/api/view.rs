@@ -14,6 +14,7 @@ use crate::keys::CreatedKey;
 use crate::keys::policy::Policy;
 use crate::store::records::ClientKeyRecord;
 use crate::telemetry::records::RequestRecord;
+use crate::telemetry::windows::Window;
 
 pub fn account(a: &AccountView) -> wire::Account {
     let rfc = |s: Option<u64>| s.map(clock::rfc3339);
@@ -52,7 +53,49 @@ pub fn account(a: &AccountView) -> wire::Account {
             observed_at: Some(clock::rfc3339(q.observed_ms / 1000)),
         }),
         proxy: a.proxy.clone(),
+        error_rates: Vec::new(),
     }
+}
+
+/// The pool's error rates of each window.
+pub fn pool_rates(windows: &[Window]) -> Vec<wire::ErrorRates> {
+    windows
+        .iter()
+        .map(|w| wire::ErrorRates {
+            window_minutes: w.minutes,
+            requests: w.pool.requests,
+            attempts: w.pool.attempts,
+            client_error_rate: w.pool.client_rate(),
+            upstream_error_rate: w.pool.upstream_rate_per_request(),
+        })
+        .collect()
+}
+
+/// Accounts with their error rates of each window.
+pub fn accounts_with_rates(list: &[AccountView], windows: &[Window]) -> Vec<wire::Account> {
+    list.iter()
+        .map(|a| {
+            let mut w = account(a);
+            w.error_rates = windows
+                .iter()
+                .map(|win| {
+                    let t = win
+                        .accounts
+                        .get(&a.chatgpt_account_id)
+                        .copied()
+                        .unwrap_or_default();
+                    wire::ErrorRates {
+                        window_minutes: win.minutes,
+                        requests: t.requests,
+                        attempts: t.attempts,
+                        client_error_rate: t.client_rate(),
+                        upstream_error_rate: t.upstream_rate_per_attempt(),
+                    }
+                })
+                .collect();
+            w
+        })
+        .collect()
 }
 
 pub fn accounts(list: &[AccountView]) -> Vec<wire::Account> {

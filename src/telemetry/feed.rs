@@ -112,6 +112,7 @@ mod tests {
                 in_flight: 0,
                 waiting: 0,
                 strategy: String::new(),
+                error_rates: Vec::new(),
             },
             accounts: Vec::new(),
             requests: Vec::new(),

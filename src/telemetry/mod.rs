@@ -38,3 +38,4 @@ pub fn init_logging(level: &str, format: LogFormat) {
 pub mod feed;
 pub mod metrics;
 pub mod records;
+pub mod windows;

@@ -306,6 +306,8 @@ pub struct RequestLog {
     seq: Arc<AtomicU64>,
     /// Records pushed since start (for "what is new since").
     pushed: Arc<AtomicU64>,
+    /// Error rates over the last 20 and 60 minutes.
+    windows: Arc<Mutex<super::windows::ErrorWindows>>,
 }
 
 impl RequestLog {
@@ -329,7 +331,18 @@ impl RequestLog {
             clock,
             seq: Arc::new(AtomicU64::new(0)),
             pushed: Arc::new(AtomicU64::new(0)),
+            windows: Arc::default(),
         }
+    }
+
+    /// The error-rate windows now (20 and 60 minutes).
+    pub fn windows(&self) -> Vec<super::windows::Window> {
+        let now = self.clock.now_ms();
+        let w = self.windows.lock().unwrap_or_else(|e| e.into_inner());
+        super::windows::WINDOWS
+            .iter()
+            .map(|m| w.window(now, *m))
+            .collect()
     }
 
     /// A new, time-ordered record key (also the record's id).
@@ -350,6 +363,10 @@ impl RequestLog {
             }
             Err(e) => tracing::error!(error = %e, "cannot encode a request record"),
         }
+        self.windows
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .add(self.clock.now_ms(), &record);
         let mut ring = self.ring.lock().unwrap_or_else(|e| e.into_inner());
         if ring.len() >= RING {
             ring.pop_front();

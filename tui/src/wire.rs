@@ -25,6 +25,22 @@ pub struct Status {
     /// The scheduling strategy in force.
     #[serde(default)]
     pub strategy: String,
+    /// Pool-wide error rates over the last 20 and 60 minutes.
+    #[serde(default)]
+    pub error_rates: Vec<ErrorRates>,
+}
+
+/// Error rates over one window: the share of requests whose client got an error, and of
+/// upstream errors (pool-wide per request; for an account per attempt on it).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ErrorRates {
+    pub window_minutes: u64,
+    /// Requests counted (for an account: those that ended on it).
+    pub requests: u64,
+    /// Attempts counted.
+    pub attempts: u64,
+    pub client_error_rate: Option<f64>,
+    pub upstream_error_rate: Option<f64>,
 }
 
 /// One account as the admin API shows it. Never carries a token.
@@ -90,6 +106,9 @@ pub struct Account {
     /// Its own egress proxy, password hidden (`socks5h://user:***@host:1080`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub proxy: Option<String>,
+    /// Its error rates over the last 20 and 60 minutes (empty where the daemon did not say).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub error_rates: Vec<ErrorRates>,
 }
 
 /// An account's usage windows: primary is the 5-hour window, secondary the weekly one.

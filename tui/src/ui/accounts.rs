@@ -10,7 +10,7 @@ use ratatui::widgets::{Cell, Paragraph, Row, Table, TableState};
 use super::{bar, colored, human_ms, human_secs, pane_block, state_color};
 use crate::app::{App, Pane};
 use crate::state::stats::parse_ms;
-use crate::wire::Account;
+use crate::wire::{Account, ErrorRates};
 
 /// `cooling quota 41m`, `half-open`, `needs re-login`, `disabled`, `ready`, plus `draining`.
 pub fn state_text(a: &Account) -> String {
@@ -35,6 +35,54 @@ pub fn state_text(a: &Account) -> String {
         s.push_str(" draining");
     }
     s
+}
+
+/// A rate as a whole percentage, `–` without anything to count.
+pub fn pct(rate: Option<f64>) -> String {
+    rate.map_or("–".to_string(), |r| format!("{:.0}%", r * 100.0))
+}
+
+/// Upstream error rates of the 20- and 60-minute windows: `12%/4%`.
+fn upstream_rates(rates: &[ErrorRates]) -> String {
+    let of = |m: u64| {
+        rates
+            .iter()
+            .find(|r| r.window_minutes == m)
+            .and_then(|r| r.upstream_error_rate)
+    };
+    format!("{}/{}", pct(of(20)), pct(of(60)))
+}
+
+/// `client errors 20m 1% · 60m 0% · upstream errors 20m 12% · 60m 4%`.
+pub fn rates_text(rates: &[ErrorRates]) -> String {
+    let part = |label: &str, f: fn(&ErrorRates) -> Option<f64>| {
+        let windows: Vec<String> = rates
+            .iter()
+            .map(|r| format!("{}m {}", r.window_minutes, pct(f(r))))
+            .collect();
+        format!("{label} {}", windows.join(" · "))
+    };
+    format!(
+        "{} · {}",
+        part("client errors", |r| r.client_error_rate),
+        part("upstream errors", |r| r.upstream_error_rate)
+    )
+}
+
+/// Both rates of each window, short: `20m 1%/3% · 60m 1%/4% client/upstream`.
+pub fn windows_short(rates: &[ErrorRates]) -> String {
+    let w: Vec<String> = rates
+        .iter()
+        .map(|r| {
+            format!(
+                "{}m {}/{}",
+                r.window_minutes,
+                pct(r.client_error_rate),
+                pct(r.upstream_error_rate)
+            )
+        })
+        .collect();
+    format!("{} client/upstream", w.join(" · "))
 }
 
 /// A quota window: `██░░ 62% 2h10m` (used share, and time to its reset).
@@ -104,6 +152,7 @@ pub fn render(frame: &mut Frame, area: Rect, app: &App) {
             Cell::from(ttft),
         ]);
         if wide {
+            cells.push(Cell::from(upstream_rates(&a.error_rates)));
             cells.push(
                 Cell::from(a.last_error.clone().unwrap_or_default())
                     .style(Style::new().fg(Color::DarkGray)),
@@ -123,6 +172,7 @@ pub fn render(frame: &mut Frame, area: Rect, app: &App) {
                 "Weekly",
                 "OK",
                 "TTFT",
+                "Up err 20/60m",
                 "Last error",
             ],
             vec![
@@ -135,6 +185,7 @@ pub fn render(frame: &mut Frame, area: Rect, app: &App) {
                 Constraint::Length(20),
                 Constraint::Length(4),
                 Constraint::Length(6),
+                Constraint::Length(13),
                 Constraint::Min(10),
             ],
         )
@@ -177,6 +228,12 @@ pub fn render(frame: &mut Frame, area: Rect, app: &App) {
                 spans.push(colored(
                     format!("not for {} · ", a.unsupported_models.join(", ")),
                     Color::Yellow,
+                ));
+            }
+            if !a.error_rates.is_empty() {
+                spans.push(colored(
+                    format!("{} · ", rates_text(&a.error_rates)),
+                    Color::DarkGray,
                 ));
             }
             match (&a.detail, &a.last_error) {

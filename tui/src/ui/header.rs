@@ -61,7 +61,7 @@ pub fn render(frame: &mut Frame, area: Rect, app: &App) {
         .status
         .as_ref()
         .map_or((0, 0), |st| (st.in_flight, st.waiting));
-    let second = Line::from(vec![
+    let mut second = vec![
         Span::raw("req/s "),
         colored(sparkline(&all), Color::Cyan),
         Span::raw(format!(" {rate:.1}  errors ")),
@@ -70,6 +70,14 @@ pub fn render(frame: &mut Frame, area: Rect, app: &App) {
             " {err_pct:.0}%  in-flight {in_flight} waiting {waiting} dropped {}",
             s.dropped_events + s.dropped_subscribers
         )),
-    ]);
+    ];
+    // The pool's windows, as an operator compares them: the clients' errors and the upstream's.
+    if let Some(st) = s.status.as_ref().filter(|st| !st.error_rates.is_empty()) {
+        second.push(colored(
+            format!("  {}", super::accounts::windows_short(&st.error_rates)),
+            Color::DarkGray,
+        ));
+    }
+    let second = Line::from(second);
     frame.render_widget(Paragraph::new(vec![Line::from(first), second]), area);
 }

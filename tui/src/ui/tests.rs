@@ -44,6 +44,7 @@ fn account(n: u32, state: &str) -> Account {
         unsupported_models: Vec::new(),
         quota: None,
         proxy: None,
+        error_rates: Vec::new(),
     }
 }
 
@@ -55,7 +56,22 @@ fn attempt(account: &str, class: &str, status: u16) -> Attempt {
         phase: (class != "success").then(|| "pre_headers".to_string()),
         ms: 40,
         error: (class != "success").then(|| format!("{class} from upstream")),
+        rule: None,
     }
+}
+
+fn rates(client: [f64; 2], upstream: [f64; 2]) -> Vec<ErrorRates> {
+    [20, 60]
+        .into_iter()
+        .zip(client.into_iter().zip(upstream))
+        .map(|(m, (c, u))| ErrorRates {
+            window_minutes: m,
+            requests: 10,
+            attempts: 12,
+            client_error_rate: Some(c),
+            upstream_error_rate: Some(u),
+        })
+        .collect()
 }
 
 fn record(n: u64, ago_ms: u64) -> RequestRecord {
@@ -159,6 +175,7 @@ fn fixture() -> App {
     a2.in_flight = 2;
     a2.waiting = 1;
     a2.oldest_wait_ms = Some(1200);
+    a2.error_rates = rates([0.1, 0.05], [0.25, 0.13]);
     let a3 = account(3, "half_open");
     let mut a4 = account(4, "needs_reauth");
     a4.last_error = Some("auth_dead: token refresh: 401 refresh_token_reused".into());
@@ -169,7 +186,10 @@ fn fixture() -> App {
 
     let mut failover = record(1, 1000);
     failover.attempts = vec![
-        attempt("chatgpt-1", "quota", 429),
+        Attempt {
+            rule: Some("quota text".into()),
+            ..attempt("chatgpt-1", "quota", 429)
+        },
         attempt("chatgpt-2", "success", 200),
     ];
     failover.transport = "ws_connected".into();
@@ -201,6 +221,7 @@ fn fixture() -> App {
             in_flight: 2,
             waiting: 2,
             strategy: "quota_aware".into(),
+            error_rates: rates([0.012, 0.008], [0.03, 0.036]),
         },
         accounts: vec![a1, a2, a3, a4, a5],
         requests: vec![failover, plain, dropped],
@@ -265,6 +286,11 @@ fn header_shows_version_uptime_link_and_rates() {
         has(&s, "req/s ");
         has(&s, "in-flight 2 waiting 2 dropped 0");
     }
+    // The pool's two windows, beside the live rates.
+    has(
+        &screen(&app, 160, 48),
+        "20m 1%/3% · 60m 1%/4% client/upstream",
+    );
     app.state.link = Link::Reconnecting {
         in_s: 3,
         reason: "connection refused".into(),
@@ -292,8 +318,11 @@ fn accounts_pane_shows_state_slots_quota_and_rates() {
     ] {
         has(&wide, text);
     }
-    // chatgpt-2 served two requests with 420 ms TTFT, all attempts succeeded.
+    // chatgpt-2 served two requests with 420 ms TTFT, all attempts succeeded; its upstream
+    // error rates over 20 and 60 minutes.
     has(&wide, "100% 420ms");
+    has(&wide, "Up err 20/60m");
+    has(&wide, "25%/13%");
     let narrow = screen(&app, 80, 24);
     has(&narrow, "1 Accounts");
     for text in [
@@ -407,6 +436,7 @@ fn enter_opens_the_full_record() {
         has(&s, "pool queue · acquired after 1.2s");
         has(&s, "rebound(quota)");
         has(&s, "1. sim-acct-1 quota · status 429 · pre_headers");
+        has(&s, "rule quota text");
         has(&s, "terminal    upstream: the backend's own answer");
     }
     app.on_key(key(KeyCode::Esc));
