@@ -49,6 +49,23 @@ pub enum Command {
     /// Usage totals per key, model, account, day or hour: requests, errors, tokens by kind,
     /// cache hit ratio (and the API-equivalent cost with `[pricing]`).
     Usage(UsageArgs),
+    /// The error analysis of the request records, per window: the clients' and the upstream's
+    /// error rates, failovers, requests that ran out of candidates, models no account serves,
+    /// failures after the answer began, slow failures, each account's failures by cause — and
+    /// the changes the numbers suggest.
+    Report(ReportArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct ReportArgs {
+    /// A window to report on, ending now (repeat it; default 20m and 60m).
+    #[arg(long = "window", value_parser = humantime::parse_duration, value_name = "DURATION")]
+    pub windows: Vec<std::time::Duration>,
+    /// A failed attempt slower than this counts as a slow failure (it ate the client's time).
+    #[arg(long, value_parser = humantime::parse_duration, value_name = "DURATION", default_value = "30s")]
+    pub slow: std::time::Duration,
+    #[arg(long, default_value = "text", value_parser = ["text", "json"])]
+    pub format: String,
 }
 
 #[derive(Debug, Args)]

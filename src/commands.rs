@@ -115,6 +115,10 @@ pub fn run(cli: Cli) -> Result<(), CommandError> {
             telemetry::init_logging("warn", config.log.format);
             runtime()?.block_on(usage(&config, args))
         }
+        Command::Report(args) => {
+            telemetry::init_logging("warn", config.log.format);
+            runtime()?.block_on(report(&config, args))
+        }
         Command::Sim(args) => {
             telemetry::init_logging(&config.log.level, config.log.format);
             runtime()?.block_on(sim(args))
@@ -453,6 +457,39 @@ impl Backend {
                     .into_iter()
                     .map(|r| crate::usage::to_wire(r, &names))
                     .collect())
+            }
+        }
+    }
+
+    async fn report(
+        &self,
+        windows: Vec<u64>,
+        slow_ms: u64,
+    ) -> Result<switchyard_tui::report::Report, CommandError> {
+        match self {
+            Backend::Daemon(c) => {
+                let mut q: Vec<String> = windows.iter().map(|w| format!("window={w}")).collect();
+                q.push(format!("slow_ms={slow_ms}"));
+                Ok(c.call(
+                    Method::GET,
+                    &format!("/api/admin/report?{}", q.join("&")),
+                    None,
+                )
+                .await?)
+            }
+            Backend::Direct { store, fleet, .. } => {
+                let names = crate::telemetry::report::names(&fleet.list());
+                let scope = crate::telemetry::report::Scope {
+                    now_ms: clock::system().now_ms(),
+                    windows,
+                    slow_ms,
+                };
+                Ok(crate::telemetry::report::from_store(
+                    store,
+                    &[],
+                    &scope,
+                    &names,
+                )?)
             }
         }
     }
@@ -1129,6 +1166,42 @@ fn limits_summary(p: &wire::KeyPolicy) -> String {
     } else {
         parts.join(" · ")
     }
+}
+
+async fn report(config: &Config, args: crate::cli::ReportArgs) -> Result<(), CommandError> {
+    let windows = report_windows(&args.windows)?;
+    let backend = Backend::connect(config).await?;
+    let slow_ms = u64::try_from(args.slow.as_millis()).unwrap_or(u64::MAX);
+    let result = backend.report(windows, slow_ms).await;
+    backend.close().await?;
+    let r = result?;
+    if args.format == "json" {
+        println!("{}", to_json(&r));
+    } else {
+        print!("{}", switchyard_tui::report::render_text(&r));
+    }
+    Ok(())
+}
+
+/// The report's windows in whole minutes (default 20 and 60).
+fn report_windows(given: &[std::time::Duration]) -> Result<Vec<u64>, CommandError> {
+    if given.is_empty() {
+        return Ok(crate::telemetry::windows::WINDOWS.to_vec());
+    }
+    given
+        .iter()
+        .map(|d| {
+            let m = d.as_secs() / 60;
+            if d.as_secs() % 60 != 0 || !(1..=10_080).contains(&m) {
+                Err(CommandError::Usage(format!(
+                    "--window {}: a whole number of minutes, from 1m to 7d",
+                    humantime::format_duration(*d)
+                )))
+            } else {
+                Ok(m)
+            }
+        })
+        .collect()
 }
 
 async fn usage(config: &Config, args: UsageArgs) -> Result<(), CommandError> {

@@ -49,6 +49,7 @@ pub fn routes() -> Router<Arc<AppState>> {
             get(show_key).patch(update_key).delete(revoke_key),
         )
         .route("/api/admin/usage", get(usage))
+        .route("/api/admin/report", get(report))
 }
 
 /// Parses a JSON body, answering 400 with the parse position when it is not valid.
@@ -418,4 +419,44 @@ async fn get_account(
         .get(&id)
         .ok_or(crate::fleet::FleetError::NotFound(id))?;
     Ok(Json(view::account(&a)))
+}
+
+/// `GET /api/admin/report?window=20&window=60&slow_ms=30000` (windows in minutes, default 20
+/// and 60): the error report of the stored records and the newest in memory.
+async fn report(
+    State(state): State<Arc<AppState>>,
+    axum::extract::RawQuery(query): axum::extract::RawQuery,
+) -> Result<Json<switchyard_tui::report::Report>, ApiError> {
+    let mut windows = Vec::new();
+    let mut slow_ms = crate::telemetry::report::SLOW_FAILURE_MS;
+    for pair in query
+        .as_deref()
+        .unwrap_or("")
+        .split('&')
+        .filter(|p| !p.is_empty())
+    {
+        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+        match (k, v.parse::<u64>()) {
+            ("window", Ok(m)) if (1..=10_080).contains(&m) => windows.push(m),
+            ("slow_ms", Ok(ms)) => slow_ms = ms,
+            _ => {
+                return Err(ApiError::bad_request(
+                    "invalid_query",
+                    format!("`{pair}`: use window=MINUTES (1 to 10080, repeated) and slow_ms=MS"),
+                ));
+            }
+        }
+    }
+    if windows.is_empty() {
+        windows = crate::telemetry::windows::WINDOWS.to_vec();
+    }
+    let names = crate::telemetry::report::names(&state.fleet.list());
+    let recent = state.dispatcher.log.recent(crate::telemetry::records::RING);
+    let scope = crate::telemetry::report::Scope {
+        now_ms: state.fleet.clock().now_ms(),
+        windows,
+        slow_ms,
+    };
+    let r = crate::telemetry::report::from_store(&state.store, &recent, &scope, &names)?;
+    Ok(Json(r))
 }

@@ -593,6 +593,29 @@ impl Store {
         }
         Ok(out)
     }
+
+    /// The records that started at or after `from_ms` (unix ms), oldest first. Undecodable
+    /// ones are counted and left out, as everywhere.
+    pub fn requests_since(&self, from_ms: u64) -> Result<Vec<(u64, RequestRow)>, StoreError> {
+        let txn = self.inner.db.begin_read().map_err(StoreError::db)?;
+        let table = txn.open_table(schema::REQUESTS).map_err(StoreError::db)?;
+        let mut out = Vec::new();
+        for row in table
+            .range(from_ms.saturating_mul(1 << 16)..)
+            .map_err(StoreError::db)?
+        {
+            let (k, v) = row.map_err(StoreError::db)?;
+            match codec::decode::<RequestRow>(v.value()) {
+                Ok(r) => out.push((k.value(), r)),
+                Err(e) => self.note_undecodable(
+                    schema::REQUESTS.name(),
+                    &format!("{:016x}", k.value()),
+                    &format!("{}: {e}", RequestRow::NAME),
+                ),
+            }
+        }
+        Ok(out)
+    }
 }
 
 impl Store {

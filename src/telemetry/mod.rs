@@ -38,4 +38,5 @@ pub fn init_logging(level: &str, format: LogFormat) {
 pub mod feed;
 pub mod metrics;
 pub mod records;
+pub mod report;
 pub mod windows;

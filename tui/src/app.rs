@@ -122,6 +122,17 @@ pub enum Overlay {
     /// One request's full record, by id.
     Detail(String),
     Confirm(Pending),
+    /// The error report: being fetched, its text (scrolled down by this many lines), or why
+    /// it could not be had.
+    Report(ReportView),
+}
+
+/// The error report as the overlay shows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ReportView {
+    Loading,
+    Text { text: String, scroll: u16 },
+    Failed(String),
 }
 
 /// What the event loop must do after a key.
@@ -129,6 +140,8 @@ pub enum Overlay {
 pub enum Command {
     Quit,
     Send(Pending),
+    /// Fetch the error report.
+    Report,
 }
 
 /// A line in the footer: the last action's result.
@@ -226,6 +239,28 @@ impl App {
                 }
                 return None;
             }
+            Overlay::Report(view) => {
+                match (intent, view) {
+                    (Intent::Back | Intent::Report | Intent::Open, _) => {
+                        self.overlay = Overlay::None
+                    }
+                    (
+                        Intent::Up | Intent::Down | Intent::Top,
+                        ReportView::Text { text, scroll },
+                    ) => {
+                        let last = text.lines().count().saturating_sub(1) as u16;
+                        let scroll = match intent {
+                            Intent::Up => scroll.saturating_sub(1),
+                            Intent::Down => (*scroll + 1).min(last),
+                            _ => 0,
+                        };
+                        let text = text.clone();
+                        self.overlay = Overlay::Report(ReportView::Text { text, scroll });
+                    }
+                    _ => {}
+                }
+                return None;
+            }
             Overlay::None => {}
         }
         match intent {
@@ -254,6 +289,10 @@ impl App {
                 } else {
                     AccountAction::Drain
                 });
+            }
+            Intent::Report => {
+                self.overlay = Overlay::Report(ReportView::Loading);
+                return Some(Command::Report);
             }
             Intent::Back => self.flash = None,
             Intent::Quit | Intent::Yes | Intent::No => {}
@@ -345,6 +384,22 @@ impl App {
     }
 }
 
+impl App {
+    /// The report arrived (or could not be had): shown if its overlay is still open.
+    pub fn on_report(&mut self, result: Result<crate::report::Report, String>) {
+        if !matches!(self.overlay, Overlay::Report(_)) {
+            return;
+        }
+        self.overlay = Overlay::Report(match result {
+            Ok(r) => ReportView::Text {
+                text: crate::report::render_text(&r),
+                scroll: 0,
+            },
+            Err(e) => ReportView::Failed(e),
+        });
+    }
+}
+
 /// Why the console stopped with an error.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -362,6 +417,7 @@ pub async fn run(client: AdminClient) -> Result<(), Error> {
     let feed = tokio::spawn(conn::run(client.clone(), conn_tx));
     let mut keys = crate::term::keys();
     let (done_tx, mut done_rx) = mpsc::channel::<(Pending, Result<wire::Account, String>)>(16);
+    let (report_tx, mut report_rx) = mpsc::channel::<Result<crate::report::Report, String>>(4);
     let mut tick = tokio::time::interval(Duration::from_millis(250));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
     let mut reconnect_at: Option<Instant> = None;
@@ -392,6 +448,17 @@ pub async fn run(client: AdminClient) -> Result<(), Error> {
                             let _ = done.send((pending, result)).await;
                         });
                     }
+                    Some(Command::Report) => {
+                        let client = client.clone();
+                        let done = report_tx.clone();
+                        tokio::spawn(async move {
+                            let result = client
+                                .call::<crate::report::Report>(Method::GET, "/api/admin/report", None)
+                                .await
+                                .map_err(|e| e.to_string());
+                            let _ = done.send(result).await;
+                        });
+                    }
                     None => {}
                 },
                 Some(Err(e)) => break Err(Error::Terminal(e)),
@@ -407,6 +474,7 @@ pub async fn run(client: AdminClient) -> Result<(), Error> {
                 app.on_conn(event);
             },
             Some((pending, result)) = done_rx.recv() => app.on_result(&pending, result),
+            Some(result) = report_rx.recv() => app.on_report(result),
             _ = tick.tick() => {
                 if let (Some(at), Link::Reconnecting { in_s, .. }) = (reconnect_at, &mut app.state.link) {
                     *in_s = at.saturating_duration_since(Instant::now()).as_secs_f64().ceil() as u64;

@@ -24,6 +24,8 @@ pub enum Intent {
     Act(AccountAction),
     /// `n`: drain the selected account, or end its draining.
     ToggleDrain,
+    /// `R`: the error report of the last 20 and 60 minutes.
+    Report,
     Yes,
     No,
 }
@@ -54,6 +56,7 @@ pub fn intent(key: KeyEvent) -> Option<Intent> {
         KeyCode::Char('c') => Intent::Act(AccountAction::ClearCooldown),
         KeyCode::Char('r') => Intent::Act(AccountAction::Refresh),
         KeyCode::Char('p') => Intent::Act(AccountAction::Probe),
+        KeyCode::Char('R') => Intent::Report,
         KeyCode::Char('y') | KeyCode::Char('Y') => Intent::Yes,
         KeyCode::Char('N') => Intent::No,
         _ => return None,
@@ -75,6 +78,7 @@ pub const HELP: &[(&str, &str)] = &[
     ("c", "clear its cooldown"),
     ("r", "refresh its token now"),
     ("p", "probe its quota now"),
+    ("R", "the error report of the last 20 and 60 minutes"),
     ("y / n", "confirm / cancel an action"),
     ("Esc", "close"),
     ("?", "this help"),

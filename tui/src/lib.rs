@@ -9,6 +9,7 @@ pub mod admin;
 pub mod app;
 pub mod conn;
 pub mod input;
+pub mod report;
 pub mod state;
 pub mod term;
 pub mod ui;

@@ -102,6 +102,25 @@ pub fn draw(frame: &mut Frame, app: &App) {
         Overlay::None => {}
         Overlay::Help => help::render(frame, area, app),
         Overlay::Detail(id) => detail::render(frame, area, app, id),
+        Overlay::Report(view) => {
+            let popup = centered(
+                area,
+                area.width.saturating_sub(4),
+                area.height.saturating_sub(2),
+            );
+            frame.render_widget(Clear, popup);
+            let (text, scroll) = match view {
+                crate::app::ReportView::Loading => ("fetching the report…".to_string(), 0),
+                crate::app::ReportView::Failed(e) => (format!("no report: {e}"), 0),
+                crate::app::ReportView::Text { text, scroll } => (text.clone(), *scroll),
+            };
+            frame.render_widget(
+                Paragraph::new(text)
+                    .scroll((scroll, 0))
+                    .block(Block::bordered().title(" Error report · ↑↓ scroll · Esc closes ")),
+                popup,
+            );
+        }
         Overlay::Confirm(p) => {
             let text = format!("{} {} ({})?", p.action.verb(), p.label, p.account);
             let width = (text.chars().count() as u16 + 4).clamp(30, area.width);
@@ -128,10 +147,10 @@ fn footer(frame: &mut Frame, area: Rect, app: &App) {
             Style::new().fg(Color::Green)
         }),
         None if area.width >= WIDE_MIN.0 => Line::from(
-            "↑↓ select · Tab pane · Enter open · e/d enable/disable · n drain · c clear cooldown · r refresh · p probe · ? help · q quit",
+            "↑↓ select · Tab pane · Enter open · e/d enable/disable · n drain · c clear cooldown · r refresh · p probe · R report · ? help · q quit",
         )
         .style(Style::new().fg(Color::DarkGray)),
-        None => Line::from("↑↓ select · Tab pane · Enter open · e d n c r p act · ? help · q quit")
+        None => Line::from("↑↓ select · Tab pane · Enter open · e d n c r p act · R report · ? help · q quit")
             .style(Style::new().fg(Color::DarkGray)),
     };
     frame.render_widget(Paragraph::new(line), area);

@@ -810,3 +810,45 @@ fn feed_of(app: &App) -> Feed {
         keys: s.keys.clone(),
     }
 }
+
+#[test]
+fn r_opens_the_error_report_which_scrolls_and_closes() {
+    let mut app = fixture();
+    assert_eq!(app.on_key(ch('R')), Some(Command::Report));
+    assert_eq!(
+        app.overlay,
+        Overlay::Report(crate::app::ReportView::Loading)
+    );
+    has(&screen(&app, 160, 48), "fetching the report…");
+    let report = crate::report::Report {
+        generated_at: "2026-11-30T12:00:00Z".into(),
+        slow_ms: 30_000,
+        windows: vec![crate::report::WindowReport {
+            minutes: 20,
+            requests: 12,
+            ..Default::default()
+        }],
+        suggestions: Vec::new(),
+    };
+    app.on_report(Ok(report));
+    for (w, h) in [(160, 48), (80, 24)] {
+        let s = screen(&app, w, h);
+        has(&s, "Error report");
+        has(&s, "== last 20 minutes ==");
+        has(&s, "requests 12");
+    }
+    // Down scrolls the first line away.
+    app.on_key(key(KeyCode::Down));
+    app.on_key(key(KeyCode::Down));
+    assert!(!screen(&app, 160, 48).contains("Switchyard error report ·"));
+    app.on_key(key(KeyCode::Esc));
+    assert_eq!(app.overlay, Overlay::None);
+    // A report that could not be had says why.
+    app.on_key(ch('R'));
+    app.on_report(Err("daemon gone".into()));
+    has(&screen(&app, 80, 24), "no report: daemon gone");
+    // A late answer after the overlay closed changes nothing.
+    app.on_key(key(KeyCode::Esc));
+    app.on_report(Err("late".into()));
+    assert_eq!(app.overlay, Overlay::None);
+}
