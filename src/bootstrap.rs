@@ -118,6 +118,7 @@ pub fn dispatch_config(config: &Config) -> DispatchConfig {
         request_deadline: config.upstream.request_deadline,
         client_write_timeout: config.server.client_write_timeout,
         probe_model: config.upstream.probe_model.clone(),
+        first_output_switches: config.upstream.first_output_switches,
         ..DispatchConfig::default()
     }
 }

@@ -163,6 +163,9 @@ pub struct UpstreamConfig {
     /// Fail over an account that shows nothing within this long ("0s" = off).
     #[serde(with = "duration")]
     pub first_output_timeout: Duration,
+    /// At most this many failovers per request for a first-output timeout; the next timeout
+    /// is answered to the client.
+    pub first_output_switches: u32,
     /// The longest a request may take to get a first answer from any account, failovers and
     /// waits included.
     #[serde(with = "duration")]
@@ -197,6 +200,7 @@ impl Default for UpstreamConfig {
             header_timeout: Duration::from_secs(60),
             stream_idle_timeout: Duration::from_secs(300),
             first_output_timeout: Duration::ZERO,
+            first_output_switches: 1,
             request_deadline: Duration::from_secs(600),
             client_version: "0.169.0".into(),
             use_env_proxy: false,
@@ -528,6 +532,9 @@ stream_idle_timeout = "5m"
 # Fail over an account that shows nothing (no text, reasoning or tool call) within this long;
 # "0s" turns it off.
 first_output_timeout = "0s"
+# At most this many failovers per request for that timeout; the next one is answered (504
+# first_output_timeout) instead of eating the client's time on more accounts.
+first_output_switches = 1
 # The longest a request may take to get a first answer from any account, failovers and waits
 # included (504 request_deadline_exceeded).
 request_deadline = "10m"

@@ -387,6 +387,49 @@ async fn the_first_output_deadline_does_not_cut_a_long_json_answer() {
     assert_eq!(gw.account(&a).await["state"], "ready");
 }
 
+/// Three accounts, the first two slow to show anything; `switches` failovers allowed for it.
+async fn slow_first_outputs(switches: u32) -> (Gw, Vec<String>) {
+    let gw = Gw::start_with(3, if switches == 1 { fot_once } else { fot_twice }).await;
+    let order = gw.rr_order();
+    for a in &order[..2] {
+        gw.fault(a, FaultKind::SlowFirstToken { ms: 5000 }, Some(1));
+    }
+    (gw, order)
+}
+
+fn fot_once(c: &mut switchyard::config::Config) {
+    c.upstream.first_output_timeout = std::time::Duration::from_millis(300);
+}
+
+fn fot_twice(c: &mut switchyard::config::Config) {
+    fot_once(c);
+    c.upstream.first_output_switches = 2;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_switches_accounts_for_a_first_output_timeout_at_most_as_configured() {
+    // The default: one switch, then the timeout is the answer.
+    let (gw, order) = slow_first_outputs(1).await;
+    let resp = gw
+        .post_raw("/v1/responses", &body_plain("gpt-5.5", "q", true), &[])
+        .await;
+    assert_eq!(resp.status(), 504);
+    let v: Value = resp.json().await.unwrap();
+    assert_eq!(v["error"]["code"], "first_output_timeout", "{v}");
+    let rec = &gw.requests(1).await[0];
+    assert_eq!(rec["outcome"], "first_output_timeout");
+    assert_eq!(classes(rec), ["transient", "transient"], "{rec}");
+    assert_eq!(gw.served(&order[2]), 0, "the third account was not tried");
+
+    // Two switches allowed: the third account answers.
+    let (gw, order) = slow_first_outputs(2).await;
+    let sse = gw.stream(&body_plain("gpt-5.5", "q", true), &[]).await;
+    assert_eq!(sse.last().0, "response.completed");
+    let rec = &gw.requests(1).await[0];
+    assert_eq!(classes(rec), ["transient", "transient", "success"], "{rec}");
+    assert_eq!(rec["account"], order[2].as_str());
+}
+
 #[tokio::test]
 async fn the_request_deadline_bounds_the_whole_failover_walk() {
     let gw = Gw::start_with(2, |c| {

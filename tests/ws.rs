@@ -363,6 +363,25 @@ async fn a_slow_handshake_bridges_the_turn_over_http() {
     assert_eq!(rec["transport"], "http_ws_budget_exhausted");
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dial_that_misses_the_budget_keeps_going_and_serves_the_sessions_next_turn() {
+    let gw = Gw::start(1).await;
+    let a = gw.rr_order()[0].clone();
+    gw.fault(&a, FaultKind::WsSlowHandshake { ms: 1200 }, Some(1));
+    let (events, rec) = one_turn(&gw).await;
+    assert_eq!(events.last().unwrap()["type"], "response.completed");
+    assert_eq!(rec["transport"], "http_ws_budget_exhausted");
+    common::gw::until("the late socket to join the pool", || async {
+        gw.metrics_text()
+            .await
+            .contains("switchyard_ws_pool_idle 1\n")
+    })
+    .await;
+    let (events, rec) = one_turn(&gw).await;
+    assert_eq!(events.last().unwrap()["type"], "response.completed");
+    assert_eq!(rec["transport"], "ws_reused", "{rec}");
+}
+
 #[tokio::test]
 async fn ws_close_mid_turn_after_commit_marks_account() {
     let gw = Gw::start(2).await;

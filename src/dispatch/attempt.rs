@@ -75,6 +75,8 @@ pub(crate) struct Trace {
     pub blame: Blame,
     /// The last policy refusal, answered when no candidate is left.
     pub refusal: Option<ErrorReply>,
+    /// Attempts that showed nothing within the first-output timeout.
+    pub first_output_timeouts: u32,
 }
 
 impl Trace {
@@ -93,6 +95,7 @@ impl Trace {
             ws_connect_ms: None,
             blame: Blame::default(),
             refusal: None,
+            first_output_timeouts: 0,
         }
     }
 
@@ -342,8 +345,13 @@ impl<'a> Attempt<'a> {
                         self.trace.ws_connect_ms = Some(ms_since(t0));
                         s
                     }
-                    Err(DialError::Budget) => {
+                    Err(DialError::Budget(late)) => {
                         permit.degraded();
+                        late.pool_when_open(
+                            d.ws_pool.clone(),
+                            self.lease.id.clone(),
+                            self.ctx.session.clone(),
+                        );
                         return Err(Transport::HttpWsBudgetExhausted);
                     }
                     Err(DialError::Refused) => {

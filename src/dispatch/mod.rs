@@ -55,6 +55,8 @@ pub struct DispatchConfig {
     pub client_write_timeout: Duration,
     /// The model of the minimal request that proves an account before it takes requests.
     pub probe_model: String,
+    /// Failovers a request may make for a first-output timeout; the next one is answered.
+    pub first_output_switches: u32,
 }
 
 impl Default for DispatchConfig {
@@ -69,6 +71,7 @@ impl Default for DispatchConfig {
             request_deadline: Duration::from_secs(600),
             client_write_timeout: Duration::from_secs(60),
             probe_model: crate::config::DEFAULT_PROBE_MODEL.into(),
+            first_output_switches: 1,
         }
     }
 }

@@ -117,7 +117,8 @@ impl Attempt<'_> {
                                 return self.abandon();
                             }
                             Err(_) if !b.output_seen && first_output_deadline.is_some_and(|d| std::time::Instant::now() >= d) => {
-                                Err(format!("no output within {:?}", self.d.config.first_output_timeout.unwrap_or_default()))
+                                let why = format!("no output within {:?}", self.d.config.first_output_timeout.unwrap_or_default());
+                                return with_batch(batch, self.no_first_output(&b, why));
                             }
                             Err(_) => Err(format!("no upstream data for {}s", wait.as_secs())),
                             Ok(None) => Err("stream closed before response.completed".to_string()),
@@ -290,6 +291,32 @@ impl Attempt<'_> {
             tail,
             source: TerminalSource::Upstream,
         }
+    }
+
+    /// Nothing to show within the first-output timeout: the account is judged (transient) and
+    /// the request fails over — at most `first_output_switches` times; after that the client
+    /// gets the timeout.
+    fn no_first_output(&mut self, b: &Boundary, why: StreamError) -> End {
+        let facts = Facts::transport(b.phase(), why.clone()).at(self.endpoint);
+        self.trace.first_output_timeouts += 1;
+        if self.trace.first_output_timeouts <= self.d.config.first_output_switches {
+            return self.fail_over(facts);
+        }
+        self.judge(&facts);
+        let n = self.trace.first_output_timeouts;
+        End::Reply(
+            ErrorReply::openai(
+                504,
+                "server_error",
+                "first_output_timeout",
+                format!(
+                    "{why} ({n} accounts tried; a request switches accounts for this at most {} times)",
+                    self.d.config.first_output_switches
+                ),
+                serde_json::Map::new(),
+            ),
+            Outcome::FirstOutputTimeout,
+        )
     }
 
     /// The upstream stream broke (EOF, reset, timeout, an oversized event).

@@ -47,6 +47,9 @@ named! {
         PolicyRefused => "policy_refused",
         /// No account answered within the request's deadline.
         DeadlineExceeded => "deadline_exceeded",
+        /// Accounts showed nothing within the first-output timeout, as often as a request may
+        /// switch for it.
+        FirstOutputTimeout => "first_output_timeout",
         /// Cut by shutdown when its grace period ran out.
         ShuttingDown => "shutting_down",
         /// Refused by its key's policy before scheduling (the error code of each).

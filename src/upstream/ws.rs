@@ -48,8 +48,8 @@ pub const MAX_IDLE_PER_ACCOUNT: usize = 8;
 /// How a socket could not be had.
 #[derive(Debug)]
 pub enum DialError {
-    /// Not within the budget: use HTTP for this turn.
-    Budget,
+    /// Not within the budget: use HTTP for this turn (the dial goes on).
+    Budget(LateDial),
     /// The backend answered 426: use HTTP.
     Refused,
     /// The handshake was answered with another status: classify it like an HTTP answer.
@@ -454,29 +454,91 @@ impl Upstream {
                 .await
                 .map_err(Ok)
         };
-        match tokio::time::timeout(budget, connect).await {
-            Err(_) => Err(DialError::Budget),
-            Ok(Ok((socket, resp))) => Ok(UpstreamSocket {
-                socket,
-                opened: Instant::now(),
-                last_used_ms: 0,
-                headers: resp.headers().clone(),
-                produced: Vec::new(),
-            }),
-            Ok(Err(Err(egress))) => Err(transport(egress)),
-            Ok(Err(Ok(tokio_tungstenite::tungstenite::Error::Http(resp)))) => {
-                let status = resp.status().as_u16();
-                if status == 426 {
-                    return Err(DialError::Refused);
-                }
-                let body = resp.body().clone().map(Bytes::from).unwrap_or_default();
-                let mut facts =
-                    Facts::from_response(status, resp.headers(), body).at(Endpoint::WebSocket);
-                facts.phase = Some(Phase::PreHeaders);
-                Err(DialError::Rejected(facts))
+        // The dial runs on its own, up to the connect timeout: past the budget the turn goes
+        // over HTTP, and a socket that still comes can serve the session's next turn.
+        let mut dial = tokio::spawn(async move {
+            match tokio::time::timeout(timeout, connect).await {
+                Ok(r) => socket_of(r),
+                Err(_) => Err(transport(format!("no WebSocket within {timeout:?}"))),
             }
-            Ok(Err(Ok(e))) => Err(transport(super::describe(&e))),
+        });
+        match tokio::time::timeout(budget, &mut dial).await {
+            Err(_) => Err(DialError::Budget(LateDial(dial))),
+            Ok(Ok(r)) => r,
+            Ok(Err(e)) => Err(transport(format!("the dial stopped: {e}"))),
         }
+    }
+}
+
+type Connected = Result<
+    (
+        Socket,
+        tokio_tungstenite::tungstenite::handshake::client::Response,
+    ),
+    // A handshake's error, or (`Err`) why there was no connection to shake hands on.
+    Result<tokio_tungstenite::tungstenite::Error, String>,
+>;
+
+/// A dial's end as a socket, or why there is none (the same error `dial` returns, facts and
+/// all: it is made once per dial, not on a hot path).
+#[allow(clippy::result_large_err)]
+fn socket_of(r: Connected) -> Result<UpstreamSocket, DialError> {
+    let transport = |what: String| {
+        DialError::Transport(Facts::transport(Phase::Connect, what).at(Endpoint::WebSocket))
+    };
+    match r {
+        Ok((socket, resp)) => Ok(UpstreamSocket {
+            socket,
+            opened: Instant::now(),
+            last_used_ms: 0,
+            headers: resp.headers().clone(),
+            produced: Vec::new(),
+        }),
+        Err(Err(egress)) => Err(transport(egress)),
+        Err(Ok(tokio_tungstenite::tungstenite::Error::Http(resp))) => {
+            let status = resp.status().as_u16();
+            if status == 426 {
+                return Err(DialError::Refused);
+            }
+            let body = resp.body().clone().map(Bytes::from).unwrap_or_default();
+            let mut facts =
+                Facts::from_response(status, resp.headers(), body).at(Endpoint::WebSocket);
+            facts.phase = Some(Phase::PreHeaders);
+            Err(DialError::Rejected(facts))
+        }
+        Err(Ok(e)) => Err(transport(super::describe(&e))),
+    }
+}
+
+/// A dial that missed its budget and goes on in the background.
+pub struct LateDial(tokio::task::JoinHandle<Result<UpstreamSocket, DialError>>);
+
+impl std::fmt::Debug for LateDial {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("LateDial")
+    }
+}
+
+impl LateDial {
+    /// Puts the socket, if it comes within the connect timeout, in the pool for the session's
+    /// next turn; gives up without a session (nothing could take it).
+    pub fn pool_when_open(self, pool: WsPool, account: String, session: Option<String>) {
+        let Some(session) = session else {
+            self.0.abort();
+            return;
+        };
+        tokio::spawn(async move {
+            match self.0.await {
+                Ok(Ok(socket)) => {
+                    tracing::info!(account = %account, "a WebSocket dialled too late for its turn joins the pool");
+                    pool.put(&account, &session, socket);
+                }
+                Ok(Err(e)) => {
+                    tracing::debug!(account = %account, error = ?e, "a late WebSocket dial failed")
+                }
+                Err(_) => {}
+            }
+        });
     }
 }
 
