@@ -246,7 +246,21 @@ impl Backend {
     async fn list_accounts(&self) -> Result<Vec<wire::Account>, CommandError> {
         match self {
             Backend::Daemon(c) => Ok(c.call(Method::GET, "/api/admin/accounts", None).await?),
-            Backend::Direct { fleet, .. } => Ok(view::accounts(&fleet.list())),
+            Backend::Direct { fleet, store, .. } => {
+                // The error rates a daemon would show, from the stored records.
+                let now = clock::system().now_ms();
+                let from =
+                    now.saturating_sub(60 * 60_000 + crate::telemetry::report::LONGEST_REQUEST_MS);
+                let records: Vec<crate::telemetry::records::RequestRecord> = store
+                    .requests_since(from)?
+                    .into_iter()
+                    .filter_map(|(k, row)| {
+                        crate::telemetry::records::RequestRecord::from_row(k, row).ok()
+                    })
+                    .collect();
+                let windows = crate::telemetry::windows::of_records(&records, now);
+                Ok(view::accounts_with_rates(&fleet.list(), &windows))
+            }
         }
     }
 

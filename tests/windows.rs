@@ -143,6 +143,13 @@ async fn twenty_and_sixty_minute_rates_match_a_known_workload() {
         assert!(m.contains(line), "{line} not in:\n{m}");
     }
 
+    // A restart carries the windows on from the stored records.
+    let mut gw = gw;
+    gw.restart().await;
+    let status = gw.status().await;
+    assert_eq!(rates(&status, 20).2, 4, "{status}");
+    assert!(close(rates(&status, 60).1, 0.4), "{status}");
+
     // An hour later both windows are empty again.
     clock.advance(Duration::from_secs(61 * 60));
     let status = gw.status().await;

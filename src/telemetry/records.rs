@@ -328,13 +328,20 @@ impl RequestLog {
             }
             Err(e) => tracing::warn!(error = %e, "cannot read stored request records"),
         }
+        // The error-rate windows carry on from the stored records across a restart.
+        let mut windows = super::windows::ErrorWindows::default();
+        let mut by_end: Vec<&RequestRecord> = ring.iter().collect();
+        by_end.sort_by_key(|r| super::windows::finished_ms(r));
+        for r in by_end {
+            windows.add(super::windows::finished_ms(r), r);
+        }
         RequestLog {
             ring: Arc::new(Mutex::new(ring)),
             store,
             clock,
             seq: Arc::new(AtomicU64::new(0)),
             pushed: Arc::new(AtomicU64::new(0)),
-            windows: Arc::default(),
+            windows: Arc::new(Mutex::new(windows)),
         }
     }
 

@@ -10,7 +10,7 @@ use switchyard_tui::report::{
 };
 
 use super::records::{Outcome, RequestRecord};
-use super::windows::{counts, is_upstream_error, tally};
+use super::windows::{counts, finished_ms, is_upstream_error, tally};
 use crate::fleet::AccountView;
 
 /// A failed attempt slower than this ate its client's time (the default of `--slow`).
@@ -31,11 +31,6 @@ pub fn names(accounts: &[AccountView]) -> Names {
             )
         })
         .collect()
-}
-
-/// When a record finished (unix ms).
-fn finished_ms(r: &RequestRecord) -> u64 {
-    r.started_ms.saturating_add(r.duration_ms)
 }
 
 /// How long before a window the records are read: a request that started that much earlier

@@ -129,6 +129,26 @@ pub struct ErrorWindows {
     minutes: VecDeque<Minute>,
 }
 
+/// The windows of `records` (in any order) at `now_ms`: what a daemon that kept them would
+/// show — for a restarted daemon and for commands that read the store.
+pub fn of_records<'a>(
+    records: impl IntoIterator<Item = &'a RequestRecord>,
+    now_ms: u64,
+) -> Vec<Window> {
+    let mut sorted: Vec<&RequestRecord> = records.into_iter().collect();
+    sorted.sort_by_key(|r| finished_ms(r));
+    let mut w = ErrorWindows::default();
+    for r in sorted {
+        w.add(finished_ms(r), r);
+    }
+    WINDOWS.iter().map(|m| w.window(now_ms, *m)).collect()
+}
+
+/// When a record finished (unix ms).
+pub fn finished_ms(r: &RequestRecord) -> u64 {
+    r.started_ms.saturating_add(r.duration_ms)
+}
+
 /// One window's figures.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Window {
