@@ -119,6 +119,7 @@ pub fn dispatch_config(config: &Config) -> DispatchConfig {
         client_write_timeout: config.server.client_write_timeout,
         probe_model: config.upstream.probe_model.clone(),
         first_output_switches: config.upstream.first_output_switches,
+        access_log: config.log.access,
         ..DispatchConfig::default()
     }
 }

@@ -233,6 +233,9 @@ pub struct LogConfig {
     pub level: String,
     /// `auto` (JSON when stderr is not a terminal), `json` or `text`.
     pub format: LogFormat,
+    /// One line per finished request at `info` (target `switchyard::access`); off, those
+    /// lines are `debug`.
+    pub access: bool,
 }
 
 impl Default for LogConfig {
@@ -240,6 +243,7 @@ impl Default for LogConfig {
         Self {
             level: "info".into(),
             format: LogFormat::Auto,
+            access: false,
         }
     }
 }
@@ -588,6 +592,10 @@ affinity_idle_ttl = "1day"
 level = "info"
 # auto (JSON when stderr is not a terminal), json, or text.
 format = "auto"
+# One line per finished request (outcome, status, account, attempts, time) at info, target
+# switchyard::access. Off, those lines are debug: the request path writes no log line unless
+# something goes wrong.
+access = false
 
 # API prices per model, in USD per million tokens: with them, `switchyard usage` adds an
 # "API-equivalent cost" column (what the same tokens would cost on the metered API). None are

@@ -397,3 +397,46 @@ fn admin_api_on_tcp_needs_the_configured_token() {
     assert_eq!(daemon.get("/api/admin/status").0, 404);
     assert!(daemon.terminate().success());
 }
+
+#[test]
+fn the_access_log_has_a_line_per_request_only_when_asked_for() {
+    for access in [false, true] {
+        let tmp = tempfile::tempdir().unwrap();
+        let state = tmp.path().join("state");
+        let cfg = tmp.path().join("switchyard.toml");
+        std::fs::write(
+            &cfg,
+            format!("[log]\nlevel = \"info\"\naccess = {access}\n"),
+        )
+        .unwrap();
+        let key = cli(&state, &["key", "create", "laptop"]);
+        assert!(key.status.success(), "{}", stderr(&key));
+        let key = stdout(&key).trim().to_string();
+        let daemon = Daemon::start_with(
+            &state,
+            DaemonOptions {
+                config: Some(&cfg),
+                ..Default::default()
+            },
+        );
+        // No accounts: the request ends at once, as no_account.
+        let resp = http_tcp(
+            daemon.http,
+            "POST",
+            "/v1/responses",
+            &[("authorization", &format!("Bearer {key}"))],
+            Some(r#"{"model":"gpt-5.5","input":"hi"}"#),
+        );
+        assert_eq!(resp.0, 503, "{}", resp.1);
+        let log = daemon.log_text();
+        assert!(daemon.terminate().success());
+        let lines = log.lines().filter(|l| l.contains("request_final")).count();
+        assert_eq!(lines, usize::from(access), "access = {access}:\n{log}");
+        if access {
+            assert!(
+                log.contains("switchyard::access") && log.contains("no_account"),
+                "{log}"
+            );
+        }
+    }
+}

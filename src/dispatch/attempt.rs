@@ -535,6 +535,7 @@ impl<'a> Attempt<'a> {
     /// Logs and records a failure the fleet judged as `class`.
     pub(super) fn record_failure(&mut self, class: Class, facts: &Facts) {
         tracing::info!(
+            request = %crate::telemetry::records::RequestLog::id_of(self.trace.key),
             account = %self.lease.id,
             class = class.as_str(),
             status = facts.status.unwrap_or(0),

@@ -57,6 +57,8 @@ pub struct DispatchConfig {
     pub probe_model: String,
     /// Failovers a request may make for a first-output timeout; the next one is answered.
     pub first_output_switches: u32,
+    /// Log each finished request at `info` (the access log).
+    pub access_log: bool,
 }
 
 impl Default for DispatchConfig {
@@ -72,6 +74,7 @@ impl Default for DispatchConfig {
             client_write_timeout: Duration::from_secs(60),
             probe_model: crate::config::DEFAULT_PROBE_MODEL.into(),
             first_output_switches: 1,
+            access_log: false,
         }
     }
 }

@@ -58,7 +58,9 @@ enum Acquire {
 impl Dispatcher {
     pub async fn run(&self, ctx: RequestCtx, tx: mpsc::Sender<Frame>) {
         let key = self.log.next_key();
-        let span = tracing::info_span!("request", id = %RequestLog::id_of(key), model = %ctx.model, key = %ctx.key_name);
+        // A debug span: the request path costs no formatting at `info` unless something goes
+        // wrong (failures name the request themselves).
+        let span = tracing::debug_span!("request", id = %RequestLog::id_of(key), model = %ctx.model, key = %ctx.key_name);
         self.run_traced(ctx, tx, key).instrument(span).await;
     }
 
@@ -130,7 +132,7 @@ impl Dispatcher {
             trace.rebound = Some(why);
         }
         let candidate_pool = self.fleet.chatgpt_account_ids(&plan.order);
-        tracing::info!(candidates = ?candidate_pool, skipped = trace.skipped.len(), "candidate_pool");
+        tracing::debug!(candidates = ?candidate_pool, skipped = trace.skipped.len(), "candidate_pool");
         let end = match refused {
             Some(end) => end,
             None => self.walk(&ctx, &plan, &tx, &mut trace).await,
@@ -251,15 +253,28 @@ impl Dispatcher {
                 .ws_connect(std::time::Duration::from_millis(ms));
         }
         let account = trace.served.map(|s| s.chatgpt_account_id);
-        tracing::info!(
-            outcome = outcome.as_str(),
-            status,
-            account = account.as_deref().unwrap_or(""),
-            attempts = trace.attempts.len(),
-            affinity = %affinity.label(),
-            duration_ms,
-            "request_final"
-        );
+        macro_rules! request_final {
+            ($level:ident) => {
+                tracing::$level!(
+                    target: "switchyard::access",
+                    id = %RequestLog::id_of(trace.key),
+                    key = %ctx.key_name,
+                    model = %ctx.model,
+                    outcome = outcome.as_str(),
+                    status,
+                    account = account.as_deref().unwrap_or(""),
+                    attempts = trace.attempts.len(),
+                    affinity = %affinity.label(),
+                    duration_ms,
+                    "request_final"
+                )
+            };
+        }
+        if self.config.access_log {
+            request_final!(info);
+        } else {
+            request_final!(debug);
+        }
         let usage = trace.usage.unwrap_or_default();
         self.usage.add(
             trace.started_ms,

@@ -236,7 +236,7 @@ impl Attempt<'_> {
             "response.incomplete" => self.trace.usage = usage_of(&json["response"]),
             _ => {}
         }
-        tracing::info!(account = %self.lease.id, class = class.as_str(), outcome = outcome.as_str(), "attempt_result");
+        tracing::debug!(account = %self.lease.id, class = class.as_str(), outcome = outcome.as_str(), "attempt_result");
         self.record(
             class,
             Some(200),

@@ -1,0 +1,477 @@
+#![allow(clippy::expect_used, clippy::unwrap_used)]
+//! What the gateway costs as a proxy, next to nginx, in one run: a static upstream that answers
+//! every `POST /responses` with the same 20-event Codex SSE stream, nginx as a plain reverse
+//! proxy in front of it (when `nginx` is installed), and the gateway (its own binary, `serve`)
+//! in front of it; the same keep-alive load through each from one client thread, at 32
+//! connections and at 1. Prints what each proxy adds to the p50 and p99 latency, their
+//! throughput, and the ratios — never asserted: the machine is shared and noisy.
+//!
+//! `cargo bench --bench load` (release; `LOAD_SECONDS`, default 5, per measurement;
+//! `LOAD_GATEWAY=path` runs another build of the gateway).
+//! `LOAD_SECONDS=1 cargo test --bench load` runs it once in a debug build as a smoke test.
+//!
+//! The upstream is nginx's own `return 200` when nginx is installed (as fast a static
+//! upstream as there is), else this program itself in a child process.
+
+use std::io::Write;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+
+const EVENTS: usize = 20;
+
+/// The 20 events of one short answer, as the backend frames them.
+fn sse_body() -> String {
+    let mut events = vec![
+        r#"{"type":"response.created","response":{"id":"resp_load","status":"in_progress","model":"gpt-5.5","output":[]}}"#.to_string(),
+        r#"{"type":"response.in_progress","response":{"id":"resp_load","status":"in_progress"}}"#.to_string(),
+        r#"{"type":"response.output_item.added","output_index":0,"item":{"type":"message","id":"msg_1","role":"assistant","content":[]}}"#.to_string(),
+        r#"{"type":"response.content_part.added","item_id":"msg_1","output_index":0,"content_index":0,"part":{"type":"output_text","text":""}}"#.to_string(),
+    ];
+    while events.len() < EVENTS - 1 {
+        events.push(format!(
+            r#"{{"type":"response.output_text.delta","item_id":"msg_1","output_index":0,"content_index":0,"delta":"word{} "}}"#,
+            events.len()
+        ));
+    }
+    events.push(r#"{"type":"response.completed","response":{"id":"resp_load","status":"completed","model":"gpt-5.5","output":[],"usage":{"input_tokens":12,"input_tokens_details":{"cached_tokens":0},"output_tokens":15,"output_tokens_details":{"reasoning_tokens":0},"total_tokens":27}}}"#.to_string());
+    events
+        .iter()
+        .map(|e| {
+            let kind = e.split('"').nth(3).unwrap_or("message");
+            format!("event: {kind}\ndata: {e}\n\n")
+        })
+        .collect()
+}
+
+const USAGE: &str = r#"{"plan_type":"plus","rate_limit":{"primary_window":{"used_percent":1,"limit_window_seconds":18000,"reset_after_seconds":9000},"secondary_window":{"used_percent":1,"limit_window_seconds":604800,"reset_after_seconds":300000}}}"#;
+
+const REQUEST: &str = r#"{"model":"gpt-5.5","instructions":"You are a load test.","input":[{"type":"message","role":"user","content":[{"type":"input_text","text":"hello"}]}],"tools":[],"tool_choice":"auto","parallel_tool_calls":false,"store":false,"stream":true,"include":[]}"#;
+
+struct Proc(Child);
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn wait_listening(addr: SocketAddr, what: &str) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while std::net::TcpStream::connect(addr).is_err() {
+        assert!(Instant::now() < deadline, "{what} never listened on {addr}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn has_nginx() -> bool {
+    Command::new("nginx")
+        .arg("-v")
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+/// nginx as the static upstream (on `up`) and as a reverse proxy to it (on `proxy`).
+fn start_nginx(dir: &Path, up: u16, proxy: u16) -> Proc {
+    let body = sse_body().replace('\\', "\\\\").replace('\'', "\\'");
+    let conf = format!(
+        r#"worker_processes auto;
+pid {d}/nginx.pid;
+error_log {d}/nginx-error.log warn;
+daemon off;
+events {{ worker_connections 4096; }}
+http {{
+  access_log off;
+  client_body_temp_path {d}/body;
+  proxy_temp_path {d}/proxy;
+  fastcgi_temp_path {d}/fastcgi;
+  uwsgi_temp_path {d}/uwsgi;
+  scgi_temp_path {d}/scgi;
+  keepalive_requests 1000000;
+  upstream backend {{ server 127.0.0.1:{up}; keepalive 256; }}
+  server {{
+    listen 127.0.0.1:{up} backlog=4096;
+    location /backend-api/codex/responses {{ default_type text/event-stream; return 200 '{body}'; }}
+    location /backend-api/wham/usage {{ default_type application/json; return 200 '{USAGE}'; }}
+    location / {{ return 404; }}
+  }}
+  server {{
+    listen 127.0.0.1:{proxy} backlog=4096;
+    location / {{
+      proxy_pass http://backend;
+      proxy_http_version 1.1;
+      proxy_set_header Connection "";
+      proxy_buffering off;
+    }}
+  }}
+}}
+"#,
+        d = dir.display()
+    );
+    let path = dir.join("nginx.conf");
+    std::fs::write(&path, conf).unwrap();
+    let child = Command::new("nginx")
+        .arg("-p")
+        .arg(dir)
+        .arg("-c")
+        .arg(&path)
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("nginx");
+    let p = Proc(child);
+    wait_listening(([127, 0, 0, 1], up).into(), "nginx upstream");
+    wait_listening(([127, 0, 0, 1], proxy).into(), "nginx proxy");
+    p
+}
+
+/// This program as the static upstream, in its own process.
+fn start_own_upstream(up: u16) -> Proc {
+    let child = Command::new(std::env::current_exe().unwrap())
+        .env("LOAD_ROLE", "upstream")
+        .env("LOAD_PORT", up.to_string())
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("upstream");
+    let p = Proc(child);
+    wait_listening(([127, 0, 0, 1], up).into(), "upstream");
+    p
+}
+
+fn serve_own_upstream(port: u16) {
+    use hyper::server::conn::http1;
+    use hyper::service::service_fn;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async move {
+        let listener = tokio::net::TcpListener::bind(("127.0.0.1", port))
+            .await
+            .unwrap();
+        let sse = Bytes::from(sse_body());
+        loop {
+            let (stream, _) = listener.accept().await.unwrap();
+            let _ = stream.set_nodelay(true);
+            let sse = sse.clone();
+            tokio::spawn(async move {
+                let svc = service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
+                    let sse = sse.clone();
+                    async move {
+                        let path = req.uri().path().to_string();
+                        let _ = req.into_body().collect().await;
+                        let (ctype, body) = if path.ends_with("/responses") {
+                            ("text/event-stream", sse)
+                        } else {
+                            ("application/json", Bytes::from_static(USAGE.as_bytes()))
+                        };
+                        Ok::<_, std::convert::Infallible>(
+                            hyper::Response::builder()
+                                .header("content-type", ctype)
+                                .body(Full::new(body))
+                                .unwrap(),
+                        )
+                    }
+                });
+                let _ = http1::Builder::new()
+                    .serve_connection(hyper_util::rt::TokioIo::new(stream), svc)
+                    .await;
+            });
+        }
+    });
+}
+
+/// The gateway's binary: this build's, or `LOAD_GATEWAY` (to compare two builds in one run).
+fn gateway_bin() -> PathBuf {
+    std::env::var_os("LOAD_GATEWAY")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_switchyard")))
+}
+
+fn switchyard(dir: &Path, args: &[&str]) -> String {
+    let out = Command::new(gateway_bin())
+        .arg("--config")
+        .arg(dir.join("switchyard.toml"))
+        .args(args)
+        .output()
+        .expect("switchyard");
+    assert!(
+        out.status.success(),
+        "switchyard {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// The gateway in front of the upstream: its own process, with `accounts` accounts and a key.
+fn start_gateway(dir: &Path, up: u16, listen: u16, accounts: u32) -> (Proc, String) {
+    let state = dir.join("state");
+    std::fs::write(
+        dir.join("switchyard.toml"),
+        format!(
+            "[server]\nlisten = \"127.0.0.1:{listen}\"\n\n[storage]\nstate_dir = \"{}\"\n\n\
+             [upstream]\nbase_url = \"http://127.0.0.1:{up}/backend-api/codex\"\n\
+             usage_url = \"http://127.0.0.1:{up}/backend-api/wham/usage\"\n\
+             oauth_token_url = \"http://127.0.0.1:{up}/oauth/token\"\n\n\
+             [scheduling]\nmax_concurrency = 64\n\n[log]\nlevel = \"warn\"\nformat = \"text\"\n",
+            state.display()
+        ),
+    )
+    .unwrap();
+    let mut files = Vec::new();
+    for n in 1..=accounts {
+        let spec = switchyard::sim::auth::AuthSpec {
+            email: format!("load{n}@example.com"),
+            chatgpt_account_id: format!("acc-load-{n}"),
+            chatgpt_user_id: format!("user-load-{n}"),
+            plan: "pro".into(),
+            access_exp: 4_000_000_000,
+            token_tag: format!("load-{n}"),
+        };
+        let path = dir.join(format!("auth{n}.json"));
+        std::fs::write(&path, switchyard::sim::auth::auth_json(&spec).to_string()).unwrap();
+        files.push(path);
+    }
+    let mut import = vec!["account", "import", "--no-refresh"];
+    import.extend(files.iter().map(|p| p.to_str().unwrap()));
+    switchyard(dir, &import);
+    let key = switchyard(dir, &["key", "create", "load"])
+        .trim()
+        .to_string();
+    let log = std::fs::File::create(dir.join("gateway.log")).unwrap();
+    let child = Command::new(gateway_bin())
+        .arg("--config")
+        .arg(dir.join("switchyard.toml"))
+        .arg("serve")
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .expect("serve");
+    let p = Proc(child);
+    wait_listening(([127, 0, 0, 1], listen).into(), "the gateway");
+    (p, key)
+}
+
+/// One target of the load: where to send, with which path and header.
+struct Target {
+    addr: SocketAddr,
+    path: &'static str,
+    auth: Option<String>,
+}
+
+/// Sends requests on `conns` keep-alive connections for `secs`; returns the latencies of the
+/// complete answers and how many were not.
+async fn drive(t: &Target, conns: usize, secs: f64) -> (Vec<Duration>, usize) {
+    let until = Instant::now() + Duration::from_secs_f64(secs);
+    let mut tasks = Vec::new();
+    for _ in 0..conns {
+        let (addr, path, auth) = (t.addr, t.path, t.auth.clone());
+        tasks.push(tokio::spawn(async move {
+            let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+            stream.set_nodelay(true).unwrap();
+            let (mut send, conn) =
+                hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+                    .await
+                    .unwrap();
+            tokio::spawn(conn);
+            let mut lat = Vec::new();
+            let mut bad = 0;
+            while Instant::now() < until {
+                let mut req = hyper::Request::post(path)
+                    .header("host", "127.0.0.1")
+                    .header("content-type", "application/json");
+                if let Some(a) = &auth {
+                    req = req.header("authorization", a);
+                }
+                let req = req
+                    .body(Full::new(Bytes::from_static(REQUEST.as_bytes())))
+                    .unwrap();
+                let t0 = Instant::now();
+                match send.send_request(req).await {
+                    Ok(resp) => {
+                        let ok = resp.status() == 200;
+                        let body = resp.into_body().collect().await.map(|b| b.to_bytes());
+                        match body {
+                            Ok(b)
+                                if ok
+                                    && memchr::memmem::find(&b, b"response.completed")
+                                        .is_some() =>
+                            {
+                                lat.push(t0.elapsed());
+                            }
+                            _ => bad += 1,
+                        }
+                    }
+                    Err(_) => {
+                        bad += 1;
+                        break;
+                    }
+                }
+            }
+            (lat, bad)
+        }));
+    }
+    let mut all = Vec::new();
+    let mut bad = 0;
+    for t in tasks {
+        let (l, b) = t.await.unwrap();
+        all.extend(l);
+        bad += b;
+    }
+    (all, bad)
+}
+
+struct Run {
+    p50: Duration,
+    p99: Duration,
+    rps: f64,
+    bad: usize,
+}
+
+fn percentile(v: &mut [Duration], p: f64) -> Duration {
+    if v.is_empty() {
+        return Duration::ZERO;
+    }
+    v.sort();
+    v[(((v.len() - 1) as f64) * p).round() as usize]
+}
+
+async fn measure(t: &Target, conns: usize, secs: f64) -> Run {
+    drive(t, conns, (secs / 5.0).max(0.2)).await; // warm-up
+    let (mut lat, bad) = drive(t, conns, secs).await;
+    let rps = lat.len() as f64 / secs;
+    Run {
+        p50: percentile(&mut lat, 0.5),
+        p99: percentile(&mut lat, 0.99),
+        rps,
+        bad,
+    }
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
+fn rss_kb(pid: u32) -> Option<u64> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    s.lines()
+        .find(|l| l.starts_with("VmRSS:"))?
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()
+}
+
+fn main() {
+    if std::env::var("LOAD_ROLE").as_deref() == Ok("upstream") {
+        serve_own_upstream(std::env::var("LOAD_PORT").unwrap().parse().unwrap());
+        return;
+    }
+    // `cargo test --bench` passes harness flags; `cargo bench` passes `--bench`.
+    let secs: f64 = std::env::var("LOAD_SECONDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(5.0);
+    let tmp = tempfile::tempdir().unwrap();
+    let dir: PathBuf = tmp.path().to_path_buf();
+    let (up, px, gw) = (free_port(), free_port(), free_port());
+    let nginx = has_nginx();
+    let _upstream = if nginx {
+        start_nginx(&dir, up, px)
+    } else {
+        start_own_upstream(up)
+    };
+    let (gateway, key) = start_gateway(&dir, up, gw, 4);
+    let direct = Target {
+        addr: ([127, 0, 0, 1], up).into(),
+        path: "/backend-api/codex/responses",
+        auth: None,
+    };
+    let via_nginx = Target {
+        addr: ([127, 0, 0, 1], px).into(),
+        path: "/backend-api/codex/responses",
+        auth: None,
+    };
+    let via_gateway = Target {
+        addr: ([127, 0, 0, 1], gw).into(),
+        path: "/v1/responses",
+        auth: Some(format!("Bearer {key}")),
+    };
+    // One client thread, as `wrk -t1`.
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        // The gateway proves its accounts first (usage, one request): wait until it serves.
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let (lat, _) = drive(&via_gateway, 1, 0.05).await;
+            if !lat.is_empty() {
+                break;
+            }
+            assert!(Instant::now() < deadline, "the gateway never served: see {}", dir.join("gateway.log").display());
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let rss_idle = rss_kb(gateway.0.id());
+        println!(
+            "{EVENTS}-event SSE answer, {secs} s per measurement, one client thread; upstream: {}",
+            if nginx { "nginx return 200" } else { "this program (nginx not installed)" }
+        );
+        println!(
+            "{:>11} | {:>14} | {:>16} | {:>5} | {:>11} | {:>13} | {:>12} | {:>16}",
+            "connections", "nginx adds p50", "gateway adds p50", "ratio", "nginx req/s", "gateway req/s", "direct req/s", "gateway adds p99"
+        );
+        for conns in [32usize, 1] {
+            let d = measure(&direct, conns, secs).await;
+            let n = if nginx { Some(measure(&via_nginx, conns, secs).await) } else { None };
+            let g = measure(&via_gateway, conns, secs).await;
+            let added = |r: &Run| ms(r.p50.saturating_sub(d.p50));
+            let nginx_adds = n.as_ref().map(added);
+            let gw_adds = added(&g);
+            println!(
+                "{:>11} | {:>14} | {:>13.3} ms | {:>5} | {:>11} | {:>13.0} | {:>12.0} | {:>13.3} ms",
+                conns,
+                nginx_adds.map_or("–".into(), |a| format!("{a:.3} ms")),
+                gw_adds,
+                nginx_adds.filter(|a| *a > 0.0).map_or("–".into(), |a| format!("{:.1}x", gw_adds / a)),
+                n.as_ref().map_or("–".into(), |n| format!("{:.0}", n.rps)),
+                g.rps,
+                d.rps,
+                ms(g.p99.saturating_sub(d.p99)),
+            );
+            if let Some(n) = &n {
+                println!(
+                    "{:>11}   gateway throughput / nginx = {:.0}%{}",
+                    "",
+                    g.rps / n.rps * 100.0,
+                    if d.bad + n.bad + g.bad > 0 {
+                        format!(" (incomplete answers: direct {}, nginx {}, gateway {})", d.bad, n.bad, g.bad)
+                    } else {
+                        String::new()
+                    }
+                );
+            }
+        }
+        println!(
+            "gateway RSS: {} KB idle with 4 accounts after start, {} KB after the load",
+            rss_idle.unwrap_or(0),
+            rss_kb(gateway.0.id()).unwrap_or(0)
+        );
+    });
+    let _ = std::io::stdout().flush();
+}
