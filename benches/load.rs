@@ -52,10 +52,17 @@ const USAGE: &str = r#"{"plan_type":"plus","rate_limit":{"primary_window":{"used
 
 const REQUEST: &str = r#"{"model":"gpt-5.5","instructions":"You are a load test.","input":[{"type":"message","role":"user","content":[{"type":"input_text","text":"hello"}]}],"tools":[],"tool_choice":"auto","parallel_tool_calls":false,"store":false,"stream":true,"include":[]}"#;
 
-struct Proc(Child);
+struct Proc(Child, Option<Command>);
 
 impl Drop for Proc {
     fn drop(&mut self) {
+        // nginx's workers outlive a killed master: ask it to stop with them.
+        if let Some(stop) = &mut self.1
+            && stop.status().is_ok_and(|s| s.success())
+        {
+            let _ = self.0.wait();
+            return;
+        }
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
@@ -133,7 +140,14 @@ http {{
         .stderr(Stdio::inherit())
         .spawn()
         .expect("nginx");
-    let p = Proc(child);
+    let mut stop = Command::new("nginx");
+    stop.arg("-p")
+        .arg(dir)
+        .arg("-c")
+        .arg(&path)
+        .args(["-s", "stop"]);
+    stop.stderr(Stdio::null());
+    let p = Proc(child, Some(stop));
     wait_listening(([127, 0, 0, 1], up).into(), "nginx upstream");
     wait_listening(([127, 0, 0, 1], proxy).into(), "nginx proxy");
     p
@@ -147,7 +161,7 @@ fn start_own_upstream(up: u16) -> Proc {
         .stdout(Stdio::null())
         .spawn()
         .expect("upstream");
-    let p = Proc(child);
+    let p = Proc(child, None);
     wait_listening(([127, 0, 0, 1], up).into(), "upstream");
     p
 }
@@ -261,7 +275,7 @@ fn start_gateway(dir: &Path, up: u16, listen: u16, accounts: u32) -> (Proc, Stri
         .stderr(log)
         .spawn()
         .expect("serve");
-    let p = Proc(child);
+    let p = Proc(child, None);
     wait_listening(([127, 0, 0, 1], listen).into(), "the gateway");
     (p, key)
 }

@@ -85,20 +85,11 @@ pub fn parse_object(bytes: &[u8]) -> Result<Map<String, Value>, ApiError> {
 }
 
 pub fn session_key(headers: &HeaderMap, body: &Map<String, Value>) -> Option<String> {
-    ["session-id", "session_id", "thread-id", "conversation_id"]
-        .iter()
-        .find_map(|h| {
-            headers
-                .get(*h)
-                .and_then(|v| v.to_str().ok())
-                .filter(|v| !v.is_empty())
-        })
-        .map(str::to_string)
-        .or_else(|| {
-            body.get("prompt_cache_key")
-                .and_then(Value::as_str)
-                .map(str::to_string)
-        })
+    session_from_headers(headers).or_else(|| {
+        body.get("prompt_cache_key")
+            .and_then(Value::as_str)
+            .map(str::to_string)
+    })
 }
 
 /// The client's connection (absent on the admin socket), to tell a stalled client from one
@@ -139,12 +130,8 @@ async fn handle(
         Ok(b) => b,
         Err(e) => return e.into_response(),
     };
-    let obj = match parse_object(&bytes) {
-        Ok(o) => o,
-        Err(e) => return e.into_response(),
-    };
     let kind = if compact { Turn::Compact } else { Turn::Http };
-    let mut ctx = match request_ctx(&state, &key, &headers, obj, kind, received) {
+    let mut ctx = match request_ctx_from_bytes(&state, &key, &headers, bytes, kind, received) {
         Ok(c) => c,
         Err(e) => return e.into_response(),
     };
@@ -167,6 +154,72 @@ pub enum Turn {
     Compact,
     /// A `response.create` on a downstream WebSocket (always streamed).
     WebSocket,
+}
+
+/// The fields of a request body the gateway reads, borrowed from it.
+#[derive(serde::Deserialize)]
+struct Peek<'a> {
+    #[serde(borrow, default)]
+    model: Option<std::borrow::Cow<'a, str>>,
+    #[serde(default)]
+    stream: Option<bool>,
+    #[serde(borrow, default)]
+    prompt_cache_key: Option<std::borrow::Cow<'a, str>>,
+    #[serde(borrow, default)]
+    previous_response_id: Option<std::borrow::Cow<'a, str>>,
+}
+
+/// The dispatcher's view of a request from its body as received. When the body needs no change
+/// — its model is no alias and it already asks for a stream (what Codex CLI sends) — it goes
+/// upstream byte for byte, read once without being built into a tree; otherwise it is parsed,
+/// changed and encoded again ([`request_ctx`]).
+pub fn request_ctx_from_bytes(
+    state: &AppState,
+    key: &KeyIdentity,
+    headers: &HeaderMap,
+    bytes: Bytes,
+    turn: Turn,
+    received: Instant,
+) -> Result<RequestCtx, ApiError> {
+    if let Ok(peek) = serde_json::from_slice::<Peek<'_>>(&bytes)
+        && let Some(model) = peek.model.as_deref().filter(|m| !m.is_empty())
+        && !state.dispatcher.config.aliases.contains_key(model)
+        && (turn == Turn::Compact || peek.stream == Some(true))
+    {
+        let mode = match turn {
+            Turn::Compact => Mode::Compact,
+            Turn::Http | Turn::WebSocket => Mode::Stream,
+        };
+        let session = session_from_headers(headers)
+            .or_else(|| peek.prompt_cache_key.as_deref().map(str::to_string));
+        let previous_response_id = peek
+            .previous_response_id
+            .as_deref()
+            .filter(|s| !s.is_empty())
+            .map(str::to_string);
+        let model = model.to_string();
+        return Ok(ctx_of(
+            key,
+            headers,
+            (model, mode, turn),
+            (session, previous_response_id),
+            bytes.clone(),
+            received,
+        ));
+    }
+    request_ctx(state, key, headers, parse_object(&bytes)?, turn, received)
+}
+
+fn session_from_headers(headers: &HeaderMap) -> Option<String> {
+    ["session-id", "session_id", "thread-id", "conversation_id"]
+        .iter()
+        .find_map(|h| {
+            headers
+                .get(*h)
+                .and_then(|v| v.to_str().ok())
+                .filter(|v| !v.is_empty())
+        })
+        .map(str::to_string)
 }
 
 /// Builds the dispatcher's view of a request from its parsed body and headers: the model alias
@@ -211,6 +264,25 @@ pub fn request_ctx(
     let body = serde_json::to_vec(&obj)
         .map(Bytes::from)
         .map_err(|e| ApiError::internal(format!("cannot encode the request: {e}")))?;
+    Ok(ctx_of(
+        key,
+        headers,
+        (upstream_model, mode, turn),
+        (session, previous_response_id),
+        body,
+        received,
+    ))
+}
+
+/// The context of a request whose upstream body is ready.
+fn ctx_of(
+    key: &KeyIdentity,
+    headers: &HeaderMap,
+    (model, mode, turn): (String, Mode, Turn),
+    (session, previous_response_id): (Option<String>, Option<String>),
+    body: Bytes,
+    received: Instant,
+) -> RequestCtx {
     let pass_headers = PASS_THROUGH
         .iter()
         .filter_map(|name| {
@@ -219,10 +291,10 @@ pub fn request_ctx(
                 .map(|v| (axum::http::HeaderName::from_static(name), v.clone()))
         })
         .collect();
-    Ok(RequestCtx {
+    RequestCtx {
         key_id: key.id.clone(),
         key_name: key.name.clone(),
-        model: upstream_model,
+        model,
         mode,
         body,
         pass_headers,
@@ -240,7 +312,7 @@ pub fn request_ctx(
             Turn::Http | Turn::WebSocket => "/v1/responses",
         },
         received,
-    })
+    }
 }
 
 /// Turns the dispatcher's frames into the HTTP answer.

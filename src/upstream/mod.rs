@@ -113,6 +113,9 @@ pub struct Upstream {
     env_proxies: Option<Arc<egress::EnvProxies>>,
     /// One client per proxy in use, by its URL.
     tunnels: Arc<Mutex<HashMap<String, TunnelClient>>>,
+    /// `{base}/responses` and `{base}/responses/compact`, parsed once.
+    responses_url: reqwest::Url,
+    compact_url: reqwest::Url,
 }
 
 impl std::fmt::Debug for Upstream {
@@ -167,12 +170,18 @@ impl Upstream {
         let env_proxies = config
             .use_env_proxy
             .then(|| Arc::new(egress::EnvProxies::from_env(|k| std::env::var(k).ok())));
+        let url = |path: &str| {
+            reqwest::Url::parse(&format!("{}{path}", config.base_url))
+                .map_err(|e| format!("[upstream] base_url: {e}"))
+        };
         Ok(Upstream {
             http,
             config: config.clone(),
             default_proxy,
             env_proxies,
             tunnels: Arc::default(),
+            responses_url: url("/responses")?,
+            compact_url: url("/responses/compact")?,
         })
     }
 
@@ -223,11 +232,16 @@ impl Upstream {
         body: Bytes,
         sse: bool,
     ) -> Result<reqwest::Response, Facts> {
+        // The request path's URLs are parsed once, at start.
+        let url = match path {
+            "/responses" => self.responses_url.clone(),
+            "/responses/compact" => self.compact_url.clone(),
+            _ => reqwest::Url::parse(&format!("{}{path}", self.config.base_url)).map_err(|e| {
+                Facts::transport(Phase::Connect, format!("upstream URL for {path}: {e}"))
+            })?,
+        };
         let mut req = self
-            .authed(
-                self.http.post(format!("{}{path}", self.config.base_url)),
-                id,
-            )
+            .authed(self.http.post(url), id)
             .header("content-type", "application/json")
             .header(
                 "accept",
