@@ -102,8 +102,10 @@ fn main() {
         let fleet = Fleet::load(store.clone(), clock::system()).expect("fleet");
         for a in sim.sim.account_ids() {
             let auth = sim.sim.auth_json(&a).expect("auth");
-            fleet.import(fleet.parse_auth(auth.to_string().as_bytes()).expect("parse")).await.expect("import");
+            let id = fleet.import(fleet.parse_auth(auth.to_string().as_bytes()).expect("parse")).await.expect("import").account.id;
+            fleet.proven(&id);
         }
+        store.flush().await.expect("flush");
         // A key with every limit set (too high to refuse), so that each request goes through
         // every admission check and is accounted: the hot path as a limited key meets it.
         let policy: switchyard_tui::wire::KeyPolicyPatch = serde_json::from_value(json!({

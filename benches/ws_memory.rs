@@ -43,8 +43,10 @@ fn main() {
         let fleet = Fleet::load(store.clone(), clock::system()).unwrap();
         for a in sim.sim.account_ids() {
             let auth = sim.sim.auth_json(&a).unwrap();
-            fleet.import(fleet.parse_auth(auth.to_string().as_bytes()).unwrap()).await.unwrap();
+            let id = fleet.import(fleet.parse_auth(auth.to_string().as_bytes()).unwrap()).await.unwrap().account.id;
+            fleet.proven(&id);
         }
+        store.flush().await.unwrap();
         let key = KeyRing::load(store.clone(), clock::system()).unwrap().create("bench", &Default::default()).await.unwrap().key;
         let mut config = Config::default();
         config.upstream.base_url = sim.base_url();

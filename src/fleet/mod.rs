@@ -120,9 +120,13 @@ impl Entry {
     }
 
     pub(crate) fn is_unsupported(&self, model: &str, now_ms: u64) -> bool {
-        self.unsupported
-            .get(model)
-            .is_some_and(|until| *until > now_ms)
+        // Most accounts have no marks: skip hashing the model for them (a plan asks every
+        // account).
+        !self.unsupported.is_empty()
+            && self
+                .unsupported
+                .get(model)
+                .is_some_and(|until| *until > now_ms)
     }
 }
 

@@ -291,26 +291,40 @@ impl Fleet {
                 !over
             });
         }
-        if !eligible.is_empty() {
-            // Rotation first, so accounts the strategy ranks equal take turns.
-            let start = self.rr.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % eligible.len();
-            eligible.rotate_left(start);
-        }
-        // Rank by the strategy (ties keep the rotation), keeping only the best
-        // MAX_CANDIDATES: a linear selection, then a sort of those few.
-        let mut ranked: Vec<(RankKey, usize)> = eligible
-            .iter()
-            .enumerate()
-            .map(|(pos, e)| ((priority_key(e), strategy_key(settings.strategy, e)), pos))
-            .collect();
-        if ranked.len() > MAX_CANDIDATES {
-            ranked.select_nth_unstable(MAX_CANDIDATES - 1);
-            ranked.truncate(MAX_CANDIDATES);
-        }
+        // Rank by the strategy, ties broken by a rotation that moves on every plan (so
+        // accounts the strategy ranks equal take turns), keeping only the best
+        // MAX_CANDIDATES: one pass with a bounded heap of the best so far, then a sort of
+        // those few.
+        let n = eligible.len();
+        let start = if n == 0 {
+            0
+        } else {
+            self.rr.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % n
+        };
+        let keyed = eligible.iter().enumerate().map(|(pos, e)| {
+            (
+                (priority_key(e), strategy_key(settings.strategy, e)),
+                (pos + n - start) % n,
+            )
+        });
+        let mut ranked: Vec<(RankKey, usize)> = if n <= MAX_CANDIDATES {
+            keyed.collect()
+        } else {
+            let mut best = std::collections::BinaryHeap::with_capacity(MAX_CANDIDATES + 1);
+            for item in keyed {
+                if best.len() < MAX_CANDIDATES {
+                    best.push(item);
+                } else if best.peek().is_some_and(|worst| item < *worst) {
+                    best.pop();
+                    best.push(item);
+                }
+            }
+            best.into_vec()
+        };
         ranked.sort_unstable();
         plan.order = ranked
             .iter()
-            .map(|(_, pos)| eligible[*pos].record.id.clone())
+            .map(|(_, turn)| eligible[(turn + start) % n].record.id.clone())
             .collect();
         if let Some(b) = &bound {
             let eligible_bound = eligible.iter().any(|e| &e.record.id == b);
