@@ -248,7 +248,7 @@ impl Store {
     /// Offers a telemetry write without waiting; returns false (and counts it) when the queue
     /// is full or the writer has stopped.
     pub fn try_write(&self, muts: Vec<Mutation>) -> bool {
-        match self.inner.tx.try_send(Job::Write(muts, None)) {
+        match self.inner.tx.try_send(Job::Telemetry(muts)) {
             Ok(()) => true,
             Err(_) => {
                 self.inner.dropped.fetch_add(1, Ordering::Relaxed);
@@ -858,6 +858,44 @@ mod tests {
         let txn = s.inner.db.begin_read().unwrap();
         let t = txn.open_table(schema::REQUESTS).unwrap();
         assert_eq!(t.len().unwrap(), 2000);
+    }
+
+    /// Telemetry is committed in the background without waiting for a durable write, and a
+    /// durable write commits every telemetry job queued before it.
+    #[tokio::test]
+    async fn telemetry_is_committed_on_its_own_and_by_the_next_durable_write() {
+        let count = |s: &Store| {
+            let txn = s.inner.db.begin_read().unwrap();
+            txn.open_table(schema::REQUESTS).unwrap().len().unwrap()
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let s = Store::open(dir.path()).unwrap();
+        for i in 0..300u64 {
+            assert!(s.try_write(vec![Mutation::Put(Table::Requests, Key::Int(i), vec![1])]));
+        }
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while count(&s) < 300 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "telemetry never committed"
+            );
+            tokio::task::yield_now().await;
+        }
+        for i in 300..400u64 {
+            assert!(s.try_write(vec![Mutation::Put(Table::Requests, Key::Int(i), vec![1])]));
+        }
+        s.put_settings("x", &SettingsRecord::default())
+            .await
+            .unwrap();
+        assert_eq!(
+            count(&s),
+            400,
+            "a durable write takes the telemetry before it along"
+        );
+        s.close().await.unwrap();
+        drop(s);
+        let again = Store::open(dir.path()).unwrap();
+        assert_eq!(count(&again), 400, "closing makes it all durable");
     }
 
     #[tokio::test]

@@ -5,8 +5,11 @@
 //! on commit).
 //!
 //! Jobs that need their write (accounts, keys, settings, health) wait for queue space and for
-//! the acknowledgement; telemetry jobs are offered with `try_send` and counted as dropped when
-//! the queue is full, so the request path never waits on the disk.
+//! the acknowledgement; telemetry jobs (request records) are offered with `try_send` and
+//! counted as dropped when the queue is full, so the request path never waits on the disk.
+//! A batch of telemetry alone is gathered for up to [`TELEMETRY_WINDOW`] and committed without
+//! an fsync, except once every [`TELEMETRY_DURABLE_EVERY`]: a crash loses at most that much of
+//! it, and persisting records costs a few large commits a second instead of one per batch.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -23,6 +26,12 @@ pub const MAX_BATCH_OPS: usize = 512;
 pub const MAX_BATCH_WINDOW: Duration = Duration::from_millis(50);
 /// Jobs that can wait for the writer.
 pub const QUEUE_CAPACITY: usize = 8192;
+/// How long telemetry alone is gathered before it is committed.
+pub const TELEMETRY_WINDOW: Duration = Duration::from_millis(200);
+/// Largest batch of telemetry alone.
+pub const MAX_TELEMETRY_OPS: usize = 8192;
+/// Telemetry commits skip the fsync, but not for longer than this.
+pub const TELEMETRY_DURABLE_EVERY: Duration = Duration::from_secs(1);
 
 /// The key of a row.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -47,6 +56,8 @@ pub(crate) type Ack = oneshot::Sender<Result<(), StoreError>>;
 pub(crate) enum Job {
     /// Mutations applied atomically (all or none), acknowledged after commit if asked.
     Write(Vec<Mutation>, Option<Ack>),
+    /// Telemetry: may wait for company and be committed without an fsync.
+    Telemetry(Vec<Mutation>),
     /// Commit what came before, acknowledge, and stop.
     Stop(Ack),
 }
@@ -54,6 +65,7 @@ pub(crate) enum Job {
 /// Runs the writer on the current (dedicated) thread until a `Stop` job or every sender is gone.
 pub(crate) fn run(db: Arc<Database>, mut rx: mpsc::Receiver<Job>) {
     let mut stop_ack: Option<Ack> = None;
+    let mut last_durable = Instant::now();
     while stop_ack.is_none() {
         let Some(first) = rx.blocking_recv() else {
             break;
@@ -61,36 +73,63 @@ pub(crate) fn run(db: Arc<Database>, mut rx: mpsc::Receiver<Job>) {
         let opened = Instant::now();
         let mut batch: Vec<(Vec<Mutation>, Option<Ack>)> = Vec::new();
         let mut ops = 0;
+        // Whether a job in the batch needs its write durable (or the writer stops).
+        let mut durable = false;
         let mut next = Some(first);
-        while let Some(job) = next.take() {
-            match job {
-                Job::Write(muts, ack) => {
-                    ops += muts.len();
-                    batch.push((muts, ack));
+        loop {
+            while let Some(job) = next.take() {
+                match job {
+                    Job::Write(muts, ack) => {
+                        ops += muts.len();
+                        batch.push((muts, ack));
+                        durable = true;
+                    }
+                    Job::Telemetry(muts) => {
+                        ops += muts.len();
+                        batch.push((muts, None));
+                    }
+                    Job::Stop(ack) => {
+                        stop_ack = Some(ack);
+                        durable = true;
+                        break;
+                    }
                 }
-                Job::Stop(ack) => {
-                    stop_ack = Some(ack);
+                if stop_ack.is_some()
+                    || ops >= MAX_TELEMETRY_OPS
+                    || (durable && (ops >= MAX_BATCH_OPS || opened.elapsed() >= MAX_BATCH_WINDOW))
+                {
                     break;
                 }
+                next = rx.try_recv().ok();
             }
-            if ops >= MAX_BATCH_OPS || opened.elapsed() >= MAX_BATCH_WINDOW {
+            // Telemetry alone waits a little for more; anything else goes now.
+            if durable
+                || stop_ack.is_some()
+                || ops >= MAX_TELEMETRY_OPS
+                || opened.elapsed() >= TELEMETRY_WINDOW
+            {
                 break;
             }
+            std::thread::sleep(Duration::from_millis(5));
             next = rx.try_recv().ok();
         }
-        commit_batch(&db, batch);
+        let immediate = durable || last_durable.elapsed() >= TELEMETRY_DURABLE_EVERY;
+        commit_batch(&db, batch, immediate);
+        if immediate {
+            last_durable = Instant::now();
+        }
     }
     if let Some(ack) = stop_ack {
         let _ = ack.send(Ok(()));
     }
 }
 
-fn commit_batch(db: &Database, batch: Vec<(Vec<Mutation>, Option<Ack>)>) {
+fn commit_batch(db: &Database, batch: Vec<(Vec<Mutation>, Option<Ack>)>, immediate: bool) {
     if batch.is_empty() {
         return;
     }
     let all: Vec<&Mutation> = batch.iter().flat_map(|(m, _)| m.iter()).collect();
-    match commit(db, &all) {
+    match commit(db, &all, immediate) {
         Ok(()) => {
             for (_, ack) in batch {
                 if let Some(ack) = ack {
@@ -109,7 +148,7 @@ fn commit_batch(db: &Database, batch: Vec<(Vec<Mutation>, Option<Ack>)>) {
             tracing::warn!(error = %e, jobs = batch.len(), "group commit failed; retrying jobs one by one");
             for (muts, ack) in batch {
                 let refs: Vec<&Mutation> = muts.iter().collect();
-                let res = commit(db, &refs);
+                let res = commit(db, &refs, true);
                 if let Err(e) = &res {
                     tracing::error!(error = %e, "store write failed");
                 }
@@ -121,8 +160,13 @@ fn commit_batch(db: &Database, batch: Vec<(Vec<Mutation>, Option<Ack>)>) {
     }
 }
 
-fn commit(db: &Database, muts: &[&Mutation]) -> Result<(), StoreError> {
-    let txn = db.begin_write().map_err(StoreError::db)?;
+fn commit(db: &Database, muts: &[&Mutation], immediate: bool) -> Result<(), StoreError> {
+    let mut txn = db.begin_write().map_err(StoreError::db)?;
+    if !immediate {
+        // Persisted by the next durable commit (at most TELEMETRY_DURABLE_EVERY away).
+        txn.set_durability(redb::Durability::None)
+            .map_err(StoreError::db)?;
+    }
     for m in muts {
         apply(&txn, m)?;
     }
