@@ -380,6 +380,15 @@ fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1000.0
 }
 
+/// User + system CPU time of a process so far, in clock ticks.
+fn cpu_ticks(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the command's closing parenthesis; utime and stime are the 14th and 15th.
+    let rest = stat.rsplit_once(')')?.1;
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    Some(f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?)
+}
+
 fn rss_kb(pid: u32) -> Option<u64> {
     let s = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
     s.lines()
@@ -487,5 +496,26 @@ fn main() {
             rss_kb(gateway.0.id()).unwrap_or(0)
         );
     });
+    drop(gateway);
+    // An idle daemon with 50 accounts: its memory, and the CPU it uses doing nothing.
+    let idle_dir = dir.join("idle");
+    std::fs::create_dir_all(&idle_dir).unwrap();
+    let (idle, _) = start_gateway(&idle_dir, up, free_port(), 50);
+    let idle_secs: u64 = std::env::var("LOAD_IDLE_SECONDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(10);
+    // Let it settle (account probes, the first usage polls), then watch it.
+    std::thread::sleep(Duration::from_secs(3));
+    let (t0, at) = (cpu_ticks(idle.0.id()).unwrap_or(0), Instant::now());
+    std::thread::sleep(Duration::from_secs(idle_secs));
+    let used = cpu_ticks(idle.0.id()).unwrap_or(0).saturating_sub(t0);
+    println!(
+        "idle daemon with 50 accounts: RSS {} KB; CPU {} ticks (1/100 s) in {:.0} s = {:.2}% of one core",
+        rss_kb(idle.0.id()).unwrap_or(0),
+        used,
+        at.elapsed().as_secs_f64(),
+        used as f64 / at.elapsed().as_secs_f64()
+    );
     let _ = std::io::stdout().flush();
 }
