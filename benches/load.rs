@@ -187,16 +187,29 @@ fn serve_own_upstream(port: u16) {
                     let sse = sse.clone();
                     async move {
                         let path = req.uri().path().to_string();
-                        let _ = req.into_body().collect().await;
-                        let (ctype, body) = if path.ends_with("/responses") {
-                            ("text/event-stream", sse)
+                        let body = req.into_body().collect().await.map(|b| b.to_bytes());
+                        let paced = body
+                            .as_ref()
+                            .is_ok_and(|b| memchr::memmem::find(b, b"\"pace\"").is_some());
+                        let (ctype, body) = if path.ends_with("/responses") && paced {
+                            ("text/event-stream", paced_stream())
+                        } else if path.ends_with("/responses") {
+                            (
+                                "text/event-stream",
+                                http_body_util::Either::Left(Full::new(sse)),
+                            )
                         } else {
-                            ("application/json", Bytes::from_static(USAGE.as_bytes()))
+                            (
+                                "application/json",
+                                http_body_util::Either::Left(Full::new(Bytes::from_static(
+                                    USAGE.as_bytes(),
+                                ))),
+                            )
                         };
                         Ok::<_, std::convert::Infallible>(
                             hyper::Response::builder()
                                 .header("content-type", ctype)
-                                .body(Full::new(body))
+                                .body(body)
                                 .unwrap(),
                         )
                     }
@@ -207,6 +220,125 @@ fn serve_own_upstream(port: u16) {
             });
         }
     });
+}
+
+type PacedBody = http_body_util::Either<
+    Full<Bytes>,
+    http_body_util::StreamBody<
+        futures_util::stream::BoxStream<
+            'static,
+            Result<hyper::body::Frame<Bytes>, std::convert::Infallible>,
+        >,
+    >,
+>;
+
+/// Microseconds since the epoch: the send time carried in each paced delta.
+fn now_us() -> u128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_micros()
+}
+
+/// A long answer: the same events, the deltas `PACE` apart, each carrying when it was sent.
+const PACE: Duration = Duration::from_millis(100);
+
+fn paced_stream() -> PacedBody {
+    use futures_util::StreamExt;
+    let events: Vec<String> = sse_body()
+        .split("\n\n")
+        .filter(|e| !e.is_empty())
+        .map(|e| format!("{e}\n\n"))
+        .collect();
+    let stream = futures_util::stream::iter(events)
+        .then(|e| async move {
+            if e.contains("output_text.delta") {
+                tokio::time::sleep(PACE).await;
+                let e = e.replacen("\"delta\":\"", &format!("\"delta\":\"t={} ", now_us()), 1);
+                Ok(hyper::body::Frame::data(Bytes::from(e)))
+            } else {
+                Ok(hyper::body::Frame::data(Bytes::from(e)))
+            }
+        })
+        .boxed();
+    http_body_util::Either::Right(http_body_util::StreamBody::new(stream))
+}
+
+/// `conns` long answers at once; returns each delta's delay from the upstream's send to here
+/// (its p50 and p99), and how many streams did not complete.
+async fn streams(t: &Target, conns: usize) -> (Duration, Duration, usize) {
+    let body = REQUEST.replacen("\"hello\"", "\"pace\"", 1);
+    let mut tasks = Vec::new();
+    for i in 0..conns {
+        let (addr, path, auth, body) = (t.addr, t.path, t.auth.clone(), body.clone());
+        // Started over a second, as independent clients start, not all in one instant (a
+        // thousand requests in one moment would measure the start, not the streams).
+        let offset = Duration::from_secs(1).mul_f64(i as f64 / conns as f64);
+        tasks.push(tokio::spawn(async move {
+            tokio::time::sleep(offset).await;
+            let Ok(stream) = tokio::net::TcpStream::connect(addr).await else {
+                return (Vec::new(), false);
+            };
+            let _ = stream.set_nodelay(true);
+            let Ok((mut send, conn)) =
+                hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream)).await
+            else {
+                return (Vec::new(), false);
+            };
+            tokio::spawn(conn);
+            let mut req = hyper::Request::post(path)
+                .header("host", "127.0.0.1")
+                .header("content-type", "application/json");
+            if let Some(a) = &auth {
+                req = req.header("authorization", a);
+            }
+            let Ok(resp) = send
+                .send_request(req.body(Full::new(Bytes::from(body))).unwrap())
+                .await
+            else {
+                return (Vec::new(), false);
+            };
+            let mut body = resp.into_body();
+            let mut delays = Vec::new();
+            let mut complete = false;
+            let mut pending = Vec::new();
+            while let Some(Ok(frame)) = body.frame().await {
+                let Ok(data) = frame.into_data() else {
+                    continue;
+                };
+                let at = now_us();
+                pending.extend_from_slice(&data);
+                // Only whole events: a delta split across reads is counted once it is whole.
+                let Some(end) = memchr::memmem::rfind(&pending, b"\n\n") else {
+                    continue;
+                };
+                let whole = String::from_utf8_lossy(&pending[..end + 2]).into_owned();
+                pending.drain(..end + 2);
+                for piece in whole.split("\"delta\":\"t=").skip(1) {
+                    if let Some(sent) = piece.split(' ').next().and_then(|n| n.parse::<u128>().ok())
+                    {
+                        delays.push(Duration::from_micros(
+                            u64::try_from(at.saturating_sub(sent)).unwrap_or(0),
+                        ));
+                    }
+                }
+                complete |= whole.contains("response.completed");
+            }
+            (delays, complete)
+        }));
+    }
+    let mut all = Vec::new();
+    let mut incomplete = 0;
+    for t in tasks {
+        let (d, ok) = t.await.unwrap();
+        all.extend(d);
+        incomplete += usize::from(!ok);
+    }
+    (
+        percentile(&mut all, 0.5),
+        percentile(&mut all, 0.99),
+        incomplete,
+    )
 }
 
 /// The gateway's binary: this build's, or `LOAD_GATEWAY` (to compare two builds in one run).
@@ -241,7 +373,7 @@ fn start_gateway(dir: &Path, up: u16, listen: u16, accounts: u32) -> (Proc, Stri
              [upstream]\nbase_url = \"http://127.0.0.1:{up}/backend-api/codex\"\n\
              usage_url = \"http://127.0.0.1:{up}/backend-api/wham/usage\"\n\
              oauth_token_url = \"http://127.0.0.1:{up}/oauth/token\"\n\n\
-             [scheduling]\nmax_concurrency = 64\n\n[log]\nlevel = \"warn\"\nformat = \"text\"\n",
+             [scheduling]\nmax_concurrency = 400\n\n[log]\nlevel = \"warn\"\nformat = \"text\"\n",
             state.display()
         ),
     )
@@ -497,6 +629,66 @@ fn main() {
         );
     });
     drop(gateway);
+    // Long answers at once, through a gateway in front of an upstream that paces them (this
+    // program's own): what the gateway adds to each event's delay, and its memory.
+    let long_streams: usize = std::env::var("LOAD_STREAMS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1000);
+    let paced_port = free_port();
+    let _paced = start_own_upstream(paced_port);
+    let streams_dir = dir.join("streams");
+    std::fs::create_dir_all(&streams_dir).unwrap();
+    let sgw_port = free_port();
+    let (sgw, skey) = start_gateway(&streams_dir, paced_port, sgw_port, 4);
+    let paced_direct = Target {
+        addr: ([127, 0, 0, 1], paced_port).into(),
+        path: "/backend-api/codex/responses",
+        auth: None,
+    };
+    let paced_gateway = Target {
+        addr: ([127, 0, 0, 1], sgw_port).into(),
+        path: "/v1/responses",
+        auth: Some(format!("Bearer {skey}")),
+    };
+    rt.block_on(async {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while drive(&paced_gateway, 1, 0.05).await.0.is_empty() {
+            assert!(Instant::now() < deadline, "the streams' gateway never served");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let (dp50, dp99, dbad) = streams(&paced_direct, long_streams).await;
+        let sampler = {
+            let pid = sgw.0.id();
+            tokio::spawn(async move {
+                let mut peak = 0;
+                for _ in 0..40 {
+                    peak = peak.max(rss_kb(pid).unwrap_or(0));
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                peak
+            })
+        };
+        let (gp50, gp99, gbad) = streams(&paced_gateway, long_streams).await;
+        let peak = sampler.await.unwrap_or(0);
+        println!(
+            "{long_streams} long answers at once ({} deltas {} ms apart, started over 1 s): delay per event p50/p99 direct {:.2}/{:.2} ms, through the gateway {:.2}/{:.2} ms (adds {:.2} ms at p99); gateway peak RSS {} KB{}",
+            EVENTS - 5,
+            PACE.as_millis(),
+            ms(dp50),
+            ms(dp99),
+            ms(gp50),
+            ms(gp99),
+            ms(gp99.saturating_sub(dp99)),
+            peak,
+            if dbad + gbad > 0 {
+                format!(" (incomplete: direct {dbad}, gateway {gbad})")
+            } else {
+                String::new()
+            }
+        );
+    });
+    drop(sgw);
     // An idle daemon with 50 accounts: its memory, and the CPU it uses doing nothing.
     let idle_dir = dir.join("idle");
     std::fs::create_dir_all(&idle_dir).unwrap();
