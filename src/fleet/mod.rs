@@ -95,6 +95,8 @@ pub(crate) struct Entry {
     draining: bool,
     /// Its own egress proxy (stored sealed).
     proxy: Option<Arc<ProxyUrl>>,
+    /// Its `x-codex-installation-id`, derived once.
+    installation_id: String,
 }
 
 impl Entry {
@@ -105,7 +107,6 @@ impl Entry {
         limit: f64,
     ) -> Self {
         Entry {
-            record,
             health,
             secrets,
             quota: None,
@@ -116,6 +117,8 @@ impl Entry {
             unsupported: HashMap::new(),
             draining: false,
             proxy: None,
+            installation_id: installation_id(&record.id),
+            record,
         }
     }
 
@@ -340,7 +343,7 @@ impl Fleet {
         Some(Identity {
             access_token: s.access_token.expose().to_string(),
             chatgpt_account_id: e.record.chatgpt_account_id.clone(),
-            installation_id: installation_id(id),
+            installation_id: e.installation_id.clone(),
             proxy: e.proxy.clone(),
         })
     }
