@@ -581,17 +581,28 @@ impl Store {
             if out.len() >= limit {
                 break;
             }
-            let (k, v) = row.map_err(StoreError::db)?;
-            match codec::decode::<RequestRow>(v.value()) {
-                Ok(r) => out.push((k.value(), r)),
-                Err(e) => self.note_undecodable(
-                    schema::REQUESTS.name(),
-                    &format!("{:016x}", k.value()),
-                    &format!("{}: {e}", RequestRow::NAME),
-                ),
-            }
+            self.decode_request(row, &mut out)?;
         }
         Ok(out)
+    }
+
+    /// Decodes one stored request record into `out`; an undecodable one is counted and left
+    /// out.
+    fn decode_request(
+        &self,
+        row: Result<(redb::AccessGuard<'_, u64>, redb::AccessGuard<'_, &[u8]>), redb::StorageError>,
+        out: &mut Vec<(u64, RequestRow)>,
+    ) -> Result<(), StoreError> {
+        let (k, v) = row.map_err(StoreError::db)?;
+        match codec::decode::<RequestRow>(v.value()) {
+            Ok(r) => out.push((k.value(), r)),
+            Err(e) => self.note_undecodable(
+                schema::REQUESTS.name(),
+                &format!("{:016x}", k.value()),
+                &format!("{}: {e}", RequestRow::NAME),
+            ),
+        }
+        Ok(())
     }
 
     /// The records that started at or after `from_ms` (unix ms), oldest first. Undecodable
@@ -604,15 +615,7 @@ impl Store {
             .range(from_ms.saturating_mul(1 << 16)..)
             .map_err(StoreError::db)?
         {
-            let (k, v) = row.map_err(StoreError::db)?;
-            match codec::decode::<RequestRow>(v.value()) {
-                Ok(r) => out.push((k.value(), r)),
-                Err(e) => self.note_undecodable(
-                    schema::REQUESTS.name(),
-                    &format!("{:016x}", k.value()),
-                    &format!("{}: {e}", RequestRow::NAME),
-                ),
-            }
+            self.decode_request(row, &mut out)?;
         }
         Ok(out)
     }

@@ -588,63 +588,71 @@ fn tls_config(h1: bool) -> Result<Arc<rustls::ClientConfig>, EgressError> {
     .map_err(|e| EgressError::Target(io::Error::other(format!("TLS settings: {e}"))))
 }
 
-impl AsyncRead for EgressStream {
-    fn poll_read(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            EgressStream::Tcp(s) => Pin::new(s).poll_read(cx, buf),
-            EgressStream::ProxyTls(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
+/// Implements `AsyncRead` and `AsyncWrite` for a two-way enum of streams by handing each call
+/// to the stream it holds.
+macro_rules! either_io {
+    ($t:ty, $a:ident, $b:ident) => {
+        impl AsyncRead for $t {
+            fn poll_read(
+                self: Pin<&mut Self>,
+                cx: &mut Context<'_>,
+                buf: &mut ReadBuf<'_>,
+            ) -> Poll<io::Result<()>> {
+                match self.get_mut() {
+                    Self::$a(s) => Pin::new(s).poll_read(cx, buf),
+                    Self::$b(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
+                }
+            }
         }
-    }
+
+        impl AsyncWrite for $t {
+            fn poll_write(
+                self: Pin<&mut Self>,
+                cx: &mut Context<'_>,
+                buf: &[u8],
+            ) -> Poll<io::Result<usize>> {
+                match self.get_mut() {
+                    Self::$a(s) => Pin::new(s).poll_write(cx, buf),
+                    Self::$b(s) => Pin::new(s.as_mut()).poll_write(cx, buf),
+                }
+            }
+
+            fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+                match self.get_mut() {
+                    Self::$a(s) => Pin::new(s).poll_flush(cx),
+                    Self::$b(s) => Pin::new(s.as_mut()).poll_flush(cx),
+                }
+            }
+
+            fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+                match self.get_mut() {
+                    Self::$a(s) => Pin::new(s).poll_shutdown(cx),
+                    Self::$b(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
+                }
+            }
+
+            fn poll_write_vectored(
+                self: Pin<&mut Self>,
+                cx: &mut Context<'_>,
+                bufs: &[io::IoSlice<'_>],
+            ) -> Poll<io::Result<usize>> {
+                match self.get_mut() {
+                    Self::$a(s) => Pin::new(s).poll_write_vectored(cx, bufs),
+                    Self::$b(s) => Pin::new(s.as_mut()).poll_write_vectored(cx, bufs),
+                }
+            }
+
+            fn is_write_vectored(&self) -> bool {
+                match self {
+                    Self::$a(s) => s.is_write_vectored(),
+                    Self::$b(s) => s.is_write_vectored(),
+                }
+            }
+        }
+    };
 }
 
-impl AsyncWrite for EgressStream {
-    fn poll_write(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        match self.get_mut() {
-            EgressStream::Tcp(s) => Pin::new(s).poll_write(cx, buf),
-            EgressStream::ProxyTls(s) => Pin::new(s.as_mut()).poll_write(cx, buf),
-        }
-    }
-
-    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            EgressStream::Tcp(s) => Pin::new(s).poll_flush(cx),
-            EgressStream::ProxyTls(s) => Pin::new(s.as_mut()).poll_flush(cx),
-        }
-    }
-
-    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            EgressStream::Tcp(s) => Pin::new(s).poll_shutdown(cx),
-            EgressStream::ProxyTls(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
-        }
-    }
-
-    fn poll_write_vectored(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[io::IoSlice<'_>],
-    ) -> Poll<io::Result<usize>> {
-        match self.get_mut() {
-            EgressStream::Tcp(s) => Pin::new(s).poll_write_vectored(cx, bufs),
-            EgressStream::ProxyTls(s) => Pin::new(s.as_mut()).poll_write_vectored(cx, bufs),
-        }
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        match self {
-            EgressStream::Tcp(s) => s.is_write_vectored(),
-            EgressStream::ProxyTls(s) => s.is_write_vectored(),
-        }
-    }
-}
+either_io!(EgressStream, Tcp, ProxyTls);
 
 /// An HTTP connection to the backend through a proxy's tunnel, TLS inside for `https://`.
 pub struct TunnelConn {
@@ -656,45 +664,7 @@ enum TunnelIo {
     Tls(Box<TlsStream<EgressStream>>),
 }
 
-impl AsyncRead for TunnelIo {
-    fn poll_read(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            TunnelIo::Plain(s) => Pin::new(s).poll_read(cx, buf),
-            TunnelIo::Tls(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
-        }
-    }
-}
-
-impl AsyncWrite for TunnelIo {
-    fn poll_write(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        match self.get_mut() {
-            TunnelIo::Plain(s) => Pin::new(s).poll_write(cx, buf),
-            TunnelIo::Tls(s) => Pin::new(s.as_mut()).poll_write(cx, buf),
-        }
-    }
-
-    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            TunnelIo::Plain(s) => Pin::new(s).poll_flush(cx),
-            TunnelIo::Tls(s) => Pin::new(s.as_mut()).poll_flush(cx),
-        }
-    }
-
-    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            TunnelIo::Plain(s) => Pin::new(s).poll_shutdown(cx),
-            TunnelIo::Tls(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
-        }
-    }
-}
+either_io!(TunnelIo, Plain, Tls);
 
 impl hyper::rt::Read for TunnelConn {
     fn poll_read(
