@@ -63,6 +63,16 @@ pub enum CommandError {
          {socket} (a daemon with another `[admin] socket`? pass the same --config)"
     )]
     LockedWithoutDaemon { path: PathBuf, socket: PathBuf },
+    #[error(
+        "another switchyard (pid {pid}) already serves the state directory {dir} (admin socket \
+         {socket}); stop it first (`systemctl stop switchyard`, or end that process), or give this \
+         one its own --state-dir"
+    )]
+    AlreadyServing {
+        pid: u32,
+        dir: PathBuf,
+        socket: PathBuf,
+    },
     #[error("unknown simulator profile `{0}` (known: healthy, demo, flaky, exhausted, slow)")]
     UnknownProfile(String),
     #[error("simulator: {0}")]
@@ -148,7 +158,11 @@ fn admin_socket(config: &Config) -> PathBuf {
 async fn serve(config: Config) -> Result<(), CommandError> {
     let dir = state_dir(&config);
     let shutdown = bootstrap::signals();
-    let store = Store::open(&dir)?;
+    let store = match Store::open(&dir) {
+        Ok(store) => store,
+        Err(StoreError::Locked { path }) => return Err(locked(path, &config).await),
+        Err(e) => return Err(e.into()),
+    };
     let listeners = bootstrap::bind(config.server.listen, &admin_socket(&config)).await?;
     let clock: SharedClock = clock::system();
     bootstrap::run(
@@ -209,6 +223,33 @@ async fn console(args: crate::cli::ConsoleArgs, config: &Config) -> Result<(), C
     Ok(switchyard_tui::run(target).await?)
 }
 
+/// Why the store is locked, as far as can be told: a daemon answering on the configured socket
+/// serves this state directory; otherwise it is a process whose socket is elsewhere, or a
+/// command.
+async fn locked(path: PathBuf, config: &Config) -> CommandError {
+    let socket = admin_socket(config);
+    if let Ok(client) = AdminClient::connect(&socket).await
+        && let Ok(status) = client
+            .call::<wire::Status>(Method::GET, "/api/admin/status", None)
+            .await
+    {
+        return CommandError::AlreadyServing {
+            pid: status.pid,
+            dir: state_dir(config),
+            socket,
+        };
+    }
+    CommandError::LockedWithoutDaemon { path, socket }
+}
+
+/// What a management command does to the store when no daemon answers: only read it (the file
+/// is opened read-only and never rewritten), or change it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Access {
+    Read,
+    Write,
+}
+
 /// Where management commands send their work.
 enum Backend {
     Daemon(AdminClient),
@@ -220,13 +261,17 @@ enum Backend {
 }
 
 impl Backend {
-    async fn connect(config: &Config) -> Result<Backend, CommandError> {
+    async fn connect(config: &Config, access: Access) -> Result<Backend, CommandError> {
         let socket = admin_socket(config);
         if let Ok(client) = AdminClient::connect(&socket).await {
             return Ok(Backend::Daemon(client));
         }
         let dir = state_dir(config);
-        let store = Store::open(&dir).map_err(|e| match e {
+        let opened = match access {
+            Access::Read => Store::open_read_only(&dir),
+            Access::Write => Store::open(&dir),
+        };
+        let store = opened.map_err(|e| match e {
             StoreError::Locked { path } => CommandError::LockedWithoutDaemon { path, socket },
             other => other.into(),
         })?;
@@ -731,7 +776,11 @@ async fn account(config: &Config, cmd: AccountCommand) -> Result<(), CommandErro
         AccountCommand::Import { files, .. } => read_auth_files(files)?,
         _ => Vec::new(),
     };
-    let backend = Backend::connect(config).await?;
+    let access = match cmd {
+        AccountCommand::List(_) => Access::Read,
+        _ => Access::Write,
+    };
+    let backend = Backend::connect(config, access).await?;
     let result = account_with(&backend, config, cmd, files).await;
     backend.close().await?;
     result
@@ -885,7 +934,11 @@ async fn account_with(
 }
 
 async fn key(config: &Config, cmd: KeyCommand) -> Result<(), CommandError> {
-    let backend = Backend::connect(config).await?;
+    let access = match cmd {
+        KeyCommand::List(_) | KeyCommand::Show { .. } => Access::Read,
+        _ => Access::Write,
+    };
+    let backend = Backend::connect(config, access).await?;
     let result = key_with(&backend, cmd).await;
     backend.close().await?;
     result
@@ -1184,7 +1237,7 @@ fn limits_summary(p: &wire::KeyPolicy) -> String {
 
 async fn report(config: &Config, args: crate::cli::ReportArgs) -> Result<(), CommandError> {
     let windows = report_windows(&args.windows)?;
-    let backend = Backend::connect(config).await?;
+    let backend = Backend::connect(config, Access::Read).await?;
     let slow_ms = u64::try_from(args.slow.as_millis()).unwrap_or(u64::MAX);
     let result = backend.report(windows, slow_ms).await;
     backend.close().await?;
@@ -1219,7 +1272,7 @@ fn report_windows(given: &[std::time::Duration]) -> Result<Vec<u64>, CommandErro
 }
 
 async fn usage(config: &Config, args: UsageArgs) -> Result<(), CommandError> {
-    let backend = Backend::connect(config).await?;
+    let backend = Backend::connect(config, Access::Read).await?;
     let result = usage_with(&backend, config, args).await;
     backend.close().await?;
     result

@@ -5,18 +5,26 @@
 //! state directory's `secret.key` (`secrets.rs`).
 
 pub mod codec;
+mod guard;
+mod open;
 pub mod records;
 pub mod schema;
 pub mod secrets;
 pub mod writer;
 
-use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition, TableHandle};
+use redb::{
+    Database, ReadOnlyDatabase, ReadTransaction, ReadableDatabase, ReadableTable, TableDefinition,
+    TableHandle,
+};
 use tokio::sync::{mpsc, oneshot};
+
+pub(crate) use self::guard::guarded;
+pub use self::open::ensure_writable_dir;
 
 use self::codec::{CodecError, Versioned};
 use self::records::{
@@ -32,17 +40,41 @@ const KEY_CHECK_PLAINTEXT: &[u8] = b"switchyard key check";
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
-    #[error("state directory {path} is not usable: {source}")]
+    #[error(
+        "state directory {path} is not usable: {source}; create it, or make it writable by the \
+         user switchyard runs as"
+    )]
     StateDir {
         path: PathBuf,
         #[source]
         source: std::io::Error,
     },
-    #[error(
-        "the store {path} is locked by another process (another `switchyard serve` on this state \
-         directory whose admin socket is elsewhere?)"
-    )]
+    #[error("the store {path} is locked by another process")]
     Locked { path: PathBuf },
+    #[error(
+        "the store {path} is damaged ({detail}); restore a backup (`switchyard restore FILE`) or \
+         move the file aside to start empty (`switchyard doctor` says more)"
+    )]
+    Damaged { path: PathBuf, detail: String },
+    #[error("cannot open the store {path}: {source}{}", open::io_remedy(source))]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error(
+        "the store {path} cannot be read as it is (it was not closed cleanly, or it is damaged), \
+         and a command that only reads does not repair it; start the daemon, which repairs the \
+         file as it opens or says what is wrong with it"
+    )]
+    NeedsRepair { path: PathBuf },
+    #[error(
+        "the store {path} is in a file format this binary cannot read ({detail}); run the \
+         switchyard that wrote it, or restore a backup"
+    )]
+    Format { path: PathBuf, detail: String },
+    #[error("this command only reads the store; it cannot change it")]
+    ReadOnly,
     #[error(
         "the store {path} has schema version {found}, newer than this binary supports ({supported}); \
          run the newer switchyard or restore a backup"
@@ -59,7 +91,10 @@ pub enum StoreError {
          of the state directory"
     )]
     SecretKeyMissing { path: PathBuf },
-    #[error("{path} does not match this store (its secrets were sealed with another key)")]
+    #[error(
+        "{path} does not match this store (its secrets were sealed with another key); put back \
+         the secret.key that belongs to it (restore both files from the same backup)"
+    )]
     SecretKeyMismatch { path: PathBuf },
     #[error("cannot read {what}: {source}")]
     Codec {
@@ -82,8 +117,33 @@ pub enum StoreError {
 }
 
 impl StoreError {
+    /// A redb error; damage and I/O errors get the store's path from [`guarded`].
     pub(crate) fn db(e: impl Into<redb::Error>) -> Self {
-        StoreError::Db(e.into().to_string())
+        match e.into() {
+            redb::Error::Corrupted(detail) => StoreError::Damaged {
+                path: PathBuf::new(),
+                detail,
+            },
+            redb::Error::Io(source) => open::io_error(PathBuf::new(), source),
+            e => StoreError::Db(e.to_string()),
+        }
+    }
+
+    /// Names the store's file in an error that was made without it.
+    fn at(self, file: &Path) -> Self {
+        match self {
+            StoreError::Damaged { path, detail } if path.as_os_str().is_empty() => {
+                StoreError::Damaged {
+                    path: file.to_path_buf(),
+                    detail,
+                }
+            }
+            StoreError::Io { path, source } if path.as_os_str().is_empty() => StoreError::Io {
+                path: file.to_path_buf(),
+                source,
+            },
+            other => other,
+        }
     }
 
     fn codec(what: impl Into<String>, source: CodecError) -> Self {
@@ -100,8 +160,36 @@ pub struct Store {
     inner: Arc<Inner>,
 }
 
+/// The open file: for writing (the daemon, commands that change something, tests in memory), or
+/// read-only (commands that only read: they never rewrite a byte of it).
+enum Db {
+    Rw(Arc<Database>),
+    Ro(ReadOnlyDatabase),
+}
+
+impl Db {
+    fn begin_read(&self) -> Result<ReadTransaction, StoreError> {
+        match self {
+            Db::Rw(db) => db.begin_read(),
+            Db::Ro(db) => db.begin_read(),
+        }
+        .map_err(StoreError::db)
+    }
+}
+
+/// A row left out because it cannot be read: its table, its key and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Quarantined {
+    pub table: String,
+    pub key: String,
+    pub error: String,
+}
+
+/// The most quarantined rows remembered (each is counted beyond that too).
+const QUARANTINE_KEPT: usize = 10_000;
+
 struct Inner {
-    db: Arc<Database>,
+    db: Db,
     path: PathBuf,
     sealer: Sealer,
     tx: mpsc::Sender<Job>,
@@ -109,6 +197,12 @@ struct Inner {
     dropped: AtomicU64,
     /// Rows that could not be decoded (skipped, each logged with its key).
     undecodable: AtomicU64,
+    /// Those rows, by table and key.
+    quarantine: Mutex<BTreeMap<(String, String), String>>,
+    /// Writes are refused (a command that only reads).
+    read_only: std::sync::atomic::AtomicBool,
+    /// The private copy a read-only open of an uncleanly closed file reads; removed last.
+    scratch: Mutex<Option<open::Scratch>>,
 }
 
 impl std::fmt::Debug for Store {
@@ -120,31 +214,6 @@ impl std::fmt::Debug for Store {
 }
 
 impl Store {
-    /// Opens (creating if needed) the store in `state_dir`: checks the directory is writable,
-    /// takes the file lock, checks the schema version and the secret key. Nothing is created
-    /// when any check fails.
-    pub fn open(state_dir: &Path) -> Result<Store, StoreError> {
-        ensure_writable_dir(state_dir)?;
-        let path = state_dir.join(DB_FILE);
-        let db = match Database::create(&path) {
-            Ok(db) => db,
-            Err(redb::DatabaseError::DatabaseAlreadyOpen) => {
-                return Err(StoreError::Locked { path });
-            }
-            Err(e) => return Err(StoreError::db(e)),
-        };
-        // Account metadata is not secret, but it is nobody else's business either.
-        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).map_err(
-            |source| StoreError::StateDir {
-                path: path.clone(),
-                source,
-            },
-        )?;
-        let has_key_check = read_meta(&db, META_KEY_CHECK)?.is_some();
-        let key = secrets::load_or_create_key(state_dir, !has_key_check)?;
-        Self::finish_open(db, path, state_dir.join(secrets::KEY_FILE), &key)
-    }
-
     /// A store in memory (tests and benches), sealed with a fixed key.
     pub fn open_in_memory() -> Result<Store, StoreError> {
         let db = Database::builder()
@@ -165,27 +234,70 @@ impl Store {
         key: &[u8; 32],
     ) -> Result<Store, StoreError> {
         let sealer = Sealer::from_key(key);
-        match read_meta(&db, META_SCHEMA_VERSION)? {
+        guarded(&path, || Self::prepare(&db, &path, &key_path, &sealer))?;
+        let db = Arc::new(db);
+        let (tx, rx) = mpsc::channel(writer::QUEUE_CAPACITY);
+        let writer_db = Arc::clone(&db);
+        let writer_path = path.clone();
+        let handle = std::thread::Builder::new()
+            .name("store-writer".into())
+            .spawn(move || writer::run(writer_db, writer_path, rx))
+            .map_err(|e| StoreError::Db(format!("cannot start the writer thread: {e}")))?;
+        Ok(Self::with_inner(Db::Rw(db), path, sealer, tx, Some(handle)))
+    }
+
+    fn with_inner(
+        db: Db,
+        path: PathBuf,
+        sealer: Sealer,
+        tx: mpsc::Sender<Job>,
+        writer: Option<std::thread::JoinHandle<()>>,
+    ) -> Store {
+        Store {
+            inner: Arc::new(Inner {
+                path,
+                sealer,
+                tx,
+                writer: Mutex::new(writer),
+                dropped: AtomicU64::new(0),
+                undecodable: AtomicU64::new(0),
+                quarantine: Mutex::new(BTreeMap::new()),
+                read_only: std::sync::atomic::AtomicBool::new(matches!(db, Db::Ro(_))),
+                scratch: Mutex::new(None),
+                db,
+            }),
+        }
+    }
+
+    /// Checks the schema version and the key of an open file, creating the tables of a new one
+    /// and migrating an older one.
+    fn prepare(
+        db: &Database,
+        path: &Path,
+        key_path: &Path,
+        sealer: &Sealer,
+    ) -> Result<(), StoreError> {
+        match read_meta(db, META_SCHEMA_VERSION)? {
             Some(raw) => {
-                let found = raw
-                    .as_slice()
-                    .try_into()
-                    .map(u64::from_le_bytes)
-                    .map_err(|_| StoreError::Db("schema_version is malformed".into()))?;
+                let found = schema_number(path, &raw)?;
                 if found > SCHEMA_VERSION {
                     return Err(StoreError::NewerSchema {
-                        path,
+                        path: path.to_path_buf(),
                         found,
                         supported: SCHEMA_VERSION,
                     });
                 }
-                match read_meta(&db, META_KEY_CHECK)? {
+                match read_meta(db, META_KEY_CHECK)? {
                     Some(check) if sealer.open(META_KEY_CHECK, &check).is_some() => {}
-                    Some(_) => return Err(StoreError::SecretKeyMismatch { path: key_path }),
-                    None => write_key_check(&db, &sealer)?,
+                    Some(_) => {
+                        return Err(StoreError::SecretKeyMismatch {
+                            path: key_path.to_path_buf(),
+                        });
+                    }
+                    None => write_key_check(db, sealer)?,
                 }
                 if found < SCHEMA_VERSION {
-                    migrate(&db, found)?;
+                    migrate(db, found)?;
                 }
             }
             None => {
@@ -207,25 +319,17 @@ impl Store {
                 txn.commit().map_err(StoreError::db)?;
             }
         }
+        Ok(())
+    }
 
-        let db = Arc::new(db);
-        let (tx, rx) = mpsc::channel(writer::QUEUE_CAPACITY);
-        let writer_db = Arc::clone(&db);
-        let handle = std::thread::Builder::new()
-            .name("store-writer".into())
-            .spawn(move || writer::run(writer_db, rx))
-            .map_err(|e| StoreError::Db(format!("cannot start the writer thread: {e}")))?;
-        Ok(Store {
-            inner: Arc::new(Inner {
-                db,
-                path,
-                sealer,
-                tx,
-                writer: Mutex::new(Some(handle)),
-                dropped: AtomicU64::new(0),
-                undecodable: AtomicU64::new(0),
-            }),
-        })
+    /// Whether this handle only reads (a command that changes nothing).
+    pub fn is_read_only(&self) -> bool {
+        self.inner.read_only.load(Ordering::Relaxed)
+    }
+
+    /// Runs redb work on this store, a panic in it being the file's damage.
+    fn guard<T>(&self, f: impl FnOnce() -> Result<T, StoreError>) -> Result<T, StoreError> {
+        guarded(&self.inner.path, f)
     }
 
     pub fn path(&self) -> &Path {
@@ -236,6 +340,9 @@ impl Store {
 
     /// Applies `muts` atomically and returns once they are committed (durable).
     pub async fn write(&self, muts: Vec<Mutation>) -> Result<(), StoreError> {
+        if self.is_read_only() {
+            return Err(StoreError::ReadOnly);
+        }
         let (ack, done) = oneshot::channel();
         self.inner
             .tx
@@ -312,7 +419,10 @@ impl Store {
         if self.inner.tx.is_closed() {
             return Err(StoreError::WriterGone);
         }
-        read_meta(&self.inner.db, META_SCHEMA_VERSION).map(|_| ())
+        self.guard(|| {
+            let txn = self.inner.db.begin_read()?;
+            meta_in(&txn, META_SCHEMA_VERSION).map(|_| ())
+        })
     }
 
     // ---- generic reads ---------------------------------------------------------------------
@@ -326,8 +436,37 @@ impl Store {
     /// Counts and logs a row that cannot be read (by the store, or by the domain above it when
     /// a stored name means nothing to this binary).
     pub fn note_undecodable(&self, table: &str, key: &str, error: &dyn std::fmt::Display) {
+        let error = error.to_string();
+        let mut q = self
+            .inner
+            .quarantine
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        let id = (table.to_string(), key.to_string());
+        if q.contains_key(&id) {
+            return;
+        }
         self.inner.undecodable.fetch_add(1, Ordering::Relaxed);
         tracing::error!(table, key, error = %error, "a stored row cannot be decoded; it is left out");
+        if q.len() < QUARANTINE_KEPT {
+            q.insert(id, error);
+        }
+    }
+
+    /// The rows left out because they cannot be read, by table and key (each also counted in
+    /// [`Self::undecodable_rows`] and logged once).
+    pub fn quarantined(&self) -> Vec<Quarantined> {
+        self.inner
+            .quarantine
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .map(|((table, key), error)| Quarantined {
+                table: table.clone(),
+                key: key.clone(),
+                error: error.clone(),
+            })
+            .collect()
     }
 
     fn get_raw(
@@ -335,16 +474,18 @@ impl Store {
         def: TableDefinition<&str, &[u8]>,
         key: &str,
     ) -> Result<Option<Vec<u8>>, StoreError> {
-        let txn = self.inner.db.begin_read().map_err(StoreError::db)?;
-        let table = match txn.open_table(def) {
-            Ok(t) => t,
-            Err(redb::TableError::TableDoesNotExist(_)) => return Ok(None),
-            Err(e) => return Err(StoreError::db(e)),
-        };
-        Ok(table
-            .get(key)
-            .map_err(StoreError::db)?
-            .map(|v| v.value().to_vec()))
+        self.guard(|| {
+            let txn = self.inner.db.begin_read()?;
+            let table = match txn.open_table(def) {
+                Ok(t) => t,
+                Err(redb::TableError::TableDoesNotExist(_)) => return Ok(None),
+                Err(e) => return Err(StoreError::db(e)),
+            };
+            Ok(table
+                .get(key)
+                .map_err(StoreError::db)?
+                .map(|v| v.value().to_vec()))
+        })
     }
 
     /// One value; an undecodable one is counted, logged and read as absent.
@@ -369,20 +510,25 @@ impl Store {
         &self,
         def: TableDefinition<&str, &[u8]>,
     ) -> Result<Vec<(String, T)>, StoreError> {
-        let txn = self.inner.db.begin_read().map_err(StoreError::db)?;
-        let table = match txn.open_table(def) {
-            Ok(t) => t,
-            Err(redb::TableError::TableDoesNotExist(_)) => return Ok(Vec::new()),
-            Err(e) => return Err(StoreError::db(e)),
-        };
+        let rows = self.guard(|| {
+            let txn = self.inner.db.begin_read()?;
+            let table = match txn.open_table(def) {
+                Ok(t) => t,
+                Err(redb::TableError::TableDoesNotExist(_)) => return Ok(Vec::new()),
+                Err(e) => return Err(StoreError::db(e)),
+            };
+            let mut rows = Vec::new();
+            for row in table.iter().map_err(StoreError::db)? {
+                let (k, v) = row.map_err(StoreError::db)?;
+                rows.push((k.value().to_string(), v.value().to_vec()));
+            }
+            Ok(rows)
+        })?;
         let mut out = Vec::new();
-        for row in table.iter().map_err(StoreError::db)? {
-            let (k, v) = row.map_err(StoreError::db)?;
-            match codec::decode(v.value()) {
-                Ok(value) => out.push((k.value().to_string(), value)),
-                Err(e) => {
-                    self.note_undecodable(def.name(), k.value(), &format!("{}: {e}", T::NAME))
-                }
+        for (k, v) in rows {
+            match codec::decode(&v) {
+                Ok(value) => out.push((k, value)),
+                Err(e) => self.note_undecodable(def.name(), &k, &format!("{}: {e}", T::NAME)),
             }
         }
         Ok(out)
@@ -574,50 +720,64 @@ impl Store {
     /// The newest `limit` stored request records with their keys, newest first. Undecodable
     /// rows are counted, logged and left out.
     pub fn recent_requests(&self, limit: usize) -> Result<Vec<(u64, RequestRow)>, StoreError> {
-        let txn = self.inner.db.begin_read().map_err(StoreError::db)?;
-        let table = txn.open_table(schema::REQUESTS).map_err(StoreError::db)?;
-        let mut out = Vec::new();
-        for row in table.iter().map_err(StoreError::db)?.rev() {
-            if out.len() >= limit {
-                break;
+        // Raw rows first: a damaged file fails the read whole, a bad value only itself.
+        let rows = self.guard(|| {
+            let txn = self.inner.db.begin_read()?;
+            let table = match txn.open_table(schema::REQUESTS) {
+                Ok(t) => t,
+                Err(redb::TableError::TableDoesNotExist(_)) => return Ok(Vec::new()),
+                Err(e) => return Err(StoreError::db(e)),
+            };
+            let mut rows = Vec::new();
+            for row in table.iter().map_err(StoreError::db)?.rev() {
+                if rows.len() >= limit {
+                    break;
+                }
+                let (k, v) = row.map_err(StoreError::db)?;
+                rows.push((k.value(), v.value().to_vec()));
             }
-            self.decode_request(row, &mut out)?;
-        }
-        Ok(out)
-    }
-
-    /// Decodes one stored request record into `out`; an undecodable one is counted and left
-    /// out.
-    fn decode_request(
-        &self,
-        row: Result<(redb::AccessGuard<'_, u64>, redb::AccessGuard<'_, &[u8]>), redb::StorageError>,
-        out: &mut Vec<(u64, RequestRow)>,
-    ) -> Result<(), StoreError> {
-        let (k, v) = row.map_err(StoreError::db)?;
-        match codec::decode::<RequestRow>(v.value()) {
-            Ok(r) => out.push((k.value(), r)),
-            Err(e) => self.note_undecodable(
-                schema::REQUESTS.name(),
-                &format!("{:016x}", k.value()),
-                &format!("{}: {e}", RequestRow::NAME),
-            ),
-        }
-        Ok(())
+            Ok(rows)
+        })?;
+        Ok(self.decode_requests(rows))
     }
 
     /// The records that started at or after `from_ms` (unix ms), oldest first. Undecodable
-    /// ones are counted and left out, as everywhere.
+    /// rows are counted, logged and left out.
     pub fn requests_since(&self, from_ms: u64) -> Result<Vec<(u64, RequestRow)>, StoreError> {
-        let txn = self.inner.db.begin_read().map_err(StoreError::db)?;
-        let table = txn.open_table(schema::REQUESTS).map_err(StoreError::db)?;
-        let mut out = Vec::new();
-        for row in table
-            .range(from_ms.saturating_mul(1 << 16)..)
-            .map_err(StoreError::db)?
-        {
-            self.decode_request(row, &mut out)?;
+        let rows = self.guard(|| {
+            let txn = self.inner.db.begin_read()?;
+            let table = match txn.open_table(schema::REQUESTS) {
+                Ok(t) => t,
+                Err(redb::TableError::TableDoesNotExist(_)) => return Ok(Vec::new()),
+                Err(e) => return Err(StoreError::db(e)),
+            };
+            let mut rows = Vec::new();
+            for row in table
+                .range(from_ms.saturating_mul(1 << 16)..)
+                .map_err(StoreError::db)?
+            {
+                let (k, v) = row.map_err(StoreError::db)?;
+                rows.push((k.value(), v.value().to_vec()));
+            }
+            Ok(rows)
+        })?;
+        Ok(self.decode_requests(rows))
+    }
+
+    /// Decodes stored request records; an undecodable one is counted, logged and left out.
+    fn decode_requests(&self, rows: Vec<(u64, Vec<u8>)>) -> Vec<(u64, RequestRow)> {
+        let mut out = Vec::with_capacity(rows.len());
+        for (k, v) in rows {
+            match codec::decode::<RequestRow>(&v) {
+                Ok(r) => out.push((k, r)),
+                Err(e) => self.note_undecodable(
+                    schema::REQUESTS.name(),
+                    &format!("{k:016x}"),
+                    &format!("{}: {e}", RequestRow::NAME),
+                ),
+            }
         }
-        Ok(out)
+        out
     }
 }
 
@@ -640,24 +800,31 @@ impl Store {
     /// The usage buckets of the hours starting in `[from, to)` (unix seconds), oldest first.
     /// Undecodable rows are counted, logged and left out.
     pub fn usage_between(&self, from: u64, to: u64) -> Result<Vec<UsageBucketRow>, StoreError> {
-        let txn = self.inner.db.begin_read().map_err(StoreError::db)?;
-        let table = match txn.open_table(schema::USAGE_HOURLY) {
-            Ok(t) => t,
-            Err(redb::TableError::TableDoesNotExist(_)) => return Ok(Vec::new()),
-            Err(e) => return Err(StoreError::db(e)),
-        };
         let (lo, hi) = (format!("{from:010}/"), format!("{to:010}/"));
+        let rows = self.guard(|| {
+            let txn = self.inner.db.begin_read()?;
+            let table = match txn.open_table(schema::USAGE_HOURLY) {
+                Ok(t) => t,
+                Err(redb::TableError::TableDoesNotExist(_)) => return Ok(Vec::new()),
+                Err(e) => return Err(StoreError::db(e)),
+            };
+            let mut rows = Vec::new();
+            for row in table
+                .range::<&str>(lo.as_str()..hi.as_str())
+                .map_err(StoreError::db)?
+            {
+                let (k, v) = row.map_err(StoreError::db)?;
+                rows.push((k.value().to_string(), v.value().to_vec()));
+            }
+            Ok(rows)
+        })?;
         let mut out = Vec::new();
-        for row in table
-            .range::<&str>(lo.as_str()..hi.as_str())
-            .map_err(StoreError::db)?
-        {
-            let (k, v) = row.map_err(StoreError::db)?;
-            match codec::decode::<UsageBucketRow>(v.value()) {
+        for (k, v) in rows {
+            match codec::decode::<UsageBucketRow>(&v) {
                 Ok(r) => out.push(r),
                 Err(e) => self.note_undecodable(
                     schema::USAGE_HOURLY.name(),
-                    k.value(),
+                    &k,
                     &format!("{}: {e}", UsageBucketRow::NAME),
                 ),
             }
@@ -674,8 +841,12 @@ fn proxy_aad(id: &str) -> String {
     format!("account_proxies/{id}")
 }
 
-fn read_meta(db: &Database, key: &str) -> Result<Option<Vec<u8>>, StoreError> {
+fn read_meta(db: &impl ReadableDatabase, key: &str) -> Result<Option<Vec<u8>>, StoreError> {
     let txn = db.begin_read().map_err(StoreError::db)?;
+    meta_in(&txn, key)
+}
+
+fn meta_in(txn: &ReadTransaction, key: &str) -> Result<Option<Vec<u8>>, StoreError> {
     let table = match txn.open_table(META) {
         Ok(t) => t,
         Err(redb::TableError::TableDoesNotExist(_)) => return Ok(None),
@@ -685,6 +856,16 @@ fn read_meta(db: &Database, key: &str) -> Result<Option<Vec<u8>>, StoreError> {
         .get(key)
         .map_err(StoreError::db)?
         .map(|v| v.value().to_vec()))
+}
+
+/// `meta.schema_version` as a number.
+fn schema_number(path: &Path, raw: &[u8]) -> Result<u64, StoreError> {
+    raw.try_into()
+        .map(u64::from_le_bytes)
+        .map_err(|_| StoreError::Damaged {
+            path: path.to_path_buf(),
+            detail: "its schema version is malformed".into(),
+        })
 }
 
 /// Brings a store written by an older release to [`SCHEMA_VERSION`].
@@ -716,22 +897,6 @@ fn write_key_check(db: &Database, sealer: &Sealer) -> Result<(), StoreError> {
             .map_err(StoreError::db)?;
     }
     txn.commit().map_err(StoreError::db)
-}
-
-/// Creates `dir` (0700) if needed and proves a file can be written in it.
-pub fn ensure_writable_dir(dir: &Path) -> Result<(), StoreError> {
-    let err = |source| StoreError::StateDir {
-        path: dir.to_path_buf(),
-        source,
-    };
-    std::fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(dir)
-        .map_err(err)?;
-    let probe = dir.join(format!(".write-probe-{}", std::process::id()));
-    std::fs::write(&probe, b"").map_err(err)?;
-    std::fs::remove_file(&probe).map_err(err)
 }
 
 #[cfg(test)]

@@ -11,6 +11,7 @@
 //! an fsync, except once every [`TELEMETRY_DURABLE_EVERY`]: a crash loses at most that much of
 //! it, and persisting records costs a few large commits a second instead of one per batch.
 
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -63,7 +64,7 @@ pub(crate) enum Job {
 }
 
 /// Runs the writer on the current (dedicated) thread until a `Stop` job or every sender is gone.
-pub(crate) fn run(db: Arc<Database>, mut rx: mpsc::Receiver<Job>) {
+pub(crate) fn run(db: Arc<Database>, path: PathBuf, mut rx: mpsc::Receiver<Job>) {
     let mut stop_ack: Option<Ack> = None;
     let mut last_durable = Instant::now();
     while stop_ack.is_none() {
@@ -114,7 +115,7 @@ pub(crate) fn run(db: Arc<Database>, mut rx: mpsc::Receiver<Job>) {
             next = rx.try_recv().ok();
         }
         let immediate = durable || last_durable.elapsed() >= TELEMETRY_DURABLE_EVERY;
-        commit_batch(&db, batch, immediate);
+        commit_batch(&db, &path, batch, immediate);
         if immediate {
             last_durable = Instant::now();
         }
@@ -124,12 +125,17 @@ pub(crate) fn run(db: Arc<Database>, mut rx: mpsc::Receiver<Job>) {
     }
 }
 
-fn commit_batch(db: &Database, batch: Vec<(Vec<Mutation>, Option<Ack>)>, immediate: bool) {
+fn commit_batch(
+    db: &Database,
+    path: &Path,
+    batch: Vec<(Vec<Mutation>, Option<Ack>)>,
+    immediate: bool,
+) {
     if batch.is_empty() {
         return;
     }
     let all: Vec<&Mutation> = batch.iter().flat_map(|(m, _)| m.iter()).collect();
-    match commit(db, &all, immediate) {
+    match commit(db, path, &all, immediate) {
         Ok(()) => {
             for (_, ack) in batch {
                 if let Some(ack) = ack {
@@ -148,7 +154,7 @@ fn commit_batch(db: &Database, batch: Vec<(Vec<Mutation>, Option<Ack>)>, immedia
             tracing::warn!(error = %e, jobs = batch.len(), "group commit failed; retrying jobs one by one");
             for (muts, ack) in batch {
                 let refs: Vec<&Mutation> = muts.iter().collect();
-                let res = commit(db, &refs, true);
+                let res = commit(db, path, &refs, true);
                 if let Err(e) = &res {
                     tracing::error!(error = %e, "store write failed");
                 }
@@ -160,17 +166,24 @@ fn commit_batch(db: &Database, batch: Vec<(Vec<Mutation>, Option<Ack>)>, immedia
     }
 }
 
-fn commit(db: &Database, muts: &[&Mutation], immediate: bool) -> Result<(), StoreError> {
-    let mut txn = db.begin_write().map_err(StoreError::db)?;
-    if !immediate {
-        // Persisted by the next durable commit (at most TELEMETRY_DURABLE_EVERY away).
-        txn.set_durability(redb::Durability::None)
-            .map_err(StoreError::db)?;
-    }
-    for m in muts {
-        apply(&txn, m)?;
-    }
-    txn.commit().map_err(StoreError::db)
+fn commit(
+    db: &Database,
+    path: &Path,
+    muts: &[&Mutation],
+    immediate: bool,
+) -> Result<(), StoreError> {
+    super::guarded(path, || {
+        let mut txn = db.begin_write().map_err(StoreError::db)?;
+        if !immediate {
+            // Persisted by the next durable commit (at most TELEMETRY_DURABLE_EVERY away).
+            txn.set_durability(redb::Durability::None)
+                .map_err(StoreError::db)?;
+        }
+        for m in muts {
+            apply(&txn, m)?;
+        }
+        txn.commit().map_err(StoreError::db)
+    })
 }
 
 fn apply(txn: &WriteTransaction, m: &Mutation) -> Result<(), StoreError> {

@@ -117,6 +117,8 @@ pub struct DaemonOptions<'a> {
     pub env: Vec<(&'a str, String)>,
     /// Where the config puts the admin socket, when not in the state dir.
     pub socket: Option<PathBuf>,
+    /// Run as this user (and group) id; the test must run as root.
+    pub uid: Option<u32>,
 }
 
 impl Daemon {
@@ -126,6 +128,18 @@ impl Daemon {
 
     /// Starts the daemon and returns once it has sent `READY=1`.
     pub fn start_with(state_dir: &Path, opts: DaemonOptions<'_>) -> Daemon {
+        match Self::try_start_with(state_dir, opts) {
+            Ok(d) => d,
+            Err((status, log)) => panic!("the daemon exited ({status:?}) before READY=1:\n{log}"),
+        }
+    }
+
+    /// Starts the daemon: `Ok` once it has sent `READY=1` and answers on its admin socket,
+    /// `Err` with its exit status and its stderr when it exits first.
+    pub fn try_start_with(
+        state_dir: &Path,
+        opts: DaemonOptions<'_>,
+    ) -> Result<Daemon, (ExitStatus, String)> {
         let notify_dir = tempfile::tempdir().unwrap();
         let notify_path = notify_dir.path().join("notify.sock");
         let notify = UnixDatagram::bind(&notify_path).unwrap();
@@ -147,6 +161,10 @@ impl Daemon {
         for (k, v) in &opts.env {
             cmd.env(k, v);
         }
+        if let Some(uid) = opts.uid {
+            use std::os::unix::process::CommandExt;
+            cmd.uid(uid).gid(uid);
+        }
         let child = cmd.spawn().unwrap();
         let mut d = Daemon {
             child,
@@ -160,11 +178,34 @@ impl Daemon {
             _notify_dir: notify_dir,
             log,
         };
-        d.expect_notify("READY=1");
+        // Short waits for the notification, so an early exit is seen as soon as it happens.
+        d.notify
+            .set_read_timeout(Some(Duration::from_millis(100)))
+            .unwrap();
+        let deadline = std::time::Instant::now() + SIGNAL_DEADLINE;
+        let mut buf = [0u8; 256];
+        loop {
+            if let Ok(n) = d.notify.recv(&mut buf)
+                && String::from_utf8_lossy(&buf[..n])
+                    .lines()
+                    .any(|l| l == "READY=1")
+            {
+                break;
+            }
+            if let Some(status) = d.child.try_wait().unwrap() {
+                return Err((status, d.log_text()));
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "no READY=1 within {SIGNAL_DEADLINE:?}:\n{}",
+                d.log_text()
+            );
+        }
+        d.notify.set_read_timeout(Some(SIGNAL_DEADLINE)).unwrap();
         let status = d.admin("GET", "/api/admin/status", None);
         assert_eq!(status.0, 200, "{}", status.1);
         d.http = status.json()["listen"].as_str().unwrap().parse().unwrap();
-        d
+        Ok(d)
     }
 
     /// Waits for the next notification and checks it.
