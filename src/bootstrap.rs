@@ -131,6 +131,15 @@ pub fn build_state(
     clock: SharedClock,
     listen: String,
 ) -> Result<Arc<AppState>, BootError> {
+    app_state(store, config, clock, listen).map(Arc::new)
+}
+
+fn app_state(
+    store: Store,
+    config: &Config,
+    clock: SharedClock,
+    listen: String,
+) -> Result<AppState, BootError> {
     let fleet = Fleet::load_with(store.clone(), Arc::clone(&clock), config.scheduling.clone())?;
     fleet.set_rules(config.rules.clone());
     match fleet.affinity.load(&store) {
@@ -158,12 +167,18 @@ pub fn build_state(
         config.admin.token.clone(),
         usize::try_from(config.server.max_body_bytes).unwrap_or(usize::MAX),
     );
+    *state
+        .metrics_token
+        .get_mut()
+        .unwrap_or_else(|e| e.into_inner()) = config.admin.metrics_token.clone();
+    state.started_config = Arc::new(config.clone());
+    *state.config.get_mut().unwrap_or_else(|e| e.into_inner()) = Arc::new(config.clone());
     state.ws = crate::api::ws::WsLimits {
         first_message_timeout: config.server.ws_first_message_timeout,
         idle_timeout: config.server.ws_idle_timeout,
         max_connections_per_key: config.server.ws_max_connections_per_key.max(1),
     };
-    Ok(Arc::new(state))
+    Ok(state)
 }
 
 /// Serves until `shutdown` resolves, then shuts down in order. `notifier` gets `READY=1` once
@@ -176,10 +191,31 @@ pub async fn run(
     notifier: Notifier,
     shutdown: impl Future<Output = ShutdownKind>,
 ) -> Result<(), BootError> {
+    run_with(store, config, None, clock, listeners, notifier, shutdown).await
+}
+
+/// [`run`], with the configuration's source: SIGHUP then reads it again and applies it
+/// (`RELOADING=1`, then `READY=1` once applied).
+pub async fn run_with(
+    store: Store,
+    config: Config,
+    source: Option<crate::config::Source>,
+    clock: SharedClock,
+    listeners: Listeners,
+    notifier: Notifier,
+    shutdown: impl Future<Output = ShutdownKind>,
+) -> Result<(), BootError> {
     let listen = listeners
         .http_addr()
         .map_or_else(|| config.server.listen.to_string(), |a| a.to_string());
-    let state = build_state(store.clone(), &config, clock, listen.clone())?;
+    let mut state = app_state(store.clone(), &config, clock, listen.clone())?;
+    state.notifier = notifier.clone();
+    state.config_source = source;
+    let state = Arc::new(state);
+    let hangups = state
+        .config_source
+        .is_some()
+        .then(|| crate::reload::on_sighup(Arc::clone(&state)));
     let stop_accepting = CancellationToken::new();
 
     let limits = api::server::Limits {
@@ -209,7 +245,7 @@ pub async fn run(
     );
     notifier.notify_or_log("READY=1");
 
-    let background = spawn_background(&state, &config, stop_accepting.clone());
+    let background = spawn_background(&state, stop_accepting.clone());
     let watchdog = systemd::watchdog_interval().map(|every| {
         let notifier = notifier.clone();
         let store = store.clone();
@@ -232,13 +268,16 @@ pub async fn run(
 
     let kind = shutdown.await;
     tracing::info!(?kind, "shutting down");
+    if let Some(h) = hangups {
+        h.abort();
+    }
     notifier.notify_or_log("STOPPING=1");
     state.start_draining();
     // Consoles are told at once; they reconnect to the next daemon.
     state.feed.close();
     stop_accepting.cancel();
     let grace = match kind {
-        ShutdownKind::Graceful => config.server.shutdown_grace,
+        ShutdownKind::Graceful => state.current_config().server.shutdown_grace,
         ShutdownKind::Fast => Duration::ZERO,
     };
     drain(&state, http, grace).await;
@@ -264,11 +303,7 @@ pub async fn run(
 }
 
 /// The periodic work of the daemon: proactive token refresh and record pruning.
-fn spawn_background(
-    state: &Arc<AppState>,
-    config: &Config,
-    stop: CancellationToken,
-) -> Vec<JoinHandle<()>> {
+fn spawn_background(state: &Arc<AppState>, stop: CancellationToken) -> Vec<JoinHandle<()>> {
     let refresher = {
         let d = state.dispatcher.clone();
         let stop = stop.clone();
@@ -289,10 +324,7 @@ fn spawn_background(
         })
     };
     let pruner = {
-        let log = state.dispatcher.log.clone();
-        let usage = state.dispatcher.usage.clone();
-        let days = config.storage.request_retention_days;
-        let usage_days = config.storage.usage_retention_days;
+        let state = Arc::clone(state);
         let stop = stop.clone();
         tokio::spawn(async move {
             let mut tick = tokio::time::interval(Duration::from_secs(3600));
@@ -300,8 +332,10 @@ fn spawn_background(
                 tokio::select! {
                     _ = stop.cancelled() => break,
                     _ = tick.tick() => {
-                        log.prune(days);
-                        usage.prune(usage_days);
+                        // Read at every round: a reload may change them.
+                        let storage = state.current_config().storage.clone();
+                        state.dispatcher.log.prune(storage.request_retention_days);
+                        state.dispatcher.usage.prune(storage.usage_retention_days);
                     }
                 }
             }

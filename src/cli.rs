@@ -54,6 +54,9 @@ pub enum Command {
     /// failures after the answer began, slow failures, each account's failures by cause — and
     /// the changes the numbers suggest.
     Report(ReportArgs),
+    /// Send the configuration (--config) to the running daemon, which applies what changes
+    /// live and logs what waits for a restart. SIGHUP re-reads the daemon's own copy instead.
+    Reload,
 }
 
 #[derive(Debug, Args)]

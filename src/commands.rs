@@ -88,17 +88,15 @@ pub enum CommandError {
 /// Runs a parsed command line.
 pub fn run(cli: Cli) -> Result<(), CommandError> {
     let env = config::process_env;
-    let mut config = Config::load(cli.config.as_deref())?;
-    config.apply_env(&env)?;
-    if let Some(dir) = &cli.state_dir {
-        config.storage.state_dir = Some(dir.clone());
-    }
-    if let Command::Serve(args) = &cli.command
-        && let Some(listen) = args.listen
-    {
-        config.server.listen = listen;
-    }
-    let config = config.resolved(&env);
+    let source = config::Source {
+        path: cli.config.clone(),
+        state_dir: cli.state_dir.clone(),
+        listen: match &cli.command {
+            Command::Serve(args) => args.listen,
+            _ => None,
+        },
+    };
+    let config = source.load(None, &env)?;
 
     match cli.command {
         Command::Config(ConfigCommand::Default) => {
@@ -111,7 +109,7 @@ pub fn run(cli: Cli) -> Result<(), CommandError> {
         }
         Command::Serve(_) => {
             telemetry::init_logging(&config.log.level, config.log.format);
-            runtime()?.block_on(serve(config))
+            runtime()?.block_on(serve(config, source))
         }
         Command::Account(cmd) => {
             telemetry::init_logging("warn", config.log.format);
@@ -128,6 +126,10 @@ pub fn run(cli: Cli) -> Result<(), CommandError> {
         Command::Report(args) => {
             telemetry::init_logging("warn", config.log.format);
             runtime()?.block_on(report(&config, args))
+        }
+        Command::Reload => {
+            telemetry::init_logging("warn", config.log.format);
+            runtime()?.block_on(reload(&config, &source))
         }
         Command::Sim(args) => {
             telemetry::init_logging(&config.log.level, config.log.format);
@@ -155,7 +157,7 @@ fn admin_socket(config: &Config) -> PathBuf {
     config.admin_socket(&config::process_env)
 }
 
-async fn serve(config: Config) -> Result<(), CommandError> {
+async fn serve(config: Config, source: config::Source) -> Result<(), CommandError> {
     let dir = state_dir(&config);
     let shutdown = bootstrap::signals();
     let store = match Store::open(&dir) {
@@ -165,15 +167,44 @@ async fn serve(config: Config) -> Result<(), CommandError> {
     };
     let listeners = bootstrap::bind(config.server.listen, &admin_socket(&config)).await?;
     let clock: SharedClock = clock::system();
-    bootstrap::run(
+    bootstrap::run_with(
         store,
         config,
+        Some(source),
         clock,
         listeners,
         Notifier::from_env(),
         shutdown,
     )
     .await?;
+    Ok(())
+}
+
+/// `switchyard reload`: the config file, checked here, sent to the daemon.
+async fn reload(config: &Config, source: &config::Source) -> Result<(), CommandError> {
+    let socket = admin_socket(config);
+    let client = AdminClient::connect(&socket).await?;
+    let text = match &source.path {
+        Some(p) => std::fs::read_to_string(p).map_err(|source| CommandError::Read {
+            path: p.display().to_string(),
+            source,
+        })?,
+        None => String::new(),
+    };
+    let r: wire::Reloaded = client
+        .call(Method::POST, "/api/admin/reload", Some(text.into_bytes()))
+        .await?;
+    if r.applied.is_empty() {
+        println!("reloaded: nothing changed that applies live");
+    } else {
+        println!("reloaded: {}", r.applied.join(", "));
+    }
+    if !r.restart_needed.is_empty() {
+        println!(
+            "changed, applies at the next restart: {}",
+            r.restart_needed.join(", ")
+        );
+    }
     Ok(())
 }
 

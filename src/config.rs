@@ -224,6 +224,13 @@ pub struct AdminConfig {
         deserialize_with = "non_empty_secret"
     )]
     pub token: Option<Secret>,
+    /// When set, `/metrics` answers only requests with this bearer token (or the admin token).
+    #[serde(
+        skip_serializing_if = "Option::is_none",
+        serialize_with = "masked",
+        deserialize_with = "non_empty_secret"
+    )]
+    pub metrics_token: Option<Secret>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -274,6 +281,39 @@ pub enum ConfigError {
     },
     #[error("environment variable {var}: {message}")]
     Env { var: &'static str, message: String },
+}
+
+/// Where the configuration came from, so that a reload reads it again the way the start did:
+/// the file, then the environment, then the command line's `--state-dir` and `--listen`.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Source {
+    pub path: Option<PathBuf>,
+    pub state_dir: Option<PathBuf>,
+    pub listen: Option<SocketAddr>,
+}
+
+impl Source {
+    /// The configuration in force: from `text` when given (the file's contents sent by
+    /// `switchyard reload`), else from the file (or the defaults, without one).
+    pub fn load(&self, text: Option<&str>, env: EnvLookup<'_>) -> Result<Config, ConfigError> {
+        let mut config = match text {
+            Some(t) => Config::parse(
+                t,
+                self.path
+                    .as_deref()
+                    .unwrap_or_else(|| Path::new("the sent configuration")),
+            )?,
+            None => Config::load(self.path.as_deref())?,
+        };
+        config.apply_env(env)?;
+        if let Some(dir) = &self.state_dir {
+            config.storage.state_dir = Some(dir.clone());
+        }
+        if let Some(listen) = self.listen {
+            config.server.listen = listen;
+        }
+        Ok(config.resolved(env))
+    }
 }
 
 /// What the process environment contributes; a function so tests need not touch the real one.
@@ -450,7 +490,7 @@ fn non_empty_secret<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Secret>, D
     let s = String::deserialize(d)?;
     if s.len() < 16 {
         return Err(serde::de::Error::custom(
-            "an admin token must be at least 16 characters",
+            "a token must be at least 16 characters",
         ));
     }
     Ok(Some(Secret::new(s)))
@@ -565,6 +605,9 @@ probe_model = "gpt-5.5"
 # Set a token (16+ characters) to also serve /api/admin on the main listener, with
 # "Authorization: Bearer <token>". Unset: the admin API is only on the socket.
 # token = "change-me-to-a-long-random-string"
+# Set a token (16+ characters) to require "Authorization: Bearer <token>" on /metrics (the admin
+# token works too). Unset: any client of the listener may read /metrics, account ids included.
+# metrics_token = "another-long-random-string"
 
 [scheduling]
 # These keys can also be changed live with PUT /api/admin/settings (a live change is kept in

@@ -13,6 +13,7 @@ pub mod dispatch;
 pub mod fleet;
 pub mod keys;
 mod names;
+pub mod reload;
 pub mod sim;
 pub mod store;
 pub mod systemd;

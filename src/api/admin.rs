@@ -50,6 +50,27 @@ pub fn routes() -> Router<Arc<AppState>> {
         )
         .route("/api/admin/usage", get(usage))
         .route("/api/admin/report", get(report))
+        .route("/api/admin/reload", post(reload))
+}
+
+/// Reads the configuration again (the body, when there is one, is the file's text: what
+/// `switchyard reload` sends, since the daemon's own copy may be stale) and applies it.
+async fn reload(
+    State(state): State<Arc<AppState>>,
+    body: Bytes,
+) -> Result<Json<wire::Reloaded>, ApiError> {
+    let text = if body.is_empty() {
+        None
+    } else {
+        Some(
+            std::str::from_utf8(&body)
+                .map_err(|_| ApiError::bad_request("invalid_config", "the config is not UTF-8"))?,
+        )
+    };
+    state
+        .reload(text)
+        .map(Json)
+        .map_err(|e| ApiError::bad_request("invalid_config", e.to_string()))
 }
 
 /// Parses a JSON body, answering 400 with the parse position when it is not valid.

@@ -41,6 +41,8 @@ pub struct AppState {
     /// The client-facing listener's address, as bound.
     pub listen: String,
     pub admin_token: Option<Secret>,
+    /// `[admin] metrics_token`; live, a reload changes it.
+    pub metrics_token: std::sync::RwLock<Option<Secret>>,
     pub max_body_bytes: usize,
     /// Downstream WebSocket limits and open connections per key.
     pub ws: ws::WsLimits,
@@ -55,6 +57,14 @@ pub struct AppState {
     pub ws_open: tokio_util::task::TaskTracker,
     /// Client connections: open, and closed by the gateway.
     pub edge: Arc<server::EdgeStats>,
+    /// The configuration the daemon started with (what a restart would change is measured
+    /// against it) and the one in force (replaced by a reload).
+    pub started_config: Arc<crate::config::Config>,
+    pub config: std::sync::RwLock<Arc<crate::config::Config>>,
+    /// Where the configuration is read again on a reload (`None`: only a sent one applies).
+    pub config_source: Option<crate::config::Source>,
+    /// Tells systemd about reloads.
+    pub notifier: crate::systemd::Notifier,
 }
 
 impl AppState {
@@ -78,6 +88,7 @@ impl AppState {
             clock,
             listen,
             admin_token,
+            metrics_token: std::sync::RwLock::new(None),
             max_body_bytes,
             ws: ws::WsLimits::default(),
             ws_connections: ws::ConnectionCounts::default(),
@@ -86,6 +97,10 @@ impl AppState {
             draining: tokio_util::sync::CancellationToken::new(),
             ws_open: tokio_util::task::TaskTracker::new(),
             edge: Arc::default(),
+            started_config: Arc::default(),
+            config: std::sync::RwLock::default(),
+            config_source: None,
+            notifier: crate::systemd::Notifier::default(),
         }
     }
 
@@ -364,7 +379,28 @@ pub fn admin_router(state: Arc<AppState>) -> Router {
         .with_state(state)
 }
 
-async fn metrics(State(state): State<Arc<AppState>>) -> impl IntoResponse {
+async fn metrics(State(state): State<Arc<AppState>>, headers: axum::http::HeaderMap) -> Response {
+    let required = state
+        .metrics_token
+        .read()
+        .unwrap_or_else(|e| e.into_inner())
+        .clone();
+    if let Some(token) = required {
+        let presented = bearer(&headers);
+        let ok = presented.is_some_and(|p| {
+            constant_time_eq(token.expose().as_bytes(), p.as_bytes())
+                || state
+                    .admin_token
+                    .as_ref()
+                    .is_some_and(|a| constant_time_eq(a.expose().as_bytes(), p.as_bytes()))
+        });
+        if !ok {
+            return ApiError::unauthorized(
+                "/metrics needs the metrics token ([admin] metrics_token)",
+            )
+            .into_response();
+        }
+    }
     let mut text = state.dispatcher.metrics.render(
         &state.fleet,
         &state.store,
@@ -383,6 +419,15 @@ async fn metrics(State(state): State<Arc<AppState>>) -> impl IntoResponse {
         )],
         text,
     )
+        .into_response()
+}
+
+/// The bearer token of a request, if it has one.
+fn bearer(headers: &axum::http::HeaderMap) -> Option<&str> {
+    headers
+        .get(AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
 }
 
 async fn not_found() -> ApiError {
@@ -394,11 +439,7 @@ async fn require_admin_token(
     req: Request,
     next: Next,
 ) -> Response {
-    let presented = req
-        .headers()
-        .get(AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "));
+    let presented = bearer(req.headers());
     match (&state.admin_token, presented) {
         (Some(expected), Some(p))
             if constant_time_eq(expected.expose().as_bytes(), p.as_bytes()) =>

@@ -30,7 +30,8 @@ pub async fn list(
         Err(e) => return e.into_response(),
     };
     let mut models: Vec<Value> = catalog["models"].as_array().cloned().unwrap_or_default();
-    for (alias, target) in &state.dispatcher.config.aliases {
+    let config = state.dispatcher.current();
+    for (alias, target) in &config.aliases {
         if models.iter().any(|m| m["slug"] == alias.as_str()) {
             continue;
         }

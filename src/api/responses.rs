@@ -142,7 +142,7 @@ async fn handle(
     respond(
         rx,
         mode == Mode::Stream,
-        state.dispatcher.config.keepalive_after,
+        state.dispatcher.current().keepalive_after,
     )
     .await
 }

@@ -34,7 +34,7 @@ use crate::usage::UsageBook;
 const WS_SWEEP_EVERY: Duration = Duration::from_secs(15);
 
 /// Tunables of the lifecycle.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct DispatchConfig {
     /// After this long without a commit, an SSE client gets 200 headers and keep-alive comments.
     pub keepalive_after: Duration,
@@ -209,7 +209,11 @@ pub struct Dispatcher {
     pub fleet: Fleet,
     pub upstream: Arc<Upstream>,
     pub log: RequestLog,
+    /// The tunables this request runs with (a snapshot of `live` taken when it started, so a
+    /// reload never changes a request half-way).
     pub config: Arc<DispatchConfig>,
+    /// The tunables in force, replaced by a reload.
+    live: Arc<std::sync::RwLock<Arc<DispatchConfig>>>,
     pub metrics: Arc<Metrics>,
     /// Idle upstream WebSockets per (account, session), and the origin breaker.
     pub ws_pool: crate::upstream::ws::WsPool,
@@ -247,11 +251,13 @@ impl Dispatcher {
             },
             Arc::clone(fleet.clock()),
         );
+        let config = Arc::new(config);
         Dispatcher {
             fleet,
             upstream,
             log,
-            config: Arc::new(config),
+            live: Arc::new(std::sync::RwLock::new(Arc::clone(&config))),
+            config,
             metrics: Arc::new(Metrics::default()),
             ws_pool: crate::upstream::ws::WsPool::new(Arc::clone(&clock)),
             breaker: Arc::new(crate::upstream::ws::Breaker::new(Arc::clone(&clock))),
@@ -318,9 +324,19 @@ impl Dispatcher {
         vec![self.turn_states.spawn_sweeper(every, stop), sockets]
     }
 
+    /// The tunables in force now.
+    pub fn current(&self) -> Arc<DispatchConfig> {
+        Arc::clone(&self.live.read().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    /// Replaces the tunables for the requests that start from now on.
+    pub fn set_config(&self, config: DispatchConfig) {
+        *self.live.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(config);
+    }
+
     /// Resolves a model alias.
     pub fn resolve_model(&self, model: &str) -> String {
-        self.config
+        self.current()
             .aliases
             .get(model)
             .cloned()
@@ -329,7 +345,8 @@ impl Dispatcher {
 
     /// Runs one request to the end, sending frames to `tx`.
     pub fn spawn(&self, ctx: RequestCtx, tx: mpsc::Sender<Frame>) {
-        let d = self.clone();
+        let mut d = self.clone();
+        d.config = self.current();
         self.tasks.spawn(async move { d.run(ctx, tx).await });
     }
 }

@@ -159,7 +159,8 @@ impl Dispatcher {
             Err(TokenError::Failed { class, .. }) => return class,
             Err(TokenError::Missing) => return Class::Abandoned,
         };
-        let model = self.config.probe_model.as_str();
+        let config = self.current();
+        let model = config.probe_model.as_str();
         let body = json!({
             "model": model,
             "instructions": "Reply with one word.",
@@ -196,7 +197,7 @@ impl Dispatcher {
                     .unwrap_or_default();
                 return Err(Facts::from_response(status, &headers, bytes));
             }
-            let mut events = EventStream::sse(resp, self.config.max_event_bytes);
+            let mut events = EventStream::sse(resp, self.current().max_event_bytes);
             loop {
                 match events.next().await {
                     None => {

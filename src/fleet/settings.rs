@@ -309,6 +309,24 @@ impl super::Fleet {
         Ok(effective)
     }
 
+    /// Replaces the settings the operator's stored patch applies over (the config file's
+    /// `[scheduling]`, on a reload); returns the effective settings. Requests already planned
+    /// keep their plan; the next one is planned with these.
+    pub fn set_base(&self, base: Settings) -> Settings {
+        let (effective, old_max) = {
+            let mut st = self.settings.write().unwrap_or_else(|e| e.into_inner());
+            let old_max = st.effective.max_concurrency;
+            st.base = base;
+            st.effective = st.patch.apply(&st.base);
+            (st.effective.clone(), old_max)
+        };
+        self.apply_max_concurrency(old_max, effective.max_concurrency);
+        let mut cfg = self.affinity.sessions.config();
+        cfg.idle = Some(effective.affinity_idle_ttl);
+        self.affinity.sessions.set_config(cfg);
+        effective
+    }
+
     /// Moves the adaptive limits of accounts without their own cap to a new pool maximum.
     fn apply_max_concurrency(&self, old_max: u32, new_max: u32) {
         if old_max == new_max {

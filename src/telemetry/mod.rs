@@ -1,10 +1,16 @@
 //! Logs (and, in later modules, the event bus, request records, metrics and the console feed).
 
 use std::io::IsTerminal;
+use std::sync::OnceLock;
 
-use tracing_subscriber::EnvFilter;
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::util::SubscriberInitExt;
+use tracing_subscriber::{EnvFilter, Registry, fmt, reload};
 
 use crate::config::LogFormat;
+
+/// The installed filter, which a reload of the config may replace.
+static FILTER: OnceLock<reload::Handle<EnvFilter, Registry>> = OnceLock::new();
 
 /// Installs the global `tracing` subscriber, writing to stderr (never stdout, which belongs to
 /// command output). `RUST_LOG` overrides `level`. JSON when `format` says so, or when `auto` and
@@ -18,21 +24,56 @@ pub fn init_logging(level: &str, format: LogFormat) {
         LogFormat::Text => false,
         LogFormat::Auto => !std::io::stderr().is_terminal(),
     };
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
+    let (filter, handle) = reload::Layer::new(filter);
+    let registry = tracing_subscriber::registry().with(filter);
     // A second initialisation (tests) is not an error worth failing over.
-    let _ = if json {
-        builder
-            .json()
-            .flatten_event(true)
-            .with_current_span(true)
+    let installed = if json {
+        registry
+            .with(
+                fmt::layer()
+                    .json()
+                    .flatten_event(true)
+                    .with_current_span(true)
+                    .with_writer(std::io::stderr),
+            )
             .try_init()
     } else {
-        builder
-            .with_ansi(std::io::stderr().is_terminal())
+        registry
+            .with(
+                fmt::layer()
+                    .with_ansi(std::io::stderr().is_terminal())
+                    .with_writer(std::io::stderr),
+            )
             .try_init()
     };
+    if installed.is_ok() {
+        let _ = FILTER.set(handle);
+    }
+}
+
+/// What a new `[log] level` did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LevelChange {
+    Applied,
+    /// `RUST_LOG` is set and wins over the config.
+    OverriddenByEnv,
+    /// No subscriber of this process's own (tests, embedding).
+    NotInstalled,
+}
+
+/// Replaces the log filter with `level` (a `tracing` filter), unless `RUST_LOG` is set.
+pub fn set_log_level(level: &str) -> Result<LevelChange, String> {
+    if std::env::var_os("RUST_LOG").is_some_and(|v| !v.is_empty()) {
+        return Ok(LevelChange::OverriddenByEnv);
+    }
+    let filter = EnvFilter::try_new(level).map_err(|e| format!("`{level}`: {e}"))?;
+    match FILTER.get() {
+        Some(handle) => handle
+            .reload(filter)
+            .map(|()| LevelChange::Applied)
+            .map_err(|e| e.to_string()),
+        None => Ok(LevelChange::NotInstalled),
+    }
 }
 
 pub mod feed;

@@ -242,10 +242,25 @@ impl Daemon {
         assert!(ok, "kill -{sig} failed");
     }
 
-    /// SIGTERM, then waits for the `STOPPING=1` notification and the exit.
+    /// SIGTERM, then waits for the `STOPPING=1` notification (reload notifications before it
+    /// are passed over) and the exit.
     pub fn terminate(mut self) -> ExitStatus {
         self.signal("TERM");
-        self.expect_notify("STOPPING=1");
+        let mut buf = [0u8; 256];
+        loop {
+            let n = self
+                .notify
+                .recv(&mut buf)
+                .unwrap_or_else(|e| panic!("no `STOPPING=1`: {e}\nlog:\n{}", self.log_text()));
+            let msg = String::from_utf8_lossy(&buf[..n]).into_owned();
+            if msg.lines().any(|l| l == "STOPPING=1") {
+                break;
+            }
+            assert!(
+                msg.lines().all(|l| l == "RELOADING=1" || l == "READY=1"),
+                "expected STOPPING=1, got {msg}"
+            );
+        }
         self.child.wait().unwrap()
     }
 

@@ -6,6 +6,14 @@ use serde::{Deserialize, Serialize};
 /// Version of the admin API and console feed; a console refuses a daemon of another one.
 pub const PROTOCOL_VERSION: u32 = 1;
 
+/// `POST /api/admin/reload`: what a re-read configuration changed at once, and what waits for a
+/// restart (dotted keys, e.g. `scheduling`, `server.listen`).
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct Reloaded {
+    pub applied: Vec<String>,
+    pub restart_needed: Vec<String>,
+}
+
 /// `GET /api/admin/status`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Status {

@@ -1,0 +1,293 @@
+//! What an appliance owner does to a running daemon: reload its configuration, guard
+//! `/metrics`, restart it without refusing a client, back it up and restore it, ask `doctor`.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use common::{Daemon, DaemonOptions, cli, gw, stderr, stdout};
+use switchyard::sim::{Fault, FaultKind, Sim, SimHandle, SimOptions};
+
+/// A simulator, a config pointing at it (plus `extra`), and a state directory with its accounts
+/// imported and one client key.
+struct Setup {
+    sim: SimHandle,
+    _tmp: tempfile::TempDir,
+    state: PathBuf,
+    cfg: PathBuf,
+    key: String,
+}
+
+impl Setup {
+    async fn new(accounts: u32, extra: &str) -> Setup {
+        switchyard::upstream::install_crypto_provider();
+        let sim = Sim::start(SimOptions {
+            accounts,
+            ..SimOptions::default()
+        })
+        .await
+        .unwrap();
+        let tmp = tempfile::tempdir().unwrap();
+        let state = tmp.path().join("state");
+        let cfg = tmp.path().join("switchyard.toml");
+        let s = Setup {
+            sim,
+            state,
+            cfg,
+            key: String::new(),
+            _tmp: tmp,
+        };
+        s.write_config(extra);
+        let mut s = s;
+        for acct in s.sim.sim.account_ids() {
+            let auth = s._tmp.path().join(format!("{acct}.json"));
+            std::fs::write(&auth, s.sim.sim.auth_json(&acct).unwrap().to_string()).unwrap();
+            let out = s.cli(&["account", "import", "--no-refresh", auth.to_str().unwrap()]);
+            assert!(out.status.success(), "{}", stderr(&out));
+        }
+        let out = s.cli(&["key", "create", "ops"]);
+        assert!(out.status.success(), "{}", stderr(&out));
+        s.key = stdout(&out).trim().to_string();
+        s
+    }
+
+    fn write_config(&self, extra: &str) {
+        std::fs::write(
+            &self.cfg,
+            format!(
+                "{extra}\n[upstream]\nbase_url = \"{}\"\nusage_url = \"{}\"\noauth_token_url = \"{}\"\n",
+                self.sim.base_url(),
+                self.sim.usage_url(),
+                self.sim.oauth_token_url()
+            ),
+        )
+        .unwrap();
+    }
+
+    fn cli(&self, args: &[&str]) -> std::process::Output {
+        let mut all = vec!["--config", self.cfg.to_str().unwrap()];
+        all.extend_from_slice(args);
+        cli(&self.state, &all)
+    }
+
+    fn daemon(&self) -> Daemon {
+        Daemon::start_with(
+            &self.state,
+            DaemonOptions {
+                config: Some(&self.cfg),
+                ..Default::default()
+            },
+        )
+    }
+}
+
+/// Waits until the daemon has proved every account (new accounts are probed first).
+async fn until_ready(d: &Daemon) {
+    let socket = d.socket.clone();
+    gw::until("every account proved", || {
+        let socket = socket.clone();
+        async move {
+            let accounts = common::http_unix(&socket, "GET", "/api/admin/accounts", &[], None);
+            accounts
+                .json()
+                .as_array()
+                .unwrap()
+                .iter()
+                .all(|a| a["state"] == "ready")
+        }
+    })
+    .await;
+}
+
+fn request(d: &Daemon, key: &str, model: &str) -> common::HttpResponse {
+    let auth = format!("Bearer {key}");
+    common::http_tcp(
+        d.http,
+        "POST",
+        "/v1/responses",
+        &[("Authorization", auth.as_str())],
+        Some(&gw::body_plain(model, "hello", false).to_string()),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sighup_reloads_the_config_while_a_stream_runs_and_the_next_request_follows_it() {
+    let s = Setup::new(2, "[scheduling]\nstrategy = \"round_robin\"\n").await;
+    let mut d = s.daemon();
+    until_ready(&d).await;
+    let accounts = s.sim.sim.account_ids();
+    let counts = || -> Vec<usize> {
+        accounts
+            .iter()
+            .map(|a| s.sim.sim.requests(a).len())
+            .collect()
+    };
+    for acct in &accounts {
+        s.sim.sim.push_fault(
+            acct,
+            Fault {
+                kind: FaultKind::SlowDeltas { ms: 300 },
+                times: Some(1),
+            },
+        );
+    }
+    // A stream in flight: its first output has arrived, the rest comes slowly.
+    let before_stream = counts();
+    let (first_tx, first_rx) = tokio::sync::oneshot::channel();
+    let url = format!("http://{}/v1/responses", d.http);
+    let key = s.key.clone();
+    let reader = tokio::spawn(async move {
+        use futures_util::StreamExt;
+        let resp = reqwest::Client::new()
+            .post(url)
+            .header("authorization", format!("Bearer {key}"))
+            .json(&gw::body_plain("gpt-5.5", "a long answer", true))
+            .send()
+            .await
+            .unwrap();
+        let status = resp.status().as_u16();
+        let mut body = String::new();
+        let mut chunks_at = Vec::new();
+        let mut first_tx = Some(first_tx);
+        let mut stream = resp.bytes_stream();
+        while let Some(chunk) = stream.next().await {
+            let chunk = chunk.unwrap();
+            body.push_str(&String::from_utf8_lossy(&chunk));
+            chunks_at.push(Instant::now());
+            if body.contains(".delta")
+                && let Some(tx) = first_tx.take()
+            {
+                let _ = tx.send(());
+            }
+        }
+        (status, body, chunks_at)
+    });
+    if first_rx.await.is_err() {
+        panic!(
+            "the stream ended before its first output:\n{}",
+            d.log_text()
+        );
+    }
+    let streaming: Vec<bool> = counts()
+        .iter()
+        .zip(&before_stream)
+        .map(|(now, before)| now > before)
+        .collect();
+    // The other account answers at once.
+    for (acct, busy) in accounts.iter().zip(&streaming) {
+        if !busy {
+            s.sim.sim.clear_faults(acct);
+        }
+    }
+
+    // One request at a time per account, and an alias for the model.
+    s.write_config(
+        "[scheduling]\nstrategy = \"round_robin\"\nmax_concurrency = 1\n\
+         [models]\naliases = { \"fast\" = \"gpt-5.5\" }\n",
+    );
+    d.signal("HUP");
+    d.expect_notify("RELOADING=1");
+    d.expect_notify("READY=1");
+    let reloaded = Instant::now();
+    let listed = d.admin("GET", "/api/admin/accounts", None).json();
+    assert!(
+        listed.as_array().unwrap().iter().all(|a| a["limit"] == 1),
+        "{listed}"
+    );
+
+    // The next requests follow the new settings: the alias resolves, and with the streaming
+    // account's one slot taken, round robin has only the other account left.
+    let before = counts();
+    for _ in 0..3 {
+        let r = request(&d, &s.key, "fast");
+        assert_eq!(r.0, 200, "{}", r.1);
+    }
+    assert!(!reader.is_finished(), "the stream ended before the check");
+    let grew: Vec<usize> = counts().iter().zip(&before).map(|(n, b)| n - b).collect();
+    for (g, busy) in grew.iter().zip(&streaming) {
+        assert_eq!(*g, if *busy { 0 } else { 3 }, "{grew:?} {streaming:?}");
+    }
+
+    // The stream that was running through the reload ends as it would have.
+    let (status, body, chunks_at) = reader.await.unwrap();
+    assert_eq!(status, 200);
+    let (events, _) = gw::parse_sse(&body);
+    assert_eq!(
+        events.last().map(|(k, _)| k.as_str()),
+        Some("response.completed"),
+        "{body}"
+    );
+    assert!(chunks_at.iter().any(|t| *t > reloaded));
+    let log = d.log_text();
+    assert!(log.contains("configuration reloaded"), "{log}");
+    assert!(d.terminate().success());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_names_what_waits_for_a_restart_and_refuses_a_bad_file() {
+    let s = Setup::new(1, "").await;
+    let d = s.daemon();
+    s.write_config("[server]\nmax_body_bytes = 1000\n[scheduling]\nqueue_wait = \"5s\"\n");
+    let out = s.cli(&["reload"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = stdout(&out);
+    assert!(text.contains("reloaded: scheduling"), "{text}");
+    assert!(
+        text.contains("applies at the next restart: server.max_body_bytes"),
+        "{text}"
+    );
+    let log = d.log_text();
+    assert!(
+        log.lines().any(|l| l.contains("WARN")
+            && l.contains("apply only at the next restart")
+            && l.contains("server.max_body_bytes")),
+        "{log}"
+    );
+    // A file that does not parse changes nothing, and says where it is wrong.
+    std::fs::write(&s.cfg, "[scheduling]\nstrategy = \"fastest\"\n").unwrap();
+    let out = s.cli(&["reload"]);
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("strategy"), "{}", stderr(&out));
+    assert_eq!(
+        d.admin("GET", "/api/admin/status", None).json()["strategy"],
+        "quota_aware"
+    );
+    assert!(d.terminate().success());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_metrics_token_guards_metrics_and_without_one_they_stay_open() {
+    let token = "metrics-0123456789abcdef";
+    let s = Setup::new(1, &format!("[admin]\nmetrics_token = \"{token}\"\n")).await;
+    let d = s.daemon();
+    let bare = d.get("/metrics");
+    assert_eq!(bare.0, 401, "{}", bare.1);
+    assert_eq!(bare.json()["error"]["type"], "invalid_request_error");
+    let wrong = common::http_tcp(
+        d.http,
+        "GET",
+        "/metrics",
+        &[("Authorization", "Bearer not-the-token-at-all")],
+        None,
+    );
+    assert_eq!(wrong.0, 401);
+    let good = common::http_tcp(
+        d.http,
+        "GET",
+        "/metrics",
+        &[("Authorization", &format!("Bearer {token}"))],
+        None,
+    );
+    assert_eq!(good.0, 200);
+    assert!(good.1.contains("switchyard_"), "{}", good.1);
+    // `config check` masks it.
+    let check = s.cli(&["config", "check"]);
+    assert!(!stdout(&check).contains(token), "{}", stdout(&check));
+    // Removed by a reload: open again, as by default.
+    s.write_config("");
+    assert!(s.cli(&["reload"]).status.success());
+    assert_eq!(d.get("/metrics").0, 200);
+    assert!(d.terminate().success());
+}
