@@ -12,7 +12,7 @@ Usage: packaging/install.sh [--binary PATH] [--destdir DIR] [--no-systemctl]
   --no-systemctl   do not run `systemctl daemon-reload`
   -h, --help       show this help
 
-Installs /usr/local/bin/switchyard, /etc/systemd/system/switchyard.service and, unless one
+Installs /usr/local/bin/switchyard, /etc/systemd/system/switchyard.{service,socket} and, unless one
 exists already, /etc/switchyard/switchyard.toml. Run as root, e.g. build as yourself first:
   cargo build --release --locked
   sudo packaging/install.sh --binary target/release/switchyard
@@ -66,6 +66,8 @@ install -m 0755 "$binary" "$bin_dir/switchyard"
 echo "installed $bin_dir/switchyard"
 install -m 0644 "$here/systemd/switchyard.service" "$unit_dir/switchyard.service"
 echo "installed $unit_dir/switchyard.service"
+install -m 0644 "$here/systemd/switchyard.socket" "$unit_dir/switchyard.socket"
+echo "installed $unit_dir/switchyard.socket (enable it to keep the listener open across restarts)"
 if [ -e "$conf" ]; then
     echo "kept existing $conf (the example is $here/switchyard.toml)"
 else

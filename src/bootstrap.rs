@@ -79,12 +79,43 @@ impl Listeners {
 /// Binds the client listener and the admin socket (mode 0660). A stale socket file left by a
 /// crash is replaced; one that a live daemon answers on is an error.
 pub async fn bind(listen: SocketAddr, admin_path: &Path) -> Result<Listeners, BootError> {
-    let http = TcpListener::bind(listen)
-        .await
-        .map_err(|source| BootError::Listen {
-            addr: listen.to_string(),
-            source,
-        })?;
+    bind_with(None, listen, admin_path).await
+}
+
+/// [`bind`], taking the client listener systemd passed (socket activation) when there is one:
+/// it stays open across restarts, so a client connecting meanwhile waits instead of being
+/// refused.
+pub async fn bind_with(
+    activated: Option<std::net::TcpListener>,
+    listen: SocketAddr,
+    admin_path: &Path,
+) -> Result<Listeners, BootError> {
+    let http = match activated {
+        Some(l) => {
+            let addr = l.local_addr().map(|a| a.to_string()).unwrap_or_default();
+            let taken = l
+                .set_nonblocking(true)
+                .and_then(|()| TcpListener::from_std(l))
+                .map_err(|source| BootError::Listen {
+                    addr: addr.clone(),
+                    source,
+                })?;
+            if addr != listen.to_string() {
+                tracing::info!(
+                    socket = %addr,
+                    configured = %listen,
+                    "serving on the socket systemd passed; [server] listen is not used"
+                );
+            }
+            taken
+        }
+        None => TcpListener::bind(listen)
+            .await
+            .map_err(|source| BootError::Listen {
+                addr: listen.to_string(),
+                source,
+            })?,
+    };
     let socket_err = |source| BootError::Socket {
         path: admin_path.to_path_buf(),
         source,

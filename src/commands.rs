@@ -109,7 +109,9 @@ pub fn run(cli: Cli) -> Result<(), CommandError> {
         }
         Command::Serve(_) => {
             telemetry::init_logging(&config.log.level, config.log.format);
-            runtime()?.block_on(serve(config, source))
+            // Before the runtime starts its threads: taking it unsets the variables.
+            let activated = crate::systemd::activated_listener().map_err(CommandError::Usage)?;
+            runtime()?.block_on(serve(config, source, activated))
         }
         Command::Account(cmd) => {
             telemetry::init_logging("warn", config.log.format);
@@ -157,7 +159,11 @@ fn admin_socket(config: &Config) -> PathBuf {
     config.admin_socket(&config::process_env)
 }
 
-async fn serve(config: Config, source: config::Source) -> Result<(), CommandError> {
+async fn serve(
+    config: Config,
+    source: config::Source,
+    activated: Option<std::net::TcpListener>,
+) -> Result<(), CommandError> {
     let dir = state_dir(&config);
     let shutdown = bootstrap::signals();
     let store = match Store::open(&dir) {
@@ -165,7 +171,8 @@ async fn serve(config: Config, source: config::Source) -> Result<(), CommandErro
         Err(StoreError::Locked { path }) => return Err(locked(path, &config).await),
         Err(e) => return Err(e.into()),
     };
-    let listeners = bootstrap::bind(config.server.listen, &admin_socket(&config)).await?;
+    let listeners =
+        bootstrap::bind_with(activated, config.server.listen, &admin_socket(&config)).await?;
     let clock: SharedClock = clock::system();
     bootstrap::run_with(
         store,

@@ -1,6 +1,7 @@
-//! The systemd notify protocol: `READY=1`, `STOPPING=1` and watchdog pings over the datagram
-//! socket named by `$NOTIFY_SOCKET` (a path, or `@name` for an abstract socket). Without that
-//! variable every call is a no-op.
+//! The systemd notify protocol: `READY=1`, `STOPPING=1`, `RELOADING=1` and watchdog pings over
+//! the datagram socket named by `$NOTIFY_SOCKET` (a path, or `@name` for an abstract socket).
+//! Without that variable every call is a no-op. And socket activation: the client listener
+//! systemd hands over (`LISTEN_FDS`, `LISTEN_PID`, `LISTEN_FDNAMES`).
 
 use std::io;
 use std::os::unix::net::{SocketAddr, UnixDatagram};
@@ -58,6 +59,44 @@ pub fn watchdog_interval() -> Option<Duration> {
         return None;
     }
     (usec > 0).then(|| Duration::from_micros(usec / 2))
+}
+
+/// The name the socket unit gives the client listener (`FileDescriptorName=`).
+pub const LISTENER_NAME: &str = "http";
+
+/// The client listener systemd passed, if it passed one to this process: `LISTEN_PID` must be
+/// this process (a variable inherited from a parent that was activated is not ours) and
+/// `LISTEN_FDS` count the descriptors from 3. With names (`LISTEN_FDNAMES`), the one named
+/// [`LISTENER_NAME`] is taken, else the first. Call it before any thread starts: it unsets the
+/// variables, so nothing this process starts inherits them.
+pub fn activated_listener() -> Result<Option<std::net::TcpListener>, String> {
+    let env = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
+    let (Some(pid), Some(count)) = (env("LISTEN_PID"), env("LISTEN_FDS")) else {
+        return Ok(None);
+    };
+    if pid.parse::<u32>().ok() != Some(std::process::id()) {
+        return Ok(None);
+    }
+    let count: usize = count
+        .parse()
+        .map_err(|_| format!("LISTEN_FDS={count} is not a number"))?;
+    let names: Vec<String> = env("LISTEN_FDNAMES")
+        .map(|n| n.split(':').map(str::to_string).collect())
+        .unwrap_or_default();
+    let index = names.iter().position(|n| n == LISTENER_NAME).unwrap_or(0);
+    if count == 0 {
+        return Ok(None);
+    }
+    if count > 1 {
+        tracing::warn!(
+            count,
+            names = %names.join(":"),
+            "systemd passed several sockets; only the client listener ({LISTENER_NAME}) is used"
+        );
+    }
+    let mut fds = listenfd::ListenFd::from_env();
+    fds.take_tcp_listener(index)
+        .map_err(|e| format!("the socket systemd passed (LISTEN_FDS) is not a TCP listener: {e}"))
 }
 
 #[cfg(test)]

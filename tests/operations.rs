@@ -291,3 +291,60 @@ async fn the_metrics_token_guards_metrics_and_without_one_they_stay_open() {
     assert_eq!(d.get("/metrics").0, 200);
     assert!(d.terminate().success());
 }
+
+#[test]
+fn a_listener_handed_over_by_systemd_keeps_connections_waiting_across_a_restart() {
+    let tmp = tempfile::tempdir().unwrap();
+    let state = tmp.path().join("state");
+    // The test holds the listening socket, as systemd's socket unit does.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let start = || {
+        Daemon::start_with(
+            &state,
+            DaemonOptions {
+                activation: Some(listener.try_clone().unwrap()),
+                ..Default::default()
+            },
+        )
+    };
+    let first = start();
+    assert_eq!(
+        first.http, addr,
+        "the daemon serves on the socket it was given"
+    );
+    assert_eq!(first.get("/healthz").0, 200);
+    let log = first.log_text();
+    assert!(
+        log.contains("serving on the socket systemd passed"),
+        "{log}"
+    );
+    assert!(first.terminate().success());
+
+    // No daemon now: a client connects anyway (the socket is still listening) and waits.
+    let mut waiting = std::net::TcpStream::connect(addr).unwrap();
+    waiting
+        .set_read_timeout(Some(common::SIGNAL_DEADLINE))
+        .unwrap();
+    {
+        use std::io::Write;
+        waiting
+            .write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            .unwrap();
+    }
+    let second = start();
+    let mut answer = String::new();
+    {
+        use std::io::Read;
+        waiting.read_to_string(&mut answer).unwrap();
+    }
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    assert!(second.terminate().success());
+
+    // Without a socket handed over, the same moment refuses the connection.
+    let own = Daemon::start(&state);
+    let own_addr = own.http;
+    assert!(own.terminate().success());
+    let refused = std::net::TcpStream::connect(own_addr).unwrap_err();
+    assert_eq!(refused.kind(), std::io::ErrorKind::ConnectionRefused);
+}

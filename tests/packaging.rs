@@ -63,3 +63,30 @@ fn the_systemd_unit_is_hardened_and_notifies() {
     assert!(unit.lines().any(|l| l.starts_with("WatchdogSec=")));
     assert!(unit.contains("systemctl edit"));
 }
+
+#[test]
+fn the_socket_unit_hands_over_the_default_listener_by_name() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("packaging/systemd");
+    let socket = std::fs::read_to_string(dir.join("switchyard.socket")).unwrap();
+    let value = |key: &str| {
+        socket
+            .lines()
+            .find_map(|l| l.trim().strip_prefix(&format!("{key}=")))
+            .map(str::to_string)
+    };
+    assert_eq!(
+        value("ListenStream").as_deref(),
+        Some(switchyard::config::DEFAULT_LISTEN)
+    );
+    assert_eq!(
+        value("FileDescriptorName").as_deref(),
+        Some(switchyard::systemd::LISTENER_NAME)
+    );
+    let service = std::fs::read_to_string(dir.join("switchyard.service")).unwrap();
+    assert!(
+        service
+            .lines()
+            .any(|l| l.starts_with("ExecReload=") && l.ends_with(" reload")),
+        "the service reloads through `switchyard reload`"
+    );
+}

@@ -70,6 +70,9 @@ pub fn clean_env(cmd: &mut Command) {
         "SWITCHYARD_STATE_DIR",
         "SWITCHYARD_LISTEN",
         "RUST_LOG",
+        "LISTEN_PID",
+        "LISTEN_FDS",
+        "LISTEN_FDNAMES",
     ] {
         cmd.env_remove(var);
     }
@@ -119,6 +122,10 @@ pub struct DaemonOptions<'a> {
     pub socket: Option<PathBuf>,
     /// Run as this user (and group) id; the test must run as root.
     pub uid: Option<u32>,
+    /// Hand this listener over as systemd does (socket activation): as fd 3, with
+    /// `LISTEN_FDS=1`, `LISTEN_FDNAMES=http` and `LISTEN_PID` = the daemon's own pid (a shell
+    /// moves it from stdin to fd 3 and execs the daemon, keeping its pid).
+    pub activation: Option<std::net::TcpListener>,
 }
 
 impl Daemon {
@@ -146,16 +153,32 @@ impl Daemon {
         notify.set_read_timeout(Some(SIGNAL_DEADLINE)).unwrap();
         let log = state_dir.with_extension(format!("log{}", std::process::id()));
         let _ = std::fs::create_dir_all(state_dir.parent().unwrap());
-        let mut cmd = Command::new(BIN);
+        let mut cmd = match &opts.activation {
+            None => Command::new(BIN),
+            Some(_) => {
+                let mut sh = Command::new("sh");
+                sh.arg("-c")
+                    .arg(
+                        "exec 3<&0 0</dev/null; export LISTEN_PID=$$ LISTEN_FDS=1 \
+                         LISTEN_FDNAMES=http; exec \"$0\" \"$@\"",
+                    )
+                    .arg(BIN);
+                sh
+            }
+        };
         clean_env(&mut cmd);
         cmd.arg("--state-dir").arg(state_dir);
         if let Some(c) = opts.config {
             cmd.arg("--config").arg(c);
         }
+        let stdin = match opts.activation {
+            Some(l) => Stdio::from(std::os::fd::OwnedFd::from(l)),
+            None => Stdio::null(),
+        };
         cmd.args(["serve", "--listen", "127.0.0.1:0"])
             .env("NOTIFY_SOCKET", &notify_path)
             .env("RUST_LOG", "info")
-            .stdin(Stdio::null())
+            .stdin(stdin)
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log).unwrap());
         for (k, v) in &opts.env {
