@@ -54,6 +54,13 @@ pub enum Command {
     /// failures after the answer began, slow failures, each account's failures by cause — and
     /// the changes the numbers suggest.
     Report(ReportArgs),
+    /// Write a consistent backup of the store to FILE (0600), through the daemon while it
+    /// serves, else from the store itself. Without --include-key it does not hold secret.key
+    /// (restoring it then needs that key).
+    Backup(BackupArgs),
+    /// Restore a backup into the state directory (refused when it is not empty, unless
+    /// --force), checking that the key opens it. The daemon must be stopped.
+    Restore(RestoreArgs),
     /// Send the configuration (--config) to the running daemon, which applies what changes
     /// live and logs what waits for a restart. SIGHUP re-reads the daemon's own copy instead.
     Reload,
@@ -69,6 +76,31 @@ pub struct ReportArgs {
     pub slow: std::time::Duration,
     #[arg(long, default_value = "text", value_parser = ["text", "json"])]
     pub format: String,
+}
+
+#[derive(Debug, Args)]
+pub struct BackupArgs {
+    /// Where to write the backup.
+    #[arg(value_name = "FILE")]
+    pub file: PathBuf,
+    /// Put secret.key in the backup too (then the file alone opens every account's tokens:
+    /// keep it like a password).
+    #[arg(long, env = "SWITCHYARD_BACKUP_INCLUDE_KEY")]
+    pub include_key: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct RestoreArgs {
+    /// The backup to restore.
+    #[arg(value_name = "FILE")]
+    pub file: PathBuf,
+    /// The secret.key the backup was sealed with, when the backup does not hold it (default:
+    /// the one already in the state directory).
+    #[arg(long, env = "SWITCHYARD_RESTORE_KEY", value_name = "FILE")]
+    pub key: Option<PathBuf>,
+    /// Replace the store (and key) of a state directory that is not empty.
+    #[arg(long, env = "SWITCHYARD_RESTORE_FORCE")]
+    pub force: bool,
 }
 
 #[derive(Debug, Args)]

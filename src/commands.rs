@@ -83,6 +83,10 @@ pub enum CommandError {
     Runtime(std::io::Error),
     #[error("{0}")]
     Usage(String),
+    #[error(transparent)]
+    Backup(crate::store::backup::BackupError),
+    #[error(transparent)]
+    Restore(#[from] crate::backup::RestoreError),
 }
 
 /// Runs a parsed command line.
@@ -129,6 +133,14 @@ pub fn run(cli: Cli) -> Result<(), CommandError> {
             telemetry::init_logging("warn", config.log.format);
             runtime()?.block_on(report(&config, args))
         }
+        Command::Backup(args) => {
+            telemetry::init_logging("warn", config.log.format);
+            runtime()?.block_on(crate::backup::backup(&config, args))
+        }
+        Command::Restore(args) => {
+            telemetry::init_logging("warn", config.log.format);
+            runtime()?.block_on(crate::backup::restore(&config, args))
+        }
         Command::Reload => {
             telemetry::init_logging("warn", config.log.format);
             runtime()?.block_on(reload(&config, &source))
@@ -151,11 +163,11 @@ fn runtime() -> Result<tokio::runtime::Runtime, CommandError> {
         .map_err(CommandError::Runtime)
 }
 
-fn state_dir(config: &Config) -> PathBuf {
+pub(crate) fn state_dir(config: &Config) -> PathBuf {
     config.state_dir(&config::process_env)
 }
 
-fn admin_socket(config: &Config) -> PathBuf {
+pub(crate) fn admin_socket(config: &Config) -> PathBuf {
     config.admin_socket(&config::process_env)
 }
 

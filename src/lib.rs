@@ -3,6 +3,7 @@
 
 pub mod admin_client;
 pub mod api;
+pub mod backup;
 pub mod bootstrap;
 pub mod cli;
 pub mod clock;

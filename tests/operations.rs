@@ -8,6 +8,7 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use common::{Daemon, DaemonOptions, cli, gw, stderr, stdout};
+use serde_json::Value;
 use switchyard::sim::{Fault, FaultKind, Sim, SimHandle, SimOptions};
 
 /// A simulator, a config pointing at it (plus `extra`), and a state directory with its accounts
@@ -347,4 +348,210 @@ fn a_listener_handed_over_by_systemd_keeps_connections_waiting_across_a_restart(
     assert!(own.terminate().success());
     let refused = std::net::TcpStream::connect(own_addr).unwrap_err();
     assert_eq!(refused.kind(), std::io::ErrorKind::ConnectionRefused);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backup_taken_under_load_restores_every_account_key_setting_usage_and_record() {
+    use std::os::unix::fs::PermissionsExt;
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    let s = Setup::new(2, "").await;
+    let d = s.daemon();
+    until_ready(&d).await;
+    let settings = d.admin(
+        "PUT",
+        "/api/admin/settings",
+        Some(r#"{"strategy":"least_loaded","queue_wait":"45s","max_concurrency":5}"#),
+    );
+    assert_eq!(settings.0, 200, "{}", settings.1);
+    let limited = s.cli(&["key", "create", "carol", "--rpm", "1000", "--note", "kept"]);
+    assert!(limited.status.success(), "{}", stderr(&limited));
+    let id = d.admin("GET", "/api/admin/accounts", None).json()[0]["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let set = s.cli(&[
+        "account",
+        "set",
+        &id,
+        "--priority",
+        "3",
+        "--label",
+        "backup-me",
+    ]);
+    assert!(set.status.success(), "{}", stderr(&set));
+
+    // Load: requests one after another until told to stop.
+    let stop = Arc::new(AtomicBool::new(false));
+    let done = Arc::new(AtomicUsize::new(0));
+    let load = {
+        let (stop, done) = (Arc::clone(&stop), Arc::clone(&done));
+        let (http, key) = (d.http, s.key.clone());
+        std::thread::spawn(move || {
+            let auth = format!("Bearer {key}");
+            for _ in 0..2000 {
+                if stop.load(Ordering::Relaxed) {
+                    break;
+                }
+                let r = common::http_tcp(
+                    http,
+                    "POST",
+                    "/v1/responses",
+                    &[("Authorization", auth.as_str())],
+                    Some(&gw::body_plain("gpt-5.5", "under load", false).to_string()),
+                );
+                assert_eq!(r.0, 200, "{}", r.1);
+                done.fetch_add(1, Ordering::Relaxed);
+            }
+        })
+    };
+    gw::until("some load", || {
+        let done = Arc::clone(&done);
+        async move { done.load(Ordering::Relaxed) >= 10 }
+    })
+    .await;
+
+    let get = |d: &Daemon, path: &str| d.admin("GET", path, None).json();
+    let accounts = get(&d, "/api/admin/accounts");
+    let keys = get(&d, "/api/admin/keys");
+    let settings = get(&d, "/api/admin/settings");
+    let records: Vec<String> = get(&d, "/api/admin/requests?limit=2000")
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["id"].as_str().unwrap().to_string())
+        .collect();
+    let usage = get(&d, "/api/admin/usage?from=0&to=9999999999");
+    assert!(!records.is_empty() && !usage.as_array().unwrap().is_empty());
+
+    let file = s._tmp.path().join("switchyard.backup");
+    let out = s.cli(&["backup", file.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        stdout(&out).contains("does not hold secret.key"),
+        "{}",
+        stdout(&out)
+    );
+    let during = done.load(Ordering::Relaxed);
+    stop.store(true, Ordering::Relaxed);
+    load.join().unwrap();
+    assert!(done.load(Ordering::Relaxed) >= during);
+    let mode = std::fs::metadata(&file).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600);
+    let head = std::fs::read(&file).unwrap();
+    let head = String::from_utf8_lossy(&head[..400]).into_owned();
+    assert!(head.starts_with("switchyard backup 1\n"), "{head}");
+
+    // Without its key it cannot be restored; with the wrong one neither.
+    let restored = s._tmp.path().join("restored");
+    let backup = file.to_str().unwrap();
+    let out = cli(&restored, &["restore", backup]);
+    common::assert_one_line_error(&out, &["does not hold secret.key", "--key"]);
+    let wrong = s._tmp.path().join("wrong.key");
+    std::fs::write(&wrong, [1u8; 32]).unwrap();
+    let out = cli(
+        &restored,
+        &["restore", backup, "--key", wrong.to_str().unwrap()],
+    );
+    common::assert_one_line_error(&out, &["does not match this backup"]);
+    assert!(!restored.join("switchyard.redb").exists());
+    let key = s.state.join("secret.key");
+    let out = cli(
+        &restored,
+        &["restore", backup, "--key", key.to_str().unwrap()],
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    // A directory that holds a store is not overwritten without --force.
+    let out = cli(
+        &restored,
+        &["restore", backup, "--key", key.to_str().unwrap()],
+    );
+    common::assert_one_line_error(&out, &["not empty", "--force"]);
+    let out = cli(
+        &restored,
+        &["restore", backup, "--key", key.to_str().unwrap(), "--force"],
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(d.terminate().success());
+
+    // Served from the restored directory: everything taken before the backup is there.
+    let r = Daemon::start_with(
+        &restored,
+        DaemonOptions {
+            config: Some(&s.cfg),
+            ..Default::default()
+        },
+    );
+    let stored = |a: &Value| {
+        let mut a = a.clone();
+        let o = a.as_object_mut().unwrap();
+        for live in [
+            "state",
+            "in_flight",
+            "limit",
+            "limit_exact",
+            "waiting",
+            "oldest_wait_ms",
+            "quota",
+            "cooldown_remaining_s",
+            "draining",
+            "level",
+            "reason",
+            "detail",
+            "cooldown_until",
+            "last_error",
+        ] {
+            o.remove(live);
+        }
+        a
+    };
+    let again = get(&r, "/api/admin/accounts");
+    assert_eq!(
+        again
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(stored)
+            .collect::<Vec<_>>(),
+        accounts
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(stored)
+            .collect::<Vec<_>>()
+    );
+    assert_eq!(get(&r, "/api/admin/keys"), keys);
+    assert_eq!(get(&r, "/api/admin/settings"), settings);
+    let again: std::collections::HashSet<String> = get(&r, "/api/admin/requests?limit=2000")
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["id"].as_str().unwrap().to_string())
+        .collect();
+    let lost: Vec<&String> = records.iter().filter(|id| !again.contains(*id)).collect();
+    assert!(lost.is_empty(), "records lost: {lost:?}");
+    let again = get(&r, "/api/admin/usage?from=0&to=9999999999");
+    let bucket = |b: &Value| {
+        (
+            b["hour"].as_u64().unwrap(),
+            b["key_id"].as_str().unwrap().to_string(),
+            b["account"].as_str().unwrap().to_string(),
+            b["model"].as_str().unwrap().to_string(),
+        )
+    };
+    for b in usage.as_array().unwrap() {
+        let found = again
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|x| bucket(x) == bucket(b))
+            .unwrap_or_else(|| panic!("usage bucket lost: {b}"));
+        assert!(
+            found["requests"].as_u64() >= b["requests"].as_u64(),
+            "{found} < {b}"
+        );
+    }
+    // The key's client still authenticates against the restored store.
+    assert_eq!(request(&r, &s.key, "gpt-5.5").0, 200);
+    assert!(r.terminate().success());
 }

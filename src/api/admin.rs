@@ -51,6 +51,78 @@ pub fn routes() -> Router<Arc<AppState>> {
         .route("/api/admin/usage", get(usage))
         .route("/api/admin/report", get(report))
         .route("/api/admin/reload", post(reload))
+        .route("/api/admin/backup", get(backup))
+}
+
+#[derive(Debug, serde::Deserialize)]
+struct BackupQuery {
+    #[serde(default)]
+    include_key: bool,
+}
+
+/// A backup of the store taken now, while serving (`store::backup`): usage totals not yet
+/// written are written first, then one read transaction is copied into a file in the state
+/// directory, which is streamed out and removed. `secret.key` only when asked for.
+async fn backup(
+    State(state): State<Arc<AppState>>,
+    axum::extract::Query(q): axum::extract::Query<BackupQuery>,
+) -> Result<Response, ApiError> {
+    use futures_util::StreamExt;
+    if let Err(e) = state.dispatcher.usage.flush().await {
+        tracing::warn!(error = %e, "backup: the latest usage totals could not be written first");
+    }
+    state.store.flush().await?;
+    let dir = state
+        .store
+        .path()
+        .parent()
+        .map(std::path::Path::to_path_buf)
+        .ok_or_else(|| ApiError::internal("the store has no state directory"))?;
+    let mut tag = [0u8; 6];
+    getrandom::fill(&mut tag).map_err(|e| ApiError::internal(e.to_string()))?;
+    let tag: String = tag.iter().map(|b| format!("{b:02x}")).collect();
+    let tmp = dir.join(format!(".backup-{tag}.redb"));
+    let store = state.store.clone();
+    let snapshot = {
+        let tmp = tmp.clone();
+        tokio::task::spawn_blocking(move || store.snapshot_to(&tmp))
+            .await
+            .map_err(|e| ApiError::internal(e.to_string()))?
+    };
+    let (mut manifest, counts) = snapshot?;
+    let key = if q.include_key {
+        let k = crate::store::secrets::load_or_create_key(&dir, false)?;
+        Some(k)
+    } else {
+        None
+    };
+    manifest.key_included = key.is_some();
+    let file = tokio::fs::File::open(&tmp)
+        .await
+        .map_err(|e| ApiError::internal(format!("cannot read the snapshot: {e}")));
+    // Unlinked at once: the open file stays readable until the stream ends.
+    let _ = std::fs::remove_file(&tmp);
+    let file = file?;
+    tracing::info!(
+        bytes = manifest.store_bytes,
+        key_included = manifest.key_included,
+        rows = ?counts,
+        "backup taken"
+    );
+    let head = futures_util::stream::once(async move {
+        Ok::<_, std::io::Error>(axum::body::Bytes::from(manifest.header()))
+    });
+    let tail = futures_util::stream::iter(
+        key.map(|k| Ok::<_, std::io::Error>(axum::body::Bytes::copy_from_slice(&k))),
+    );
+    let body = head
+        .chain(tokio_util::io::ReaderStream::new(file))
+        .chain(tail);
+    Ok((
+        [(axum::http::header::CONTENT_TYPE, "application/octet-stream")],
+        axum::body::Body::from_stream(body),
+    )
+        .into_response())
 }
 
 /// Reads the configuration again (the body, when there is one, is the file's text: what

@@ -4,6 +4,7 @@
 //! (`writer.rs`). Values are encoded by `codec.rs` only; account secrets are sealed with the
 //! state directory's `secret.key` (`secrets.rs`).
 
+pub mod backup;
 pub mod codec;
 mod guard;
 mod open;
@@ -320,6 +321,11 @@ impl Store {
             }
         }
         Ok(())
+    }
+
+    /// The id of the key this store is sealed with (`secrets::key_id`).
+    pub fn key_id(&self) -> &str {
+        self.inner.sealer.key_id()
     }
 
     /// Whether this handle only reads (a command that changes nothing).

@@ -53,6 +53,7 @@ impl fmt::Display for Secret {
 #[derive(Clone)]
 pub struct Sealer {
     cipher: ChaCha20Poly1305,
+    id: String,
 }
 
 impl fmt::Debug for Sealer {
@@ -65,7 +66,13 @@ impl Sealer {
     pub fn from_key(key: &[u8; KEY_LEN]) -> Self {
         Self {
             cipher: ChaCha20Poly1305::new(Key::from_slice(key)),
+            id: key_id(key),
         }
+    }
+
+    /// The key's id (see [`key_id`]).
+    pub fn key_id(&self) -> &str {
+        &self.id
     }
 
     pub fn seal(&self, aad: &str, plaintext: &[u8]) -> Result<Vec<u8>, StoreError> {
@@ -103,6 +110,17 @@ impl Sealer {
             )
             .ok()
     }
+}
+
+/// A key's id: 16 hex digits of a SHA-256 over it, which say whether two keys are the same
+/// without saying anything about the key (backups carry it, `doctor` shows it).
+pub fn key_id(key: &[u8; KEY_LEN]) -> String {
+    use sha2::{Digest, Sha256};
+    let digest = Sha256::new()
+        .chain_update(b"switchyard secret.key id\n")
+        .chain_update(key)
+        .finalize();
+    digest[..8].iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// Reads `secret.key`; creates it (0600) only when `may_create` and it does not exist.

@@ -173,6 +173,57 @@ impl AdminClient {
         serde_json::from_slice(&bytes).map_err(|e| ClientError::Decode(e.to_string()))
     }
 
+    /// Sends one request and writes a 2xx answer's body to `out` as it arrives (a backup);
+    /// returns the bytes written, or the daemon's error.
+    pub async fn download(
+        &self,
+        method: Method,
+        path: &str,
+        out: &mut impl std::io::Write,
+    ) -> Result<u64, ClientError> {
+        let stream = self.stream().await?;
+        let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+            .await
+            .map_err(|e| ClientError::Http(e.to_string()))?;
+        let conn = tokio::spawn(conn);
+        let mut req = Request::builder()
+            .method(method)
+            .uri(path)
+            .header(header::HOST, "switchyard");
+        if let Some(token) = self.target.token() {
+            req = req.header(header::AUTHORIZATION, format!("Bearer {token}"));
+        }
+        let req = req
+            .body(Full::new(Bytes::new()))
+            .map_err(|e| ClientError::Http(e.to_string()))?;
+        let resp = sender
+            .send_request(req)
+            .await
+            .map_err(|e| ClientError::Http(e.to_string()))?;
+        let status = resp.status();
+        let mut body = resp.into_body();
+        if !status.is_success() {
+            let bytes = body
+                .collect()
+                .await
+                .map_err(|e| ClientError::Http(e.to_string()))?
+                .to_bytes();
+            conn.abort();
+            return Err(api_error(status, &bytes));
+        }
+        let mut written = 0u64;
+        while let Some(frame) = body.frame().await {
+            let frame = frame.map_err(|e| ClientError::Http(e.to_string()))?;
+            if let Ok(data) = frame.into_data() {
+                out.write_all(&data)
+                    .map_err(|e| ClientError::Http(format!("cannot write: {e}")))?;
+                written += data.len() as u64;
+            }
+        }
+        conn.abort();
+        Ok(written)
+    }
+
     /// Opens the console feed (`GET /api/admin/console`, WebSocket).
     pub async fn feed(&self) -> Result<FeedSocket, ClientError> {
         use tungstenite::client::IntoClientRequest;
