@@ -61,6 +61,11 @@ pub enum Command {
     /// Restore a backup into the state directory (refused when it is not empty, unless
     /// --force), checking that the key opens it. The daemon must be stopped.
     Restore(RestoreArgs),
+    /// Check the installation: config, state directory and file modes, the store's integrity
+    /// and unreadable rows, the key, every account's tokens and login, the clock and the
+    /// upstream (unless --offline), the listener's exposure, the installed unit. Exit 0 all
+    /// fine, 1 warnings, 2 errors.
+    Doctor(DoctorArgs),
     /// Send the configuration (--config) to the running daemon, which applies what changes
     /// live and logs what waits for a restart. SIGHUP re-reads the daemon's own copy instead.
     Reload,
@@ -76,6 +81,20 @@ pub struct ReportArgs {
     pub slow: std::time::Duration,
     #[arg(long, default_value = "text", value_parser = ["text", "json"])]
     pub format: String,
+}
+
+#[derive(Debug, Args)]
+pub struct DoctorArgs {
+    /// Skip the checks that need the network (upstream DNS, TLS, clock).
+    #[arg(long, env = "SWITCHYARD_DOCTOR_OFFLINE")]
+    pub offline: bool,
+    /// Print the findings as JSON.
+    #[arg(long, env = "SWITCHYARD_JSON")]
+    pub json: bool,
+    /// Where the systemd units are looked for (default: /etc/systemd/system, then
+    /// /lib/systemd/system and /usr/lib/systemd/system).
+    #[arg(long, env = "SWITCHYARD_DOCTOR_UNIT_DIR", value_name = "DIR")]
+    pub unit_dir: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]

@@ -11,6 +11,7 @@ pub mod commands;
 pub mod config;
 pub mod demo;
 pub mod dispatch;
+pub mod doctor;
 pub mod fleet;
 pub mod keys;
 mod names;

@@ -5,7 +5,7 @@ use clap::Parser;
 fn main() -> ExitCode {
     let cli = switchyard::cli::Cli::parse();
     match switchyard::commands::run(cli) {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(code) => ExitCode::from(code),
         Err(e) => {
             eprintln!("error: {e}");
             ExitCode::FAILURE

@@ -555,3 +555,202 @@ async fn a_backup_taken_under_load_restores_every_account_key_setting_usage_and_
     assert_eq!(request(&r, &s.key, "gpt-5.5").0, 200);
     assert!(r.terminate().success());
 }
+
+/// `doctor --json`: its exit code and findings as (level, check, finding, remedy).
+fn doctor(out: &std::process::Output) -> (i32, Vec<(String, String, String, String)>) {
+    let findings: Value = serde_json::from_str(&stdout(out))
+        .unwrap_or_else(|e| panic!("{e}: {}\n{}", stdout(out), stderr(out)));
+    let rows = findings
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| {
+            let s = |k: &str| f[k].as_str().unwrap().to_string();
+            (s("level"), s("check"), s("finding"), s("remedy"))
+        })
+        .collect();
+    (out.status.code().unwrap(), rows)
+}
+
+/// A copy of the unit this release ships, running `bin`.
+fn unit_dir(root: &std::path::Path, bin: &str) -> PathBuf {
+    let dir = root.join("units");
+    std::fs::create_dir_all(&dir).unwrap();
+    let unit = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("packaging/systemd/switchyard.service"),
+    )
+    .unwrap()
+    .replace("/usr/local/bin/switchyard", bin);
+    std::fs::write(dir.join("switchyard.service"), unit).unwrap();
+    dir
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn doctor_finds_nothing_wrong_with_a_healthy_installation() {
+    let s = Setup::new(2, "").await;
+    let units = unit_dir(s._tmp.path(), common::BIN);
+    let units = units.to_str().unwrap();
+    // Without a daemon (the store read-only), against the simulator as the upstream.
+    let before = std::fs::read(s.state.join("switchyard.redb")).unwrap();
+    let out = s.cli(&["doctor", "--json", "--unit-dir", units]);
+    let (code, findings) = doctor(&out);
+    assert_eq!(code, 0, "{findings:#?}");
+    assert!(findings.iter().all(|f| f.0 == "ok"), "{findings:#?}");
+    for check in [
+        "config",
+        "state directory",
+        "file modes",
+        "store integrity",
+        "secret.key",
+        "unreadable rows",
+        "account tokens",
+        "logins",
+        "upstream",
+        "clock",
+        "listener",
+        "metrics",
+        "systemd unit",
+    ] {
+        assert!(
+            findings.iter().any(|f| f.1 == check),
+            "no `{check}`: {findings:#?}"
+        );
+    }
+    assert_eq!(
+        std::fs::read(s.state.join("switchyard.redb")).unwrap(),
+        before,
+        "doctor wrote the store"
+    );
+    // Through the daemon, the same.
+    let d = s.daemon();
+    let out = s.cli(&["doctor", "--json", "--unit-dir", units]);
+    let (code, findings) = doctor(&out);
+    assert_eq!(code, 0, "{findings:#?}");
+    assert!(
+        findings
+            .iter()
+            .any(|f| f.1 == "daemon" && f.2.contains("running"))
+    );
+    // The table has a remedy column, and a summary.
+    let out = s.cli(&["doctor", "--offline", "--unit-dir", units]);
+    assert_eq!(out.status.code(), Some(0), "{}", stdout(&out));
+    assert!(stdout(&out).starts_with("STATUS"), "{}", stdout(&out));
+    assert!(stdout(&out).contains("REMEDY"));
+    assert!(
+        stdout(&out).trim_end().ends_with("0 warnings, 0 errors"),
+        "{}",
+        stdout(&out)
+    );
+    assert!(d.terminate().success());
+}
+
+#[tokio::test]
+async fn doctor_names_each_problem_of_a_broken_state_directory_with_its_remedy() {
+    use std::os::unix::fs::PermissionsExt;
+    use switchyard::store::Store;
+    use switchyard::store::schema::Table;
+    use switchyard::store::writer::{Key, Mutation};
+    let tmp = tempfile::tempdir().unwrap();
+    let state = tmp.path().join("state");
+    std::fs::create_dir(&state).unwrap();
+    let fixture =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/state-0.3.0");
+    for f in ["switchyard.redb", "secret.key"] {
+        std::fs::copy(fixture.join(f), state.join(f)).unwrap();
+        std::fs::set_permissions(state.join(f), std::fs::Permissions::from_mode(0o600)).unwrap();
+    }
+    {
+        let store = Store::open(&state).unwrap();
+        let garbage = |t: Table, k: &str| Mutation::Put(t, Key::Text(k.into()), vec![2, 0xff]);
+        store
+            .write(vec![
+                garbage(Table::ClientKeys, "key_broken"),
+                garbage(Table::AccountSecrets, "00508cd4"),
+            ])
+            .await
+            .unwrap();
+        store.close().await.unwrap();
+    }
+    std::fs::set_permissions(&state, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let cfg = tmp.path().join("exposed.toml");
+    std::fs::write(&cfg, "[server]\nlisten = \"0.0.0.0:8080\"\n").unwrap();
+    let units = unit_dir(tmp.path(), "/opt/elsewhere/switchyard");
+    let run = |extra: &[&str]| {
+        let mut args = vec![
+            "--config",
+            cfg.to_str().unwrap(),
+            "doctor",
+            "--offline",
+            "--json",
+            "--unit-dir",
+            units.to_str().unwrap(),
+        ];
+        args.extend_from_slice(extra);
+        cli(&state, &args)
+    };
+    let (code, findings) = doctor(&run(&[]));
+    assert_eq!(code, 2, "{findings:#?}");
+    let has = |level: &str, check: &str, finding: &str, remedy: &str| {
+        assert!(
+            findings.iter().any(|f| f.0 == level
+                && f.1 == check
+                && f.2.contains(finding)
+                && f.3.contains(remedy)),
+            "no {level} `{check}` with `{finding}` / `{remedy}`: {findings:#?}"
+        );
+    };
+    has("warning", "state directory", "0755", "chmod 700");
+    has(
+        "warning",
+        "unreadable rows",
+        "client_keys/key_broken",
+        "restore a backup",
+    );
+    has(
+        "error",
+        "account tokens",
+        "00508cd4",
+        "account login --account 00508cd4",
+    );
+    has(
+        "warning",
+        "logins",
+        "needs a new login",
+        "account login --account",
+    );
+    has("warning", "listener", "0.0.0.0:8080", "TLS");
+    has("warning", "metrics", "open to the network", "metrics_token");
+    has(
+        "warning",
+        "systemd unit",
+        "/opt/elsewhere/switchyard",
+        "install this binary",
+    );
+    has("ok", "store integrity", "verifies", "");
+
+    // A key that does not open the store, and a config that does not load: errors too.
+    std::fs::write(state.join("secret.key"), [5u8; 32]).unwrap();
+    std::fs::set_permissions(
+        state.join("secret.key"),
+        std::fs::Permissions::from_mode(0o600),
+    )
+    .unwrap();
+    let (code, findings) = doctor(&run(&[]));
+    assert_eq!(code, 2);
+    assert!(
+        findings
+            .iter()
+            .any(|f| f.0 == "error" && f.1 == "secret.key" && f.2.contains("does not match")),
+        "{findings:#?}"
+    );
+    std::fs::write(&cfg, "[server]\nlisten = \"nowhere\"\n").unwrap();
+    let (code, findings) = doctor(&run(&[]));
+    assert_eq!(code, 2);
+    assert!(
+        findings
+            .iter()
+            .any(|f| f.0 == "error" && f.1 == "config" && f.2.contains("server.listen")),
+        "{findings:#?}"
+    );
+}

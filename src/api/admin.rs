@@ -52,6 +52,16 @@ pub fn routes() -> Router<Arc<AppState>> {
         .route("/api/admin/report", get(report))
         .route("/api/admin/reload", post(reload))
         .route("/api/admin/backup", get(backup))
+        .route("/api/admin/doctor", get(doctor))
+}
+
+/// The store as the daemon sees it: a full scan now, and every row quarantined since start.
+async fn doctor(State(state): State<Arc<AppState>>) -> Result<Json<wire::StoreReport>, ApiError> {
+    let store = state.store.clone();
+    let scan = tokio::task::spawn_blocking(move || store.scan())
+        .await
+        .map_err(|e| ApiError::internal(e.to_string()))??;
+    Ok(Json(view::store_report(&state.store, scan)))
 }
 
 #[derive(Debug, serde::Deserialize)]

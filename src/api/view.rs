@@ -215,3 +215,29 @@ pub fn request(r: &RequestRecord) -> wire::RequestRecord {
 pub fn requests(list: &[RequestRecord]) -> Vec<wire::RequestRecord> {
     list.iter().map(request).collect()
 }
+
+/// The store's report for `doctor`.
+pub fn store_report(
+    store: &crate::store::Store,
+    scan: crate::store::scan::Scan,
+) -> wire::StoreReport {
+    wire::StoreReport {
+        state_dir: store
+            .path()
+            .parent()
+            .map(|p| p.display().to_string())
+            .unwrap_or_default(),
+        rows: scan.rows,
+        quarantined: store
+            .quarantined()
+            .into_iter()
+            .map(|q| wire::QuarantinedRow {
+                table: q.table,
+                key: q.key,
+                error: q.error,
+            })
+            .collect(),
+        without_tokens: scan.without_tokens,
+        key_id: store.key_id().to_string(),
+    }
+}

@@ -9,6 +9,7 @@ pub mod codec;
 mod guard;
 mod open;
 pub mod records;
+pub mod scan;
 pub mod schema;
 pub mod secrets;
 pub mod writer;
@@ -25,7 +26,7 @@ use redb::{
 use tokio::sync::{mpsc, oneshot};
 
 pub(crate) use self::guard::guarded;
-pub use self::open::ensure_writable_dir;
+pub use self::open::{Integrity, check_integrity_of_copy, ensure_writable_dir, open_to_others};
 
 use self::codec::{CodecError, Versioned};
 use self::records::{

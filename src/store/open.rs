@@ -213,7 +213,49 @@ impl Store {
             .unwrap_or_else(|e| e.into_inner()) = Some(scratch);
         Ok(store)
     }
+}
 
+/// What redb's integrity check found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Integrity {
+    /// Every page's checksum verifies.
+    Verified,
+    /// The newest commit does not verify; an open falls back to the commit before it.
+    NewestCommitDamaged,
+}
+
+/// Runs redb's integrity check on a private copy of the store in `state_dir` (the check writes,
+/// and the file itself must not change): what the daemon's next open would find.
+pub fn check_integrity_of_copy(state_dir: &Path) -> Result<Integrity, StoreError> {
+    let path = state_dir.join(DB_FILE);
+    let scratch = Scratch::new().map_err(|source| StoreError::Io {
+        path: std::env::temp_dir(),
+        source,
+    })?;
+    let copy = scratch.0.join(DB_FILE);
+    std::fs::copy(&path, &copy).map_err(|source| io_error(path.clone(), source))?;
+    let fell_back = Arc::new(AtomicBool::new(false));
+    let flag = Arc::clone(&fell_back);
+    let db = guarded(&path, || {
+        Builder::new()
+            .set_check_integrity_on_open(true)
+            .set_repair_callback(move |session| {
+                if (0.2..0.4).contains(&session.progress()) {
+                    flag.store(true, Ordering::Relaxed);
+                }
+            })
+            .create(&copy)
+            .map_err(|e| open_error(&path, e))
+    })?;
+    drop(db);
+    Ok(if fell_back.load(Ordering::Relaxed) {
+        Integrity::NewestCommitDamaged
+    } else {
+        Integrity::Verified
+    })
+}
+
+impl Store {
     /// What a read-only open finds where no store exists yet: nothing.
     fn nothing_yet(path: &Path) -> Result<Store, StoreError> {
         tracing::warn!(path = %path.display(), "no store there yet; nothing to show");

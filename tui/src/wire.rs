@@ -14,6 +14,28 @@ pub struct Reloaded {
     pub restart_needed: Vec<String>,
 }
 
+/// A row left out because it cannot be read.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct QuarantinedRow {
+    pub table: String,
+    pub key: String,
+    pub error: String,
+}
+
+/// `GET /api/admin/doctor`: the daemon's view of its store, for `switchyard doctor`.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct StoreReport {
+    pub state_dir: String,
+    /// Rows read per table by a full scan just now.
+    pub rows: Vec<(String, u64)>,
+    /// Every row left out since the daemon started (the scan's included).
+    pub quarantined: Vec<QuarantinedRow>,
+    /// Accounts with no tokens stored.
+    pub without_tokens: Vec<String>,
+    /// The id of the key the store is sealed with.
+    pub key_id: String,
+}
+
 /// `GET /api/admin/status`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Status {
