@@ -64,7 +64,10 @@ install -d -m 0755 "$bin_dir" "$unit_dir"
 install -d -m 0750 "$conf_dir"
 install -m 0755 "$binary" "$bin_dir/switchyard"
 echo "installed $bin_dir/switchyard"
-install -m 0644 "$here/systemd/switchyard.service" "$unit_dir/switchyard.service"
+# The unit names the packaged binary (/usr/bin); this script installs to /usr/local/bin.
+sed 's#/usr/bin/switchyard#/usr/local/bin/switchyard#g' "$here/systemd/switchyard.service" \
+    > "$unit_dir/switchyard.service"
+chmod 0644 "$unit_dir/switchyard.service"
 echo "installed $unit_dir/switchyard.service"
 install -m 0644 "$here/systemd/switchyard.socket" "$unit_dir/switchyard.socket"
 echo "installed $unit_dir/switchyard.socket (enable it to keep the listener open across restarts)"

@@ -581,7 +581,7 @@ fn unit_dir(root: &std::path::Path, bin: &str) -> PathBuf {
             .join("packaging/systemd/switchyard.service"),
     )
     .unwrap()
-    .replace("/usr/local/bin/switchyard", bin);
+    .replace("/usr/bin/switchyard", bin);
     std::fs::write(dir.join("switchyard.service"), unit).unwrap();
     dir
 }

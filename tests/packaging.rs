@@ -90,3 +90,51 @@ fn the_socket_unit_hands_over_the_default_listener_by_name() {
         "the service reloads through `switchyard reload`"
     );
 }
+
+#[test]
+fn the_debian_package_ships_units_and_config_and_never_starts_the_service() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let manifest: toml::Value =
+        toml::from_str(&std::fs::read_to_string(root.join("Cargo.toml")).unwrap()).unwrap();
+    let deb = &manifest["package"]["metadata"]["deb"];
+    let assets: Vec<(String, String)> = deb["assets"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| {
+            (
+                a[0].as_str().unwrap().to_string(),
+                a[1].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    assert!(assets.contains(&("target/release/switchyard".into(), "usr/bin/".into())));
+    assert!(assets.contains(&(
+        "packaging/switchyard.toml".into(),
+        "etc/switchyard/switchyard.toml".into()
+    )));
+    assert_eq!(
+        deb["conf-files"].as_array().unwrap()[0].as_str(),
+        Some("/etc/switchyard/switchyard.toml")
+    );
+    let units = &deb["systemd-units"];
+    assert_eq!(units["unit-scripts"].as_str(), Some("packaging/systemd"));
+    assert_eq!(units["enable"].as_bool(), Some(false));
+    assert_eq!(units["start"].as_bool(), Some(false));
+    let scripts = root.join(deb["maintainer-scripts"].as_str().unwrap());
+    let postinst = std::fs::read_to_string(scripts.join("postinst")).unwrap();
+    assert!(postinst.contains("#DEBHELPER#") && postinst.contains("daemon-reload"));
+    for script in ["postinst", "prerm", "postrm"] {
+        let text = std::fs::read_to_string(scripts.join(script)).unwrap();
+        assert!(text.contains("#DEBHELPER#"), "{script}");
+        assert!(
+            !text.contains("systemctl start") && !text.contains("systemctl restart"),
+            "{script} starts the service"
+        );
+    }
+    // The unit runs the packaged binary; install.sh rewrites the path to its own.
+    let unit = std::fs::read_to_string(root.join("packaging/systemd/switchyard.service")).unwrap();
+    assert!(unit.contains("ExecStart=/usr/bin/switchyard "), "{unit}");
+    let script = std::fs::read_to_string(root.join("packaging/install.sh")).unwrap();
+    assert!(script.contains("s#/usr/bin/switchyard#/usr/local/bin/switchyard#g"));
+}
