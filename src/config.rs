@@ -266,7 +266,7 @@ pub enum LogFormat {
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
-    #[error("cannot read config {path}: {source}")]
+    #[error("cannot read config {path}: {source}{}", read_remedy(source))]
     Read {
         path: PathBuf,
         #[source]
@@ -313,6 +313,19 @@ impl Source {
             config.server.listen = listen;
         }
         Ok(config.resolved(env))
+    }
+}
+
+/// What to do when the config file cannot be read.
+fn read_remedy(e: &std::io::Error) -> &'static str {
+    match e.kind() {
+        std::io::ErrorKind::NotFound => {
+            "; pass the path of an existing file (or none, for the defaults)"
+        }
+        std::io::ErrorKind::PermissionDenied => {
+            "; run as a user that may read it (the packaged config is root's: sudo)"
+        }
+        _ => "",
     }
 }
 

@@ -1013,6 +1013,22 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn an_empty_file_opens_as_a_new_store_and_garbage_is_damage() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join(DB_FILE), b"").unwrap();
+        Store::open(dir.path()).unwrap().close().await.unwrap();
+        let other = tempfile::tempdir().unwrap();
+        std::fs::write(other.path().join(DB_FILE), [7u8; 9000]).unwrap();
+        for e in [
+            Store::open(other.path()).unwrap_err(),
+            Store::open_read_only(other.path()).unwrap_err(),
+        ] {
+            assert!(matches!(e, StoreError::Damaged { .. }), "{e}");
+            assert!(e.to_string().contains(DB_FILE), "{e}");
+        }
+    }
+
+    #[tokio::test]
     async fn group_commit_acknowledges_every_job() {
         let s = Store::open_in_memory().unwrap();
         let mut tasks = Vec::new();

@@ -30,9 +30,9 @@ impl Store {
         ensure_writable_dir(state_dir)?;
         let path = state_dir.join(DB_FILE);
         let key_path = state_dir.join(secrets::KEY_FILE);
-        if path.exists()
-            && let Probe::Clean { schema, key_check } = probe(&path)?
-        {
+        // An empty file is a store not created yet, as redb sees it.
+        let existing = std::fs::metadata(&path).is_ok_and(|m| m.len() > 0);
+        if existing && let Probe::Clean { schema, key_check } = probe(&path)? {
             if let Some(found) = schema
                 && found > SCHEMA_VERSION
             {
