@@ -680,6 +680,10 @@ async fn login(
     let pkce = flow::Pkce::new().map_err(failed)?;
     let redirect = format!("http://localhost:{}/auth/callback", flow::CALLBACK_PORT);
     let url = pkce.authorize_url(&up.auth_base_url, &up.oauth_client_id, &redirect);
+    // Listening before the URL is shown: a browser that follows it at once finds the callback.
+    let listener = tokio::net::TcpListener::bind(("127.0.0.1", flow::CALLBACK_PORT))
+        .await
+        .ok();
     eprintln!(
         "Open this URL in a browser and log in:\n\n    {url}\n\nOn this machine the login completes by \
          itself. Over SSH, copy the address the browser ends on (http://localhost:{}/auth/callback?code=…) \
@@ -712,7 +716,7 @@ async fn login(
     };
     let redirected = tokio::select! {
         r = pasted => r,
-        r = callback(flow::CALLBACK_PORT) => r,
+        r = callback(listener) => r,
     }
     .map_err(failed)?;
     let code = pkce.code_from_redirect(&redirected).map_err(failed)?;
@@ -726,11 +730,13 @@ async fn login(
     .map_err(failed)
 }
 
-/// Waits for the browser's redirect on 127.0.0.1:`port` and answers it; never resolves when
-/// the port is taken (the URL can still be pasted).
-async fn callback(port: u16) -> Result<String, crate::upstream::login::LoginError> {
+/// Waits for the browser's redirect on the callback listener and answers it; never resolves
+/// without one (the port was taken: the URL can still be pasted).
+async fn callback(
+    listener: Option<tokio::net::TcpListener>,
+) -> Result<String, crate::upstream::login::LoginError> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let Ok(listener) = tokio::net::TcpListener::bind(("127.0.0.1", port)).await else {
+    let Some(listener) = listener else {
         return std::future::pending().await;
     };
     loop {
