@@ -225,6 +225,31 @@ async fn a_connection_without_a_whole_request_head_is_closed() {
 }
 
 #[tokio::test]
+async fn a_first_request_that_outlasts_the_head_timeout_is_not_cut() {
+    let gw = Gw::start_with(1, |c| {
+        c.server.header_read_timeout = Duration::from_millis(300);
+    })
+    .await;
+    let acct = gw.sim.sim.account_ids().remove(0);
+    gw.fault(&acct, FaultKind::SlowDeltas { ms: 150 }, Some(1));
+    // One connection, one request whose answer takes several head timeouts to stream.
+    let sse = gw
+        .stream(&body_plain("gpt-5.5", "a slow answer", true), &[])
+        .await;
+    assert_eq!(sse.status, 200);
+    assert!(!sse.broken, "the stream was cut: {}", sse.body);
+    assert_eq!(sse.last().0, "response.completed", "{}", sse.body);
+    assert_eq!(
+        metric(
+            &gw,
+            "switchyard_client_connections_closed_total{reason=\"head_timeout\"}"
+        )
+        .await,
+        0
+    );
+}
+
+#[tokio::test]
 async fn a_kept_alive_connection_idle_too_long_is_closed() {
     let gw = Gw::start_with(1, |c| {
         c.server.keepalive_idle_timeout = Duration::from_millis(300);

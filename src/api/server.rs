@@ -397,6 +397,9 @@ async fn connection(
     let first_head = tokio::time::sleep(limits.header_read_timeout);
     tokio::pin!(first_head);
     let mut winding_down = false;
+    // A `select!` precondition is read when the `select!` starts, not when a branch fires: the
+    // head timer is disarmed here, once it fires, if a request arrived meanwhile.
+    let mut head_timer = true;
     let closed = loop {
         tokio::select! {
             served = &mut served => {
@@ -414,7 +417,13 @@ async fn connection(
                 winding_down = true;
                 served.as_mut().graceful_shutdown();
             }
-            _ = &mut first_head, if !conn.started.load(Ordering::SeqCst) => break Some(Closed::HeadTimeout),
+            _ = &mut first_head, if head_timer && !conn.started.load(Ordering::SeqCst) => {
+                if conn.started.load(Ordering::SeqCst) {
+                    head_timer = false;
+                    continue;
+                }
+                break Some(Closed::HeadTimeout);
+            }
             // Evicted (counted then) or closed at the end of shutdown.
             _ = conn.close.cancelled() => break None,
         }
