@@ -38,6 +38,10 @@ impl AppState {
         if old.models != new.models {
             applied.push("models");
         }
+        if old.rules != new.rules {
+            self.fleet.set_rules(new.rules.clone());
+            applied.push("rules");
+        }
         let dispatch = dispatch_config(new);
         if dispatch != dispatch_config(&old) {
             for (name, changed) in [
@@ -61,6 +65,11 @@ impl AppState {
                     "server.keepalive_after",
                     old.server.keepalive_after != new.server.keepalive_after,
                 ),
+                (
+                    "upstream.first_output_switches",
+                    old.upstream.first_output_switches != new.upstream.first_output_switches,
+                ),
+                ("log.access", old.log.access != new.log.access),
             ] {
                 if changed {
                     applied.push(name);

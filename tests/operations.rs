@@ -754,3 +754,59 @@ async fn doctor_names_each_problem_of_a_broken_state_directory_with_its_remedy()
         "{findings:#?}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_brings_in_new_operator_rules() {
+    let s = Setup::new(2, "").await;
+    let mut d = s.daemon();
+    until_ready(&d).await;
+    let overloaded = || {
+        for acct in s.sim.sim.account_ids() {
+            s.sim.sim.push_fault(
+                &acct,
+                Fault {
+                    kind: FaultKind::ServerError { status: 503 },
+                    times: Some(1),
+                },
+            );
+        }
+    };
+    // Without a rule both accounts fail over into exhaustion.
+    overloaded();
+    let r = request(&d, &s.key, "gpt-5.5");
+    assert_eq!(r.0, 503);
+    assert!(r.1.contains("no_available_account"), "{}", r.1);
+    for acct in s.sim.sim.account_ids() {
+        s.sim.sim.clear_faults(&acct);
+    }
+    let listed = d.admin("GET", "/api/admin/accounts", None).json();
+    for a in listed.as_array().unwrap() {
+        let id = a["id"].as_str().unwrap();
+        d.admin(
+            "POST",
+            &format!("/api/admin/accounts/{id}/clear-cooldown"),
+            None,
+        );
+    }
+    // With the rule the first answer goes back as it is.
+    s.write_config(
+        "[[rules]]\nname = \"overload as it is\"\ncode = \"server_is_overloaded\"\npass_through = true\n",
+    );
+    d.signal("HUP");
+    d.expect_notify("RELOADING=1");
+    d.expect_notify("READY=1");
+    overloaded();
+    let r = request(&d, &s.key, "gpt-5.5");
+    assert_eq!(r.0, 503);
+    assert!(r.1.contains("server_is_overloaded"), "{}", r.1);
+    let recs = d.admin("GET", "/api/admin/requests?limit=1", None).json();
+    assert_eq!(
+        recs[0]["attempts"][0]["rule"], "overload as it is",
+        "{recs}"
+    );
+    assert!(
+        d.log_text().contains("rules"),
+        "the reload names what it applied"
+    );
+    assert!(d.terminate().success());
+}
