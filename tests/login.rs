@@ -167,6 +167,10 @@ async fn remove_account(gw: &Gw, sim_account: &str) {
         .await;
 }
 
+/// A browser login listens on 127.0.0.1:1455 (the redirect the auth server knows), so the
+/// tests that run one take turns with the port.
+static CALLBACK_PORT: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_device_code_login_adds_the_account_through_the_daemon() {
     let (gw, second) = one_account_logged_out().await;
@@ -287,6 +291,7 @@ async fn an_interrupted_login_stores_nothing() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_browser_login_completes_with_the_pasted_redirect_url() {
+    let _port = CALLBACK_PORT.lock().await;
     let gw = Gw::start(2).await;
     let second = gw.rr_order()[1].clone();
     remove_account(&gw, &second).await;
@@ -409,6 +414,7 @@ async fn logging_in_again_as_another_chatgpt_account_is_refused() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_browser_login_on_this_machine_completes_by_its_local_callback() {
+    let _port = CALLBACK_PORT.lock().await;
     let gw = Gw::start(2).await;
     let second = gw.rr_order()[1].clone();
     remove_account(&gw, &second).await;
