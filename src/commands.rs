@@ -381,7 +381,7 @@ impl Backend {
             Backend::Daemon(c) => Ok(c
                 .call(
                     Method::GET,
-                    &format!("/api/admin/accounts/{}", path_segment(selector)),
+                    &format!("/api/admin/accounts/{}", crate::urlcode::encode(selector)),
                     None,
                 )
                 .await?),
@@ -411,7 +411,7 @@ impl Backend {
                 let verb = if enabled { "enable" } else { "disable" };
                 Ok(c.call(
                     Method::POST,
-                    &format!("/api/admin/accounts/{}/{verb}", path_segment(id)),
+                    &format!("/api/admin/accounts/{}/{verb}", crate::urlcode::encode(id)),
                     None,
                 )
                 .await?)
@@ -427,7 +427,7 @@ impl Backend {
             Backend::Daemon(c) => Ok(c
                 .call(
                     Method::DELETE,
-                    &format!("/api/admin/accounts/{}", path_segment(id)),
+                    &format!("/api/admin/accounts/{}", crate::urlcode::encode(id)),
                     None,
                 )
                 .await?),
@@ -457,7 +457,7 @@ impl Backend {
                 }
                 Ok(c.call(
                     Method::PUT,
-                    &format!("/api/admin/accounts/{}", path_segment(id)),
+                    &format!("/api/admin/accounts/{}", crate::urlcode::encode(id)),
                     Some(serde_json::Value::Object(body).to_string().into_bytes()),
                 )
                 .await?)
@@ -479,7 +479,7 @@ impl Backend {
             Backend::Daemon(c) => Ok(c
                 .call(
                     Method::POST,
-                    &format!("/api/admin/accounts/{}/refresh", path_segment(id)),
+                    &format!("/api/admin/accounts/{}/refresh", crate::urlcode::encode(id)),
                     None,
                 )
                 .await?),
@@ -503,7 +503,7 @@ impl Backend {
                     Method::POST,
                     &format!(
                         "/api/admin/accounts/{}/export?keep={keep}",
-                        path_segment(id)
+                        crate::urlcode::encode(id)
                     ),
                     None,
                 )
@@ -543,7 +543,7 @@ impl Backend {
                     serde_json::to_vec(&patch).map_err(|e| ClientError::Decode(e.to_string()))?;
                 Ok(c.call(
                     Method::PATCH,
-                    &format!("/api/admin/keys/{}", path_segment(id)),
+                    &format!("/api/admin/keys/{}", crate::urlcode::encode(id)),
                     Some(body),
                 )
                 .await?)
@@ -557,7 +557,7 @@ impl Backend {
             Backend::Daemon(c) => Ok(c
                 .call(
                     Method::GET,
-                    &format!("/api/admin/keys/{}", path_segment(id)),
+                    &format!("/api/admin/keys/{}", crate::urlcode::encode(id)),
                     None,
                 )
                 .await?),
@@ -631,7 +631,7 @@ impl Backend {
             Backend::Daemon(c) => Ok(c
                 .call(
                     Method::DELETE,
-                    &format!("/api/admin/keys/{}", path_segment(id)),
+                    &format!("/api/admin/keys/{}", crate::urlcode::encode(id)),
                     None,
                 )
                 .await?),
@@ -793,19 +793,6 @@ fn write_private(path: &Path, bytes: &[u8]) -> Result<(), CommandError> {
     f.set_permissions(std::fs::Permissions::from_mode(0o600))
         .map_err(err)?;
     f.write_all(bytes).map_err(err)
-}
-
-/// Percent-encodes an id for use as one URL path segment.
-fn path_segment(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for b in s.bytes() {
-        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'~' | b'@' | b'+') {
-            out.push(char::from(b));
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
 }
 
 /// Reads every file first and checks it, so a bad file among several imports nothing.
@@ -1456,8 +1443,11 @@ mod tests {
 
     #[test]
     fn path_segments_are_escaped() {
-        assert_eq!(path_segment("a b/c"), "a%20b%2Fc");
-        assert_eq!(path_segment("user@example.com"), "user@example.com");
+        assert_eq!(crate::urlcode::encode("a b/c"), "a%20b%2Fc");
+        assert_eq!(
+            crate::urlcode::encode("user@example.com"),
+            "user@example.com"
+        );
     }
 
     #[test]

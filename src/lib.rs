@@ -22,4 +22,5 @@ pub mod systemd;
 pub mod telemetry;
 pub mod ttl;
 pub mod upstream;
+mod urlcode;
 pub mod usage;

@@ -8,6 +8,7 @@ use super::Sim;
 use super::faults::{Endpoint, FaultKind};
 use super::server::{Outcome, SimRequest, json};
 use super::state::RefreshLookup;
+use crate::urlcode;
 
 /// Codex CLI's OAuth client id.
 pub const CLIENT_ID: &str = "app_EMoamEEZ73f0CkXaXp7hrann";
@@ -122,37 +123,10 @@ pub(crate) fn params(req: &SimRequest) -> Option<Map<String, Value>> {
     let mut m = Map::new();
     for pair in text.split('&').filter(|p| !p.is_empty()) {
         let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
-        m.insert(form_decode(k)?, Value::String(form_decode(v)?));
+        m.insert(
+            urlcode::decode(k, true)?,
+            Value::String(urlcode::decode(v, true)?),
+        );
     }
     Some(m)
-}
-
-/// `application/x-www-form-urlencoded` decoding (`+` is a space, `%XX` a byte).
-pub(crate) fn form_decode(s: &str) -> Option<String> {
-    let mut out = Vec::with_capacity(s.len());
-    let mut bytes = s.bytes();
-    while let Some(b) = bytes.next() {
-        match b {
-            b'+' => out.push(b' '),
-            b'%' => {
-                let hi = (bytes.next()? as char).to_digit(16)?;
-                let lo = (bytes.next()? as char).to_digit(16)?;
-                out.push(u8::try_from(hi * 16 + lo).ok()?);
-            }
-            b => out.push(b),
-        }
-    }
-    String::from_utf8(out).ok()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::form_decode;
-
-    #[test]
-    fn form_decoding_handles_plus_and_percent_escapes() {
-        assert_eq!(form_decode("a+b%2Fc%3d").as_deref(), Some("a b/c="));
-        assert_eq!(form_decode("%zz"), None);
-        assert_eq!(form_decode("%4"), None);
-    }
 }

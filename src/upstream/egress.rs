@@ -96,7 +96,7 @@ impl ProxyUrl {
             return Err("a proxy URL is scheme://[user:password@]host:port, nothing after".into());
         }
         let decode = |s: &str| {
-            percent_decode(s)
+            crate::urlcode::decode(s, false)
                 .ok_or_else(|| String::from("the proxy's credentials are not valid UTF-8"))
         };
         let credentials = if url.username().is_empty() && url.password().is_none() {
@@ -133,8 +133,8 @@ impl ProxyUrl {
             Some((u, p)) => format!(
                 "{}://{}:{}@{}",
                 self.scheme.name(),
-                percent_encode(u),
-                percent_encode(p),
+                crate::urlcode::encode(u),
+                crate::urlcode::encode(p),
                 self.authority()
             ),
             None => format!("{}://{}", self.scheme.name(), self.authority()),
@@ -147,7 +147,7 @@ impl ProxyUrl {
             Some((u, _)) => format!(
                 "{}://{}:***@{}",
                 self.scheme.name(),
-                percent_encode(u),
+                crate::urlcode::encode(u),
                 self.authority()
             ),
             None => self.as_url(),
@@ -173,39 +173,6 @@ fn authority(host: &str, port: u16) -> String {
     } else {
         format!("{host}:{port}")
     }
-}
-
-fn percent_decode(s: &str) -> Option<String> {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        if b[i] == b'%'
-            && i + 2 < b.len()
-            && let Some(v) = std::str::from_utf8(&b[i + 1..i + 3])
-                .ok()
-                .and_then(|h| u8::from_str_radix(h, 16).ok())
-        {
-            out.push(v);
-            i += 3;
-        } else {
-            out.push(b[i]);
-            i += 1;
-        }
-    }
-    String::from_utf8(out).ok()
-}
-
-fn percent_encode(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for b in s.bytes() {
-        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
-            out.push(char::from(b));
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
 }
 
 /// The proxy environment variables (`HTTPS_PROXY`, `HTTP_PROXY`, `ALL_PROXY`, `NO_PROXY`, in

@@ -11,6 +11,8 @@ use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
+use crate::urlcode;
+
 /// Codex's device codes live 15 minutes; polling stops then.
 pub const DEVICE_CODE_LIFETIME: Duration = Duration::from_secs(15 * 60);
 /// The port Codex's browser login listens on, and the redirect registered for it.
@@ -195,7 +197,7 @@ pub async fn exchange_code(
         ("code_verifier", verifier),
     ]
     .iter()
-    .map(|(k, v)| format!("{k}={}", encode(v)))
+    .map(|(k, v)| format!("{k}={}", urlcode::encode(v)))
     .collect::<Vec<_>>()
     .join("&");
     let resp = http
@@ -281,7 +283,7 @@ impl Pkce {
             ("originator", "codex_cli_rs"),
         ]
         .iter()
-        .map(|(k, v)| format!("{k}={}", encode(v)))
+        .map(|(k, v)| format!("{k}={}", urlcode::encode(v)))
         .collect::<Vec<_>>()
         .join("&");
         format!("{}/oauth/authorize?{q}", base(auth_base))
@@ -295,7 +297,7 @@ impl Pkce {
         let param = |name: &str| {
             query.split('&').find_map(|kv| {
                 let (k, v) = kv.split_once('=')?;
-                (k == name).then(|| decode(v))
+                (k == name).then(|| urlcode::decode(v, true).unwrap_or_else(|| v.to_string()))
             })
         };
         if let Some(e) = param("error") {
@@ -315,47 +317,6 @@ impl Pkce {
             .filter(|c| !c.is_empty())
             .ok_or_else(|| LoginError::Callback("the redirect URL has no code".into()))
     }
-}
-
-/// Percent-encodes a query value.
-fn encode(v: &str) -> String {
-    let mut out = String::with_capacity(v.len());
-    for b in v.bytes() {
-        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'~') {
-            out.push(char::from(b));
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
-}
-
-/// Decodes a percent-encoded query value (`+` is a space).
-fn decode(v: &str) -> String {
-    let bytes = v.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        match bytes[i] {
-            b'%' if i + 2 < bytes.len() => {
-                let hex = std::str::from_utf8(&bytes[i + 1..i + 3])
-                    .ok()
-                    .and_then(|h| u8::from_str_radix(h, 16).ok());
-                match hex {
-                    Some(b) => {
-                        out.push(b);
-                        i += 3;
-                        continue;
-                    }
-                    None => out.push(b'%'),
-                }
-            }
-            b'+' => out.push(b' '),
-            b => out.push(b),
-        }
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).into_owned()
 }
 
 #[cfg(test)]
@@ -394,13 +355,5 @@ mod tests {
             )),
             Err(LoginError::Denied)
         );
-    }
-
-    #[test]
-    fn decoding_reverses_encoding() {
-        for s in ["a b/c?d=e&f", "ünïcode", "100%", ""] {
-            assert_eq!(decode(&encode(s)), s);
-        }
-        assert_eq!(decode("a+b%2"), "a b%2");
     }
 }

@@ -6,9 +6,10 @@ use hyper::Method;
 use serde_json::{Map, Value, json};
 
 use super::super::Sim;
-use super::super::oauth::{CLIENT_ID, form_decode};
+use super::super::oauth::CLIENT_ID;
 use super::super::server::{Outcome, SimRequest, full, json, set_header};
 use super::{AuthorizeAnswer, REDIRECT_URIS, Redirect};
+use crate::urlcode;
 
 /// `{"error", "error_description"}`, the OAuth shape.
 fn oauth_error(status: u16, error: &str, description: &str) -> Outcome {
@@ -17,19 +18,6 @@ fn oauth_error(status: u16, error: &str, description: &str) -> Outcome {
         &json!({"error": error, "error_description": description}),
     )
     .into()
-}
-
-/// `application/x-www-form-urlencoded` encoding of a value (unreserved bytes as they are).
-fn form_encode(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for b in s.bytes() {
-        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
-            out.push(char::from(b));
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
 }
 
 /// An S256 challenge: base64url without padding of 32 bytes, i.e. 43 characters.
@@ -50,7 +38,7 @@ pub(crate) fn authorize(sim: &Sim, req: &SimRequest) -> Outcome {
     let mut q = Map::new();
     for pair in req.query.as_deref().unwrap_or("").split('&') {
         let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
-        if let (Some(k), Some(v)) = (form_decode(k), form_decode(v)) {
+        if let (Some(k), Some(v)) = (urlcode::decode(k, true), urlcode::decode(v, true)) {
             q.entry(k).or_insert(Value::String(v));
         }
     }
@@ -93,7 +81,7 @@ pub(crate) fn authorize(sim: &Sim, req: &SimRequest) -> Outcome {
     }
     let query: Vec<String> = answer
         .iter()
-        .map(|(k, v)| format!("{k}={}", form_encode(v)))
+        .map(|(k, v)| format!("{k}={}", urlcode::encode(v)))
         .collect();
     let mut r = full(302, "text/html; charset=utf-8", "");
     set_header(
@@ -140,15 +128,6 @@ pub(crate) fn exchange(sim: &Sim, req: &SimRequest, params: &Map<String, Value>)
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn form_encoding_escapes_all_but_unreserved_bytes() {
-        assert_eq!(form_encode("a b/c=d&é~"), "a%20b%2Fc%3Dd%26%C3%A9~");
-        assert_eq!(
-            form_decode(&form_encode("a b/c=d&é~")).as_deref(),
-            Some("a b/c=d&é~")
-        );
-    }
 
     #[test]
     fn only_a_43_character_base64url_challenge_is_s256() {
