@@ -481,18 +481,7 @@ impl Store {
         def: TableDefinition<&str, &[u8]>,
         key: &str,
     ) -> Result<Option<Vec<u8>>, StoreError> {
-        self.guard(|| {
-            let txn = self.inner.db.begin_read()?;
-            let table = match txn.open_table(def) {
-                Ok(t) => t,
-                Err(redb::TableError::TableDoesNotExist(_)) => return Ok(None),
-                Err(e) => return Err(StoreError::db(e)),
-            };
-            Ok(table
-                .get(key)
-                .map_err(StoreError::db)?
-                .map(|v| v.value().to_vec()))
-        })
+        self.guard(|| get_in(&self.inner.db.begin_read()?, def, key))
     }
 
     /// One value; an undecodable one is counted, logged and read as absent.
@@ -854,7 +843,16 @@ fn read_meta(db: &impl ReadableDatabase, key: &str) -> Result<Option<Vec<u8>>, S
 }
 
 fn meta_in(txn: &ReadTransaction, key: &str) -> Result<Option<Vec<u8>>, StoreError> {
-    let table = match txn.open_table(META) {
+    get_in(txn, META, key)
+}
+
+/// One value's bytes, `None` when it or its whole table is absent.
+fn get_in(
+    txn: &ReadTransaction,
+    def: TableDefinition<&str, &[u8]>,
+    key: &str,
+) -> Result<Option<Vec<u8>>, StoreError> {
+    let table = match txn.open_table(def) {
         Ok(t) => t,
         Err(redb::TableError::TableDoesNotExist(_)) => return Ok(None),
         Err(e) => return Err(StoreError::db(e)),
