@@ -5,12 +5,13 @@
 use std::path::{Path, PathBuf};
 
 use http_body_util::{BodyExt, Full};
-use hyper::body::Bytes;
+use hyper::body::{Bytes, Incoming};
 use hyper::{Method, Request, StatusCode, header};
 use hyper_util::rt::TokioIo;
 use serde::de::DeserializeOwned;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpStream, UnixStream};
+use tokio::task::JoinHandle;
 use tokio_tungstenite::WebSocketStream;
 use tokio_tungstenite::tungstenite;
 
@@ -130,18 +131,22 @@ impl AdminClient {
         })
     }
 
-    /// Sends one request; returns the decoded JSON of a 2xx answer, or the daemon's error.
-    pub async fn call<T: DeserializeOwned>(
+    /// Sends one request on a fresh connection; returns the answer's status, its body and the
+    /// connection's task (to abort once the body is read).
+    async fn send(
         &self,
         method: Method,
         path: &str,
         body: Option<Vec<u8>>,
-    ) -> Result<T, ClientError> {
+    ) -> Result<(StatusCode, Incoming, JoinHandle<()>), ClientError> {
+        let http = |e: hyper::Error| ClientError::Http(e.to_string());
         let stream = self.stream().await?;
         let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
             .await
-            .map_err(|e| ClientError::Http(e.to_string()))?;
-        let conn = tokio::spawn(conn);
+            .map_err(http)?;
+        let conn = tokio::spawn(async move {
+            let _ = conn.await;
+        });
         let mut req = Request::builder()
             .method(method)
             .uri(path)
@@ -155,18 +160,21 @@ impl AdminClient {
         let req = req
             .body(Full::new(Bytes::from(body.unwrap_or_default())))
             .map_err(|e| ClientError::Http(e.to_string()))?;
-        let resp = sender
-            .send_request(req)
-            .await
-            .map_err(|e| ClientError::Http(e.to_string()))?;
-        let status = resp.status();
-        let bytes = resp
-            .into_body()
-            .collect()
-            .await
-            .map_err(|e| ClientError::Http(e.to_string()))?
-            .to_bytes();
+        let resp = sender.send_request(req).await.map_err(http)?;
+        Ok((resp.status(), resp.into_body(), conn))
+    }
+
+    /// Sends one request; returns the decoded JSON of a 2xx answer, or the daemon's error.
+    pub async fn call<T: DeserializeOwned>(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<Vec<u8>>,
+    ) -> Result<T, ClientError> {
+        let (status, body, conn) = self.send(method, path, body).await?;
+        let bytes = collect(body).await;
         conn.abort();
+        let bytes = bytes?;
         if !status.is_success() {
             return Err(api_error(status, &bytes));
         }
@@ -181,35 +189,11 @@ impl AdminClient {
         path: &str,
         out: &mut impl std::io::Write,
     ) -> Result<u64, ClientError> {
-        let stream = self.stream().await?;
-        let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-            .await
-            .map_err(|e| ClientError::Http(e.to_string()))?;
-        let conn = tokio::spawn(conn);
-        let mut req = Request::builder()
-            .method(method)
-            .uri(path)
-            .header(header::HOST, "switchyard");
-        if let Some(token) = self.target.token() {
-            req = req.header(header::AUTHORIZATION, format!("Bearer {token}"));
-        }
-        let req = req
-            .body(Full::new(Bytes::new()))
-            .map_err(|e| ClientError::Http(e.to_string()))?;
-        let resp = sender
-            .send_request(req)
-            .await
-            .map_err(|e| ClientError::Http(e.to_string()))?;
-        let status = resp.status();
-        let mut body = resp.into_body();
+        let (status, mut body, conn) = self.send(method, path, None).await?;
         if !status.is_success() {
-            let bytes = body
-                .collect()
-                .await
-                .map_err(|e| ClientError::Http(e.to_string()))?
-                .to_bytes();
+            let bytes = collect(body).await;
             conn.abort();
-            return Err(api_error(status, &bytes));
+            return Err(api_error(status, &bytes?));
         }
         let mut written = 0u64;
         while let Some(frame) = body.frame().await {
@@ -253,6 +237,15 @@ impl AdminClient {
             Err(e) => Err(ClientError::Http(e.to_string())),
         }
     }
+}
+
+/// A whole answer body.
+async fn collect(body: Incoming) -> Result<Bytes, ClientError> {
+    Ok(body
+        .collect()
+        .await
+        .map_err(|e| ClientError::Http(e.to_string()))?
+        .to_bytes())
 }
 
 fn api_error(status: StatusCode, bytes: &[u8]) -> ClientError {
