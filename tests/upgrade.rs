@@ -79,6 +79,7 @@ fn stored_view(a: &Value) -> Value {
         "last_error",
         "max_concurrency",
         "priority",
+        "proxy",
     ];
     Value::Object(
         keep.iter()
@@ -123,7 +124,7 @@ fn assert_keys(listed: &Value, want: &Value) {
 }
 
 /// The request records as the release listed them, each with every field it had; a field added
-/// later (the terminal source, after 0.3.0) was not recorded then and is null.
+/// later (the terminal source and each attempt's rule, 0.4.0) was not recorded then and is null.
 fn assert_requests(listed: &Value, want: &Value) {
     let (listed, want) = (listed.as_array().unwrap(), want.as_array().unwrap());
     assert_eq!(listed.len(), want.len());
@@ -265,4 +266,33 @@ async fn a_state_directory_written_by_0_2_0_opens_intact() {
 #[tokio::test]
 async fn a_state_directory_written_by_0_3_0_opens_intact() {
     opens_intact("state-0.3.0").await;
+}
+
+#[tokio::test]
+async fn a_state_directory_written_by_0_4_0_opens_intact() {
+    // What 0.4.0 added is in the fixture, so the comparison covers it: an account's own proxy
+    // (listed with its password hidden) and attempts judged by an operator rule.
+    let want = expected("state-0.4.0");
+    assert!(
+        want["accounts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|a| a["proxy"]
+                .as_str()
+                .is_some_and(|p| p.contains("fixture:***@") && !p.contains("secret"))),
+        "{}",
+        want["accounts"]
+    );
+    assert!(
+        want["requests"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .flat_map(|r| r["attempts"].as_array().unwrap())
+            .any(|a| a["rule"] == "fixture: a 503 moves the session"),
+        "{}",
+        want["requests"]
+    );
+    opens_intact("state-0.4.0").await;
 }

@@ -782,8 +782,8 @@ mod tests {
         assert_eq!(to_hex(&again[1..]), format!("{}0000", &v2::REQUEST[2..]));
     }
 
-    /// Bytes the release after 0.3.0 writes.
-    mod next {
+    /// Bytes 0.4.0 writes.
+    mod v4 {
         pub const REQUEST: &str = "03fbd0eab6b73305616c696365076770742d352e350d2f76312f726573706f6e73657301010c73747265616d5f6572726f72c80101056163632d3201056163632d32097472616e7369656e7401c801010a6d69645f73747265616d0c0105726573657401051400010c61626364656630313233343501056163632d3201056163632d3107636f6f6c696e67107265626f756e6428636f6f6c696e67290104706f6f6c086163717569726564030977735f72657573656400010973796e74686574696301010472757368";
     }
 
@@ -794,8 +794,8 @@ mod tests {
             attempt_rules: vec![Some("rush".into())],
             ..request_v2()
         };
-        assert_eq!(to_hex(&encode(&r).unwrap()), next::REQUEST);
-        assert_eq!(decode::<RequestRow>(&hex(next::REQUEST)).unwrap(), r);
+        assert_eq!(to_hex(&encode(&r).unwrap()), v4::REQUEST);
+        assert_eq!(decode::<RequestRow>(&hex(v4::REQUEST)).unwrap(), r);
     }
 
     /// Bytes 0.3.0 writes.
@@ -856,7 +856,7 @@ mod tests {
 
     #[test]
     fn a_version_newer_than_the_binary_is_refused_by_name() {
-        let mut bytes = hex(next::REQUEST);
+        let mut bytes = hex(v4::REQUEST);
         bytes[0] = 4;
         let e = decode::<RequestRow>(&bytes).unwrap_err();
         assert!(e.to_string().contains("newer than this binary"), "{e}");
