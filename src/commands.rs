@@ -1442,15 +1442,6 @@ mod tests {
     use super::*;
 
     #[test]
-    fn path_segments_are_escaped() {
-        assert_eq!(crate::urlcode::encode("a b/c"), "a%20b%2Fc");
-        assert_eq!(
-            crate::urlcode::encode("user@example.com"),
-            "user@example.com"
-        );
-    }
-
-    #[test]
     fn the_account_table_says_why_an_account_needs_a_login() {
         let a = |id: &str, state: &str, reason: Option<&str>, detail: Option<&str>| wire::Account {
             id: id.into(),
