@@ -508,10 +508,8 @@ impl Store {
     ) -> Result<Vec<(String, T)>, StoreError> {
         let rows = self.guard(|| {
             let txn = self.inner.db.begin_read()?;
-            let table = match txn.open_table(def) {
-                Ok(t) => t,
-                Err(redb::TableError::TableDoesNotExist(_)) => return Ok(Vec::new()),
-                Err(e) => return Err(StoreError::db(e)),
+            let Some(table) = open_read(&txn, def)? else {
+                return Ok(Vec::new());
             };
             let mut rows = Vec::new();
             for row in table.iter().map_err(StoreError::db)? {
@@ -520,14 +518,23 @@ impl Store {
             }
             Ok(rows)
         })?;
-        let mut out = Vec::new();
+        Ok(self.decode_rows(def.name(), rows))
+    }
+
+    /// Decodes a table's raw rows; an undecodable one is counted, logged and left out.
+    fn decode_rows<T: Versioned>(
+        &self,
+        table: &str,
+        rows: Vec<(String, Vec<u8>)>,
+    ) -> Vec<(String, T)> {
+        let mut out = Vec::with_capacity(rows.len());
         for (k, v) in rows {
             match codec::decode(&v) {
                 Ok(value) => out.push((k, value)),
-                Err(e) => self.note_undecodable(def.name(), &k, &format!("{}: {e}", T::NAME)),
+                Err(e) => self.note_undecodable(table, &k, &format!("{}: {e}", T::NAME)),
             }
         }
-        Ok(out)
+        out
     }
 
     fn put<T: Versioned>(table: Table, key: &str, value: &T) -> Result<Mutation, StoreError> {
@@ -719,10 +726,8 @@ impl Store {
         // Raw rows first: a damaged file fails the read whole, a bad value only itself.
         let rows = self.guard(|| {
             let txn = self.inner.db.begin_read()?;
-            let table = match txn.open_table(schema::REQUESTS) {
-                Ok(t) => t,
-                Err(redb::TableError::TableDoesNotExist(_)) => return Ok(Vec::new()),
-                Err(e) => return Err(StoreError::db(e)),
+            let Some(table) = open_read(&txn, schema::REQUESTS)? else {
+                return Ok(Vec::new());
             };
             let mut rows = Vec::new();
             for row in table.iter().map_err(StoreError::db)?.rev() {
@@ -742,10 +747,8 @@ impl Store {
     pub fn requests_since(&self, from_ms: u64) -> Result<Vec<(u64, RequestRow)>, StoreError> {
         let rows = self.guard(|| {
             let txn = self.inner.db.begin_read()?;
-            let table = match txn.open_table(schema::REQUESTS) {
-                Ok(t) => t,
-                Err(redb::TableError::TableDoesNotExist(_)) => return Ok(Vec::new()),
-                Err(e) => return Err(StoreError::db(e)),
+            let Some(table) = open_read(&txn, schema::REQUESTS)? else {
+                return Ok(Vec::new());
             };
             let mut rows = Vec::new();
             for row in table
@@ -799,10 +802,8 @@ impl Store {
         let (lo, hi) = (format!("{from:010}/"), format!("{to:010}/"));
         let rows = self.guard(|| {
             let txn = self.inner.db.begin_read()?;
-            let table = match txn.open_table(schema::USAGE_HOURLY) {
-                Ok(t) => t,
-                Err(redb::TableError::TableDoesNotExist(_)) => return Ok(Vec::new()),
-                Err(e) => return Err(StoreError::db(e)),
+            let Some(table) = open_read(&txn, schema::USAGE_HOURLY)? else {
+                return Ok(Vec::new());
             };
             let mut rows = Vec::new();
             for row in table
@@ -814,18 +815,11 @@ impl Store {
             }
             Ok(rows)
         })?;
-        let mut out = Vec::new();
-        for (k, v) in rows {
-            match codec::decode::<UsageBucketRow>(&v) {
-                Ok(r) => out.push(r),
-                Err(e) => self.note_undecodable(
-                    schema::USAGE_HOURLY.name(),
-                    &k,
-                    &format!("{}: {e}", UsageBucketRow::NAME),
-                ),
-            }
-        }
-        Ok(out)
+        Ok(self
+            .decode_rows::<UsageBucketRow>(schema::USAGE_HOURLY.name(), rows)
+            .into_iter()
+            .map(|(_, r)| r)
+            .collect())
     }
 }
 
@@ -852,15 +846,25 @@ fn get_in(
     def: TableDefinition<&str, &[u8]>,
     key: &str,
 ) -> Result<Option<Vec<u8>>, StoreError> {
-    let table = match txn.open_table(def) {
-        Ok(t) => t,
-        Err(redb::TableError::TableDoesNotExist(_)) => return Ok(None),
-        Err(e) => return Err(StoreError::db(e)),
+    let Some(table) = open_read(txn, def)? else {
+        return Ok(None);
     };
     Ok(table
         .get(key)
         .map_err(StoreError::db)?
         .map(|v| v.value().to_vec()))
+}
+
+/// A table to read; `None` when it was never written (tables are created on first write).
+fn open_read<K: redb::Key + 'static, V: redb::Value + 'static>(
+    txn: &ReadTransaction,
+    def: TableDefinition<K, V>,
+) -> Result<Option<redb::ReadOnlyTable<K, V>>, StoreError> {
+    match txn.open_table(def) {
+        Ok(t) => Ok(Some(t)),
+        Err(redb::TableError::TableDoesNotExist(_)) => Ok(None),
+        Err(e) => Err(StoreError::db(e)),
+    }
 }
 
 /// `meta.schema_version` as a number.
