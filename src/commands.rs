@@ -640,6 +640,23 @@ impl Backend {
     }
 }
 
+/// Resolves at the first SIGINT, SIGTERM or SIGHUP; the handlers are installed when called.
+fn stop_signals() -> Result<impl std::future::Future<Output = ()>, CommandError> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let handler =
+        |kind| signal(kind).map_err(|e| CommandError::Usage(format!("cannot handle signals: {e}")));
+    let mut int = handler(SignalKind::interrupt())?;
+    let mut term = handler(SignalKind::terminate())?;
+    let mut hup = handler(SignalKind::hangup())?;
+    Ok(async move {
+        tokio::select! {
+            _ = int.recv() => {}
+            _ = term.recv() => {}
+            _ = hup.recv() => {}
+        }
+    })
+}
+
 /// Runs one login to its tokens: the device-code flow, or the browser flow.
 async fn login(
     config: &Config,
@@ -886,7 +903,18 @@ async fn account_with(
                 Some(sel) => Some(backend.get_account(sel).await?),
                 None => None,
             };
-            let tokens = login(config, browser).await?;
+            // Interrupted (Ctrl-C, a closed SSH session, a stop): nothing was exchanged to keep.
+            // Handled rather than left to the default action, which a parent may have set to
+            // ignore.
+            let stopped = stop_signals()?;
+            let tokens = tokio::select! {
+                tokens = login(config, browser) => tokens?,
+                () = stopped => {
+                    return Err(CommandError::Usage(
+                        "the login was interrupted; nothing was stored".into(),
+                    ));
+                }
+            };
             let auth = tokens.auth_json(clock::system().now_secs());
             let parsed = crate::fleet::auth_file::parse(auth.to_string().as_bytes(), 0)
                 .map_err(|e| CommandError::Usage(format!("the new login: {e}")))?;

@@ -279,8 +279,12 @@ async fn an_interrupted_login_stores_nothing() {
             .unwrap()
             .success()
     );
-    let (ok, _, _) = login.finish().await;
+    let (ok, _, err) = login.finish().await;
     assert!(!ok);
+    assert!(
+        err.contains("the login was interrupted; nothing was stored"),
+        "{err}"
+    );
     // Approved after the command is gone: nobody exchanges it, nothing is stored.
     gw.sim
         .sim
