@@ -536,6 +536,7 @@ fn usage_and_budgets_survive_a_sigkill_of_the_daemon() {
         let text = daemon.get("/metrics").1;
         if metric(&text, "switchyard_usage_flushes_total") >= first + 2
             && metric(&text, "switchyard_usage_unflushed_buckets") == 0
+            && metric(&text, "switchyard_store_unsynced") == 0
         {
             break;
         }
@@ -558,6 +559,18 @@ fn usage_and_budgets_survive_a_sigkill_of_the_daemon() {
     assert_eq!(report["total"]["requests"], 3, "{report}");
     assert_eq!(report["total"]["errors"], 2, "{report}");
     assert!(report["total"]["output_tokens"].as_u64().unwrap() > 0);
+    // The record of the request that ran is durable too, though nothing was written after it
+    // (records are committed without an fsync, and made durable within a second on their own).
+    let report = with_cfg(&["report", "--format", "json"]);
+    assert!(report.status.success(), "{}", stderr(&report));
+    let report: Value = serde_json::from_str(&stdout(&report)).unwrap();
+    let served: Vec<&Value> = report["windows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|w| &w["requests"])
+        .collect();
+    assert!(served.iter().all(|r| *r == 1), "{report}");
     assert!(daemon.terminate().success());
     rt.block_on(async { sim.stop() });
 }

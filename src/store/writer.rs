@@ -8,11 +8,14 @@
 //! the acknowledgement; telemetry jobs (request records) are offered with `try_send` and
 //! counted as dropped when the queue is full, so the request path never waits on the disk.
 //! A batch of telemetry alone is gathered for up to [`TELEMETRY_WINDOW`] and committed without
-//! an fsync, except once every [`TELEMETRY_DURABLE_EVERY`]: a crash loses at most that much of
-//! it, and persisting records costs a few large commits a second instead of one per batch.
+//! an fsync, except once every [`TELEMETRY_DURABLE_EVERY`]; when nothing else comes within that
+//! time after such a commit, an empty durable commit persists it. A crash loses at most that
+//! much of it, and persisting records costs a few large commits a second instead of one per
+//! batch.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use redb::{Database, WriteTransaction};
@@ -64,12 +67,34 @@ pub(crate) enum Job {
 }
 
 /// Runs the writer on the current (dedicated) thread until a `Stop` job or every sender is gone.
-pub(crate) fn run(db: Arc<Database>, path: PathBuf, mut rx: mpsc::Receiver<Job>) {
+/// `unsynced` says whether a commit is not yet durable.
+pub(crate) fn run(
+    db: Arc<Database>,
+    path: PathBuf,
+    mut rx: mpsc::Receiver<Job>,
+    unsynced: Arc<AtomicBool>,
+) {
     let mut stop_ack: Option<Ack> = None;
     let mut last_durable = Instant::now();
     while stop_ack.is_none() {
-        let Some(first) = rx.blocking_recv() else {
-            break;
+        let first = if unsynced.load(Ordering::Relaxed) {
+            match recv_until(&mut rx, last_durable + TELEMETRY_DURABLE_EVERY) {
+                Next::Job(job) => job,
+                Next::Closed => break,
+                Next::Quiet => {
+                    // Nothing came to carry the last commits along: persist them on their own.
+                    if commit(&db, &path, &[], true).is_ok() {
+                        unsynced.store(false, Ordering::Relaxed);
+                    }
+                    last_durable = Instant::now();
+                    continue;
+                }
+            }
+        } else {
+            match rx.blocking_recv() {
+                Some(job) => job,
+                None => break,
+            }
         };
         let opened = Instant::now();
         let mut batch: Vec<(Vec<Mutation>, Option<Ack>)> = Vec::new();
@@ -115,13 +140,48 @@ pub(crate) fn run(db: Arc<Database>, path: PathBuf, mut rx: mpsc::Receiver<Job>)
             next = rx.try_recv().ok();
         }
         let immediate = durable || last_durable.elapsed() >= TELEMETRY_DURABLE_EVERY;
-        commit_batch(&db, &path, batch, immediate);
+        if !batch.is_empty() {
+            // Set before the commit: a reader who sees the rows must not see them as durable.
+            if !immediate {
+                unsynced.store(true, Ordering::Relaxed);
+            }
+            commit_batch(&db, &path, batch, immediate);
+        }
+        if immediate {
+            unsynced.store(false, Ordering::Relaxed);
+        }
         if immediate {
             last_durable = Instant::now();
         }
     }
+    if unsynced.load(Ordering::Relaxed) && commit(&db, &path, &[], true).is_ok() {
+        unsynced.store(false, Ordering::Relaxed);
+    }
     if let Some(ack) = stop_ack {
         let _ = ack.send(Ok(()));
+    }
+}
+
+enum Next {
+    Job(Job),
+    /// Nothing came before the deadline.
+    Quiet,
+    /// Every sender is gone.
+    Closed,
+}
+
+/// The next job, waiting no later than `deadline` (a few milliseconds at a time: this runs only
+/// while a commit waits to be made durable, at most [`TELEMETRY_DURABLE_EVERY`]).
+fn recv_until(rx: &mut mpsc::Receiver<Job>, deadline: Instant) -> Next {
+    loop {
+        match rx.try_recv() {
+            Ok(job) => return Next::Job(job),
+            Err(mpsc::error::TryRecvError::Disconnected) => return Next::Closed,
+            Err(mpsc::error::TryRecvError::Empty) if Instant::now() >= deadline => {
+                return Next::Quiet;
+            }
+            Err(mpsc::error::TryRecvError::Empty) => std::thread::sleep(Duration::from_millis(5)),
+        }
     }
 }
 

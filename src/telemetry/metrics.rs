@@ -396,6 +396,17 @@ impl Metrics {
         );
         h(
             &mut out,
+            "switchyard_store_unsynced",
+            "gauge",
+            "1 while committed telemetry waits for its fsync (at most a second), else 0.",
+        );
+        let _ = writeln!(
+            out,
+            "switchyard_store_unsynced {}",
+            u8::from(store.unsynced())
+        );
+        h(
+            &mut out,
             "switchyard_store_undecodable_rows_total",
             "counter",
             "Stored rows that could not be decoded (each logged with its key and left out).",
