@@ -231,17 +231,18 @@ impl Fleet {
                 .unwrap_or(self.settings().max_concurrency)
                 .max(1),
         );
-        let entry = inner
-            .accounts
-            .entry(id)
-            .or_insert_with(|| Entry::new(record.clone(), Health::default(), None, limit));
-        entry.record = record;
-        entry.secrets = Some(parsed.secrets);
-        entry.health = health;
-        Ok(Imported {
-            account: Self::view(entry, now_ms),
-            created,
-        })
+        let first = record.clone();
+        let account = inner.accounts.upsert(
+            id,
+            || Entry::new(first, Health::default(), None, limit),
+            |entry| {
+                entry.record = record;
+                entry.secrets = Some(parsed.secrets);
+                entry.health = health;
+                Self::view(entry, now_ms)
+            },
+        );
+        Ok(Imported { account, created })
     }
 
     pub async fn set_enabled(
@@ -322,11 +323,12 @@ impl Fleet {
         let id = self.resolve(selector)?;
         let now_ms = self.clock.now_ms();
         let mut inner = self.write();
-        let e = inner
+        let mut e = inner
             .accounts
             .get_mut(&id)
             .ok_or_else(|| FleetError::NotFound(selector.to_string()))?;
-        let out = f(e, now_ms);
+        let out = f(&mut e, now_ms);
+        drop(e);
         drop(inner);
         Ok((id, out))
     }

@@ -345,6 +345,37 @@ impl Default for Health {
     }
 }
 
+/// The part of [`Health`] that decides its [`Effective`] state at a moment.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Gate {
+    state: State,
+    unproven: bool,
+    /// The running (or ended) cooldown lasted longer than [`LONG_COOLDOWN`]. After a restart
+    /// its start is unknown, which counts as long.
+    long_cooldown: bool,
+    cooldown_until_ms: u64,
+}
+
+impl Gate {
+    pub fn effective(&self, now_ms: u64) -> Effective {
+        match self.state {
+            State::Ready if self.unproven => Effective::Probing,
+            State::Ready => Effective::Ready,
+            State::NeedsReauth => Effective::NeedsReauth,
+            State::Cooling if now_ms < self.cooldown_until_ms => Effective::Cooling {
+                until_ms: self.cooldown_until_ms,
+            },
+            State::Cooling if self.unproven || self.long_cooldown => Effective::Probing,
+            State::Cooling => Effective::HalfOpen,
+        }
+    }
+
+    /// Ready at any moment (a state that does not change with time).
+    pub fn ready(&self) -> bool {
+        self.state == State::Ready && !self.unproven
+    }
+}
+
 /// The state as seen at a moment: cooling turns half-open when its time is up.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Effective {
@@ -385,22 +416,18 @@ fn ms(d: Duration) -> u64 {
 
 impl Health {
     pub fn effective(&self, now_ms: u64) -> Effective {
-        match self.state {
-            State::Ready if self.unproven => Effective::Probing,
-            State::Ready => Effective::Ready,
-            State::NeedsReauth => Effective::NeedsReauth,
-            State::Cooling if now_ms < self.cooldown_until_ms => Effective::Cooling {
-                until_ms: self.cooldown_until_ms,
-            },
-            State::Cooling if self.unproven || self.long_cooldown() => Effective::Probing,
-            State::Cooling => Effective::HalfOpen,
-        }
+        self.gate().effective(now_ms)
     }
 
-    /// The running (or ended) cooldown lasted longer than [`LONG_COOLDOWN`]. After a restart
-    /// its start is unknown, which counts as long.
-    fn long_cooldown(&self) -> bool {
-        self.cooldown_until_ms.saturating_sub(self.cooled_at_ms) > ms(LONG_COOLDOWN)
+    /// What [`Health::effective`] depends on, small enough to copy into the scheduler's table.
+    pub fn gate(&self) -> Gate {
+        Gate {
+            state: self.state,
+            unproven: self.unproven,
+            long_cooldown: self.cooldown_until_ms.saturating_sub(self.cooled_at_ms)
+                > ms(LONG_COOLDOWN),
+            cooldown_until_ms: self.cooldown_until_ms,
+        }
     }
 
     /// A new login for this account: a dead login is alive again, cooldowns and ladders stay

@@ -14,6 +14,7 @@ pub mod refresh;
 pub mod rules;
 pub mod scheduler;
 pub mod settings;
+mod table;
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::atomic::AtomicUsize;
@@ -97,6 +98,8 @@ pub(crate) struct Entry {
     proxy: Option<Arc<ProxyUrl>>,
     /// Its `x-codex-installation-id`, derived once.
     installation_id: String,
+    /// Its row in the scheduler's table (see [`table`]).
+    slot: usize,
 }
 
 impl Entry {
@@ -118,6 +121,7 @@ impl Entry {
             draining: false,
             proxy: None,
             installation_id: installation_id(&record.id),
+            slot: 0,
             record,
         }
     }
@@ -134,7 +138,7 @@ impl Entry {
 }
 
 pub(crate) struct Inner {
-    accounts: BTreeMap<String, Entry>,
+    accounts: table::Accounts,
     /// Requests waiting for a slot on any of their candidates, FIFO.
     pool: VecDeque<scheduler::Waiter>,
     next_waiter: u64,
@@ -262,7 +266,7 @@ impl Fleet {
         let affinity = affinity::Affinity::new(Arc::clone(&clock), effective.affinity_idle_ttl);
         Ok(Fleet {
             inner: Arc::new(RwLock::new(Inner {
-                accounts,
+                accounts: accounts.into(),
                 pool: VecDeque::new(),
                 next_waiter: 0,
             })),
@@ -462,7 +466,7 @@ impl Fleet {
     /// `unsupported_models`, cleared by clear-cooldown).
     fn mark_unsupported(&self, id: &str, model: &str, ttl: Duration) {
         let now = self.clock.now_ms();
-        if let Some(e) = self.write().accounts.get_mut(id) {
+        if let Some(mut e) = self.write().accounts.get_mut(id) {
             e.unsupported.retain(|_, until| *until > now);
             e.unsupported.insert(
                 model.to_string(),
@@ -514,14 +518,14 @@ impl Fleet {
         let mut grew = false;
         let applied = {
             let mut inner = self.write();
-            let e = inner.accounts.get_mut(id)?;
+            let mut e = inner.accounts.get_mut(id)?;
             // A burst limit on the responses endpoints halves the account's concurrency; one
             // from the token or usage endpoint says nothing about how much it may run at once.
             let on_responses = facts
                 .is_none_or(|f| matches!(f.endpoint, Endpoint::Responses | Endpoint::WebSocket));
             match class {
-                Class::RateLimited if on_responses => Self::shrink_limit(e),
-                Class::Success => grew = self.grow_limit(e),
+                Class::RateLimited if on_responses => Self::shrink_limit(&mut e),
+                Class::Success => grew = self.grow_limit(&mut e),
                 _ => {}
             }
             e.health
@@ -558,7 +562,7 @@ impl Fleet {
         let now = self.clock.now_ms();
         let health = {
             let mut inner = self.write();
-            let Some(e) = inner.accounts.get_mut(id) else {
+            let Some(mut e) = inner.accounts.get_mut(id) else {
                 return false;
             };
             e.health.proven(now).then(|| e.health.clone())
@@ -576,7 +580,7 @@ impl Fleet {
         let now = self.clock.now_ms();
         let health = {
             let mut inner = self.write();
-            let Some(e) = inner.accounts.get_mut(id) else {
+            let Some(mut e) = inner.accounts.get_mut(id) else {
                 return;
             };
             e.health.note_error(class, facts, now);
@@ -607,7 +611,7 @@ impl Fleet {
 
     /// Records the usage windows the backend reported for an account.
     pub fn update_quota(&self, id: &str, q: QuotaSnapshot) {
-        if let Some(e) = self.write().accounts.get_mut(id) {
+        if let Some(mut e) = self.write().accounts.get_mut(id) {
             e.quota = Some(q);
         }
     }
@@ -816,6 +820,72 @@ mod tests {
         f.remove(&a.id).await.unwrap();
         assert!(f.is_empty());
         assert!(f.store.load_accounts().unwrap().is_empty());
+    }
+
+    /// A pool larger than the failover budget: the plan keeps the best `MAX_CANDIDATES` by
+    /// the strategy, and accounts it ranks equal still take turns, one step per plan.
+    #[tokio::test]
+    async fn a_pool_larger_than_the_budget_ranks_by_quota_and_rotates_among_equals() {
+        let (f, _clock) = fleet();
+        let n = scheduler::MAX_CANDIDATES as u32 + 8;
+        let mut ids = Vec::new();
+        for i in 0..n {
+            ids.push(import(&f, i).await.id);
+        }
+        ids.sort();
+        // Equal keys: each plan is the next MAX_CANDIDATES accounts in id order, wrapping,
+        // starting one further on each time.
+        let mut firsts = Vec::new();
+        for _ in 0..n {
+            let order = f.plan("m", None).order;
+            assert_eq!(order.len(), scheduler::MAX_CANDIDATES);
+            let at = ids.iter().position(|id| *id == order[0]).unwrap();
+            let expected: Vec<String> = (0..scheduler::MAX_CANDIDATES)
+                .map(|k| ids[(at + k) % ids.len()].clone())
+                .collect();
+            assert_eq!(order, expected);
+            firsts.push(at);
+        }
+        firsts.sort();
+        assert_eq!(
+            firsts,
+            (0..ids.len()).collect::<Vec<_>>(),
+            "every account leads once"
+        );
+
+        // Distinct quota use: the least used first, the most used left out, whatever the
+        // rotation; an account over the ceiling is skipped while others have headroom.
+        let used = |i: usize| ((i * 7) % ids.len()) as f64 * 3.0;
+        for (i, id) in ids.iter().enumerate() {
+            f.update_quota(
+                id,
+                QuotaSnapshot {
+                    primary_used_percent: Some(used(i)),
+                    ..QuotaSnapshot::default()
+                },
+            );
+        }
+        let mut by_use: Vec<usize> = (0..ids.len()).filter(|&i| used(i) < 99.0).collect();
+        by_use.sort_by(|&a, &b| used(a).total_cmp(&used(b)));
+        let expected: Vec<String> = by_use
+            .iter()
+            .take(scheduler::MAX_CANDIDATES)
+            .map(|&i| ids[i].clone())
+            .collect();
+        for _ in 0..3 {
+            let plan = f.plan("m", None);
+            assert_eq!(plan.order, expected);
+            let over: Vec<&String> = plan
+                .skipped
+                .iter()
+                .filter(|(_, r)| *r == SkipReason::QuotaCeiling)
+                .map(|(id, _)| id)
+                .collect();
+            assert_eq!(
+                over.len(),
+                (0..ids.len()).filter(|&i| used(i) >= 99.0).count()
+            );
+        }
     }
 
     #[tokio::test]

@@ -191,7 +191,7 @@ impl Fleet {
                 }
                 let revived = {
                     let mut inner = self.write();
-                    let e = inner.accounts.get_mut(id).ok_or(TokenError::Missing)?;
+                    let mut e = inner.accounts.get_mut(id).ok_or(TokenError::Missing)?;
                     e.secrets = Some(fresh);
                     let revived = e.health.state == State::NeedsReauth;
                     if revived {

@@ -6,7 +6,7 @@
 //! newcomer cannot overtake a request that has been waiting. Every path that ends an attempt
 //! drops its [`Lease`], and the drop releases the slot.
 
-use std::collections::HashSet;
+use std::collections::{HashSet, VecDeque};
 use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -15,6 +15,7 @@ use tokio::sync::oneshot;
 
 use super::health::Effective;
 use super::settings::{Settings, Strategy};
+use super::table::Hot;
 use super::{Entry, Fleet, Inner};
 use crate::names::named;
 
@@ -134,8 +135,8 @@ impl Drop for WaitGuard<'_> {
         let mut inner = self.fleet.write();
         match &self.account {
             Some(a) => {
-                if let Some(e) = inner.accounts.get_mut(a) {
-                    e.waiters.retain(|w| w.id != self.waiter);
+                if let Some(waiters) = inner.accounts.waiters_mut(a) {
+                    waiters.retain(|w| w.id != self.waiter);
                 }
             }
             None => inner.pool.retain(|w| w.id != self.waiter),
@@ -146,52 +147,73 @@ impl Drop for WaitGuard<'_> {
 /// The most candidates a request walks (its failover budget).
 pub const MAX_CANDIDATES: usize = 32;
 
-fn load(e: &Entry) -> f64 {
-    f64::from(e.in_flight) / e.limit.floor().max(1.0)
-}
-
 /// Where an account ranks: its priority, then the strategy's key; lower goes first.
 type RankKey = (u64, (u64, u64, u64));
 
-/// An account's priority as a sort key: lower goes first, whatever the strategy.
-fn priority_key(e: &Entry) -> u64 {
-    (i64::from(e.record.priority) - i64::from(i32::MIN)) as u64
-}
-
-/// The strategy's sort key among accounts of equal priority; lower goes first.
-fn strategy_key(strategy: Strategy, e: &Entry) -> (u64, u64, u64) {
-    match strategy {
-        Strategy::RoundRobin => (0, 0, 0),
-        Strategy::QuotaAware => headroom_key(e),
-        Strategy::LeastLoaded => ((load(e) * 1_000_000.0) as u64, 0, 0),
-        // Priority is already the first key: fill the oldest account first.
-        Strategy::FillFirst => (e.record.created_at, 0, 0),
+/// The best [`MAX_CANDIDATES`] of `eligible` (indices into `rows`, in the order of this plan's
+/// rotation), ranked by priority and then `key`, ties going to the earlier one; each with its
+/// place in `eligible`. One pass keeps a bounded heap of the best so far: walked in rotation
+/// order, equals after the first few cost one comparison each.
+fn best_ranked(
+    rows: &[Hot],
+    eligible: &[u32],
+    key: impl Fn(&Hot) -> (u64, u64, u64),
+) -> Vec<(RankKey, usize)> {
+    let mut keyed = eligible.iter().enumerate().map(|(turn, &i)| {
+        let h = &rows[i as usize];
+        // Priority as a sort key: lower goes first, whatever the strategy.
+        let priority = (i64::from(h.priority) - i64::from(i32::MIN)) as u64;
+        ((priority, key(h)), turn)
+    });
+    let mut best: std::collections::BinaryHeap<(RankKey, usize)> =
+        keyed.by_ref().take(MAX_CANDIDATES).collect();
+    // Turns only grow along the walk, so a later account beats the worst kept one only by a
+    // lower key.
+    let mut worst = best.peek().map(|w| w.0);
+    for item in keyed {
+        if worst.is_some_and(|w| item.0 < w) {
+            if let Some(mut top) = best.peek_mut() {
+                *top = item;
+            }
+            worst = best.peek().map(|w| w.0);
+        }
     }
+    let mut best = best.into_vec();
+    best.sort_unstable();
+    best
 }
 
-fn headroom_key(e: &Entry) -> (u64, u64, u64) {
-    let q = e.quota.as_ref();
-    let pct = |v: Option<f64>| (v.unwrap_or(0.0).clamp(0.0, 100.0) * 100.0) as u64;
-    let primary = pct(q.and_then(|q| q.primary_used_percent));
-    // The soonest reset breaks ties only between windows in use: the reset of an unused
-    // window says nothing, and accounts with equal headroom take turns.
-    let reset = if primary > 0 {
-        q.and_then(|q| q.primary_reset_at).unwrap_or(u64::MAX)
-    } else {
-        0
-    };
-    (
-        primary,
-        pct(q.and_then(|q| q.secondary_used_percent)),
-        reset,
-    )
+fn over_ceiling(h: &Hot, ceiling: f64) -> bool {
+    h.most_used_percent >= ceiling
 }
 
-fn over_ceiling(e: &Entry, ceiling: f64) -> bool {
-    e.quota.as_ref().is_some_and(|q| {
-        q.primary_used_percent.is_some_and(|p| p >= ceiling)
-            || q.secondary_used_percent.is_some_and(|p| p >= ceiling)
-    })
+/// Why an account with row `h` cannot serve `model` now (slots aside); `unsupported` looks
+/// up the account's marks for the model, asked only when it has any.
+#[inline]
+fn gate_reason(
+    h: &Hot,
+    model: &str,
+    now_ms: u64,
+    unsupported: impl FnOnce() -> bool,
+) -> Option<SkipReason> {
+    if !h.enabled {
+        return Some(SkipReason::Disabled);
+    }
+    if !h.has_tokens {
+        return Some(SkipReason::NoTokens);
+    }
+    match h.gate.effective(now_ms) {
+        Effective::NeedsReauth => return Some(SkipReason::NeedsReauth),
+        Effective::Cooling { .. } => return Some(SkipReason::Cooling),
+        // A half-open account whose probe runs, and an account its background probe has
+        // yet to prove, are candidates that are busy (see `try_lease`): requests wait for
+        // the verdict instead of being turned away.
+        Effective::HalfOpen | Effective::Probing | Effective::Ready => {}
+    }
+    if !model.is_empty() && h.any_unsupported && unsupported() {
+        return Some(SkipReason::ModelUnsupported);
+    }
+    None
 }
 
 impl Fleet {
@@ -205,24 +227,9 @@ impl Fleet {
 
     /// Why `e` cannot serve `model` now (slots aside).
     pub(crate) fn skip_reason(&self, e: &Entry, model: &str, now_ms: u64) -> Option<SkipReason> {
-        if !e.record.enabled {
-            return Some(SkipReason::Disabled);
-        }
-        if e.secrets.is_none() {
-            return Some(SkipReason::NoTokens);
-        }
-        match e.health.effective(now_ms) {
-            Effective::NeedsReauth => return Some(SkipReason::NeedsReauth),
-            Effective::Cooling { .. } => return Some(SkipReason::Cooling),
-            // A half-open account whose probe runs, and an account its background probe has
-            // yet to prove, are candidates that are busy (see `try_lease`): requests wait for
-            // the verdict instead of being turned away.
-            Effective::HalfOpen | Effective::Probing | Effective::Ready => {}
-        }
-        if !model.is_empty() && e.is_unsupported(model, now_ms) {
-            return Some(SkipReason::ModelUnsupported);
-        }
-        None
+        gate_reason(&Hot::of(e), model, now_ms, || {
+            e.is_unsupported(model, now_ms)
+        })
     }
 
     /// Freezes a request's candidates (without a key's policy refusals: see [`Fleet::plan_for`]).
@@ -255,79 +262,95 @@ impl Fleet {
         let refused = refusal_scope
             .map(|s| self.affinity.refused(s))
             .unwrap_or_default();
-        let mut eligible: Vec<&Entry> = Vec::with_capacity(inner.accounts.len());
-        for e in inner.accounts.values() {
-            let reason = self
-                .skip_reason(e, model, now)
-                .or_else(|| {
-                    excluded
-                        .contains(&e.record.id)
-                        .then_some(SkipReason::SessionExcluded)
-                })
-                .or_else(|| {
-                    refused
-                        .contains(&e.record.id)
-                        .then_some(SkipReason::PolicyExcluded)
-                })
-                .or_else(|| {
-                    // A draining account keeps the sessions bound to it and takes no others.
-                    (e.draining && bound.as_deref() != Some(e.record.id.as_str()))
-                        .then_some(SkipReason::Draining)
-                });
-            match reason {
-                None => eligible.push(e),
-                Some(r) => plan.skipped.push((e.record.id.clone(), r)),
+        // The accounts' rows (see `table`) hold what this reads; an entry itself is read only
+        // for an account with unsupported-model marks.
+        inner.accounts.check_rows();
+        let rows = inner.accounts.rows();
+        let ceiling = settings.quota_ceiling_percent;
+        // Eligible accounts as indices into the rows: a plan writes little per account.
+        let mut eligible: Vec<u32> = Vec::with_capacity(rows.len());
+        let mut over = 0;
+        // Most accounts are plainly eligible: only the others get a closer look.
+        let closer_look = !excluded.is_empty() || !refused.is_empty();
+        for (i, h) in rows.iter().enumerate() {
+            if closer_look || !h.plainly_eligible() {
+                let id = inner.accounts.id(i);
+                let unsupported = || {
+                    inner
+                        .accounts
+                        .get(id)
+                        .is_some_and(|e| e.is_unsupported(model, now))
+                };
+                let reason = gate_reason(h, model, now, unsupported)
+                    .or_else(|| {
+                        excluded
+                            .iter()
+                            .any(|x| x == id)
+                            .then_some(SkipReason::SessionExcluded)
+                    })
+                    .or_else(|| {
+                        refused
+                            .iter()
+                            .any(|x| x == id)
+                            .then_some(SkipReason::PolicyExcluded)
+                    })
+                    .or_else(|| {
+                        // A draining account keeps the sessions bound to it and takes no
+                        // others.
+                        (h.draining && bound.as_deref() != Some(id)).then_some(SkipReason::Draining)
+                    });
+                if let Some(r) = reason {
+                    plan.skipped.push((id.to_string(), r));
+                    continue;
+                }
             }
+            over += usize::from(over_ceiling(h, ceiling));
+            eligible.push(i as u32);
         }
         // Accounts above the quota ceiling wait while others have headroom.
-        let ceiling = settings.quota_ceiling_percent;
-        if eligible.iter().any(|e| !over_ceiling(e, ceiling)) {
-            eligible.retain(|e| {
-                let over = over_ceiling(e, ceiling);
+        if over > 0 && over < eligible.len() {
+            eligible.retain(|&i| {
+                let over = over_ceiling(&rows[i as usize], ceiling);
                 if over {
-                    plan.skipped
-                        .push((e.record.id.clone(), SkipReason::QuotaCeiling));
+                    plan.skipped.push((
+                        inner.accounts.id(i as usize).to_string(),
+                        SkipReason::QuotaCeiling,
+                    ));
                 }
                 !over
             });
         }
         // Rank by the strategy, ties broken by a rotation that moves on every plan (so
-        // accounts the strategy ranks equal take turns), keeping only the best
-        // MAX_CANDIDATES: one pass with a bounded heap of the best so far, then a sort of
-        // those few.
+        // accounts the strategy ranks equal take turns).
         let n = eligible.len();
         let start = if n == 0 {
             0
         } else {
             self.rr.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % n
         };
-        let keyed = eligible.iter().enumerate().map(|(pos, e)| {
-            (
-                (priority_key(e), strategy_key(settings.strategy, e)),
-                (pos + n - start) % n,
-            )
-        });
-        let mut ranked: Vec<(RankKey, usize)> = if n <= MAX_CANDIDATES {
-            keyed.collect()
-        } else {
-            let mut best = std::collections::BinaryHeap::with_capacity(MAX_CANDIDATES + 1);
-            for item in keyed {
-                if best.len() < MAX_CANDIDATES {
-                    best.push(item);
-                } else if best.peek().is_some_and(|worst| item < *worst) {
-                    best.pop();
-                    best.push(item);
-                }
+        eligible.rotate_left(start);
+        let best = match settings.strategy {
+            Strategy::RoundRobin => best_ranked(rows, &eligible, |_| (0, 0, 0)),
+            Strategy::QuotaAware => {
+                best_ranked(rows, &eligible, |h| (h.headroom.0, h.headroom.1, 0))
             }
-            best.into_vec()
+            // The least loaded first.
+            Strategy::LeastLoaded => best_ranked(rows, &eligible, |h| {
+                (
+                    (f64::from(h.in_flight) / f64::from(h.slots) * 1_000_000.0) as u64,
+                    0,
+                    0,
+                )
+            }),
+            // Priority is already the first key: fill the oldest account first.
+            Strategy::FillFirst => best_ranked(rows, &eligible, |h| (h.created_at, 0, 0)),
         };
-        ranked.sort_unstable();
-        plan.order = ranked
+        plan.order = best
             .iter()
-            .map(|(_, turn)| eligible[(turn + start) % n].record.id.clone())
+            .map(|&(_, turn)| inner.accounts.id(eligible[turn] as usize).to_string())
             .collect();
         if let Some(b) = &bound {
-            let eligible_bound = eligible.iter().any(|e| &e.record.id == b);
+            let eligible_bound = eligible.iter().any(|&i| inner.accounts.id(i as usize) == b);
             if eligible_bound {
                 plan.order.retain(|id| id != b);
                 plan.order.insert(0, b.clone());
@@ -376,8 +399,8 @@ impl Fleet {
     pub fn try_lease(&self, id: &str, model: &str) -> Result<Lease, SkipReason> {
         let now = self.clock.now_ms();
         let mut inner = self.write();
-        let e = inner.accounts.get_mut(id).ok_or(SkipReason::Disabled)?;
-        if let Some(r) = self.skip_reason(e, model, now) {
+        let mut e = inner.accounts.get_mut(id).ok_or(SkipReason::Disabled)?;
+        if let Some(r) = self.skip_reason(&e, model, now) {
             return Err(r);
         }
         // One probe at a time decides a half-open account; others wait for its verdict. A
@@ -392,7 +415,7 @@ impl Fleet {
         if e.in_flight >= e.limit.floor() as u32 || !e.waiters.is_empty() {
             return Err(SkipReason::Full);
         }
-        Ok(self.grant(e, now))
+        Ok(self.grant(&mut e, now))
     }
 
     /// Marks a slot taken on `e` and returns its lease (the caller holds the lock).
@@ -477,8 +500,8 @@ impl Fleet {
                 since_ms: self.clock.now_ms(),
             };
             let queue = match account {
-                Some(a) => match inner.accounts.get_mut(a) {
-                    Some(e) => &mut e.waiters,
+                Some(a) => match inner.accounts.waiters_mut(a) {
+                    Some(waiters) => waiters,
                     None => return (None, done(QueueOutcome::QueueFull)),
                 },
                 None => &mut inner.pool,
@@ -529,7 +552,7 @@ impl Fleet {
     fn release(&self, id: &str, probe: bool) {
         {
             let mut inner = self.write();
-            if let Some(e) = inner.accounts.get_mut(id) {
+            if let Some(mut e) = inner.accounts.get_mut(id) {
                 e.in_flight = e.in_flight.saturating_sub(1);
                 if probe {
                     e.probing = false;
@@ -547,7 +570,7 @@ impl Fleet {
         {
             let mut guard = self.write();
             let inner: &mut Inner = &mut guard;
-            while let Some(e) = inner.accounts.get_mut(id) {
+            while let Some(e) = inner.accounts.get(id) {
                 if e.in_flight >= e.limit.floor() as u32
                     || e.probing
                     || e.health.effective(now) == Effective::Probing
@@ -559,14 +582,11 @@ impl Fleet {
                         // The account went bad: its sticky waiters will time out and rebind.
                         break;
                     }
-                    e.waiters.pop_front()
+                    inner.accounts.waiters_mut(id).and_then(VecDeque::pop_front)
                 } else {
+                    let usable = |w: &Waiter| self.skip_reason(e, &w.model, now).is_none();
                     let pos = inner.pool.iter().position(|w| {
-                        w.accepts.as_ref().is_some_and(|a| a.contains(id))
-                            && inner
-                                .accounts
-                                .get(id)
-                                .is_some_and(|e| self.skip_reason(e, &w.model, now).is_none())
+                        w.accepts.as_ref().is_some_and(|a| a.contains(id)) && usable(w)
                     });
                     match pos {
                         Some(p) => inner.pool.remove(p),
@@ -574,10 +594,10 @@ impl Fleet {
                     }
                 };
                 let Some(w) = waiter else { break };
-                let Some(e) = inner.accounts.get_mut(id) else {
+                let Some(mut e) = inner.accounts.get_mut(id) else {
                     break;
                 };
-                let lease = self.grant(e, now);
+                let lease = self.grant(&mut e, now);
                 if let Err(mut lease) = w.tx.send(lease) {
                     // The waiter is gone: take the slot back by hand (we hold the lock).
                     lease.armed = false;
@@ -603,7 +623,7 @@ impl Fleet {
         let now = self.clock.now_ms();
         let health = {
             let mut inner = self.write();
-            let Some(e) = inner.accounts.get_mut(&lease.id) else {
+            let Some(mut e) = inner.accounts.get_mut(&lease.id) else {
                 return;
             };
             e.probing = false;
@@ -625,10 +645,10 @@ impl Fleet {
         {
             let mut guard = self.write();
             let inner: &mut Inner = &mut guard;
-            let Some(e) = inner.accounts.get_mut(id) else {
+            let Some(waiters) = inner.accounts.waiters_mut(id) else {
                 return;
             };
-            withdrawn.extend(e.waiters.drain(..));
+            withdrawn.extend(waiters.drain(..));
             let accounts = &inner.accounts;
             let mut kept = std::collections::VecDeque::with_capacity(inner.pool.len());
             for w in inner.pool.drain(..) {

@@ -335,7 +335,7 @@ impl super::Fleet {
         let ids: Vec<String> = {
             let mut inner = self.write();
             let mut ids = Vec::new();
-            for e in inner.accounts.values_mut() {
+            for mut e in inner.accounts.values_mut() {
                 if e.record.max_concurrency.is_none() {
                     // An account at the old maximum moves to the new one; one that was
                     // throttled keeps its limit, capped by the new maximum.

@@ -1,0 +1,222 @@
+//! The accounts, with a compact copy of what the scheduler reads from each.
+//!
+//! An [`Entry`] is large and lives in a B-tree node; a plan reads a few fields from every one
+//! of them, and at 1,000 accounts that walk through memory was most of a plan's cost. So each
+//! entry has a [`Hot`] row in one contiguous array, in the map's order. The rows cannot go
+//! stale: the only way to change an entry is through [`EntryMut`], which rewrites the entry's
+//! row when it is dropped, and inserting or removing an account rebuilds the array. Debug
+//! builds check every row against its entry on every plan.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::ops::{Deref, DerefMut};
+
+use super::Entry;
+use super::health::Gate;
+use super::scheduler::Waiter;
+use crate::upstream::quota::QuotaSnapshot;
+
+/// What a plan reads from an entry: one cache line.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct Hot {
+    pub enabled: bool,
+    pub has_tokens: bool,
+    pub draining: bool,
+    /// It has at least one unsupported-model mark (the marks themselves stay in the entry).
+    pub any_unsupported: bool,
+    pub gate: Gate,
+    pub priority: i32,
+    pub in_flight: u32,
+    /// Its slots: the adaptive limit's floor, at least 1.
+    pub slots: u32,
+    pub created_at: u64,
+    /// The higher of its two windows' used percentages (minus infinity when neither is known).
+    pub most_used_percent: f64,
+    /// The quota-aware strategy's key, worked out when the quota changes.
+    pub headroom: (u64, u64),
+}
+
+impl Hot {
+    pub fn of(e: &Entry) -> Hot {
+        let q = e.quota.as_ref();
+        Hot {
+            enabled: e.record.enabled,
+            has_tokens: e.secrets.is_some(),
+            draining: e.draining,
+            any_unsupported: !e.unsupported.is_empty(),
+            gate: e.health.gate(),
+            priority: e.record.priority,
+            in_flight: e.in_flight,
+            slots: e.limit.floor().max(1.0) as u32,
+            created_at: e.record.created_at,
+            most_used_percent: q
+                .map(|q| [q.primary_used_percent, q.secondary_used_percent])
+                .into_iter()
+                .flatten()
+                .flatten()
+                .fold(f64::NEG_INFINITY, f64::max),
+            headroom: headroom_key(q),
+        }
+    }
+
+    /// Eligible for any model at any moment: the common case, decided without a closer look.
+    pub fn plainly_eligible(&self) -> bool {
+        self.enabled & self.has_tokens & !self.draining & !self.any_unsupported & self.gate.ready()
+    }
+}
+
+/// The quota-aware order among accounts of equal priority (lower goes first): the primary
+/// window's used percentage and the secondary's (packed in one number), then the primary's
+/// reset while that window is in use.
+fn headroom_key(q: Option<&QuotaSnapshot>) -> (u64, u64) {
+    let pct = |v: Option<f64>| (v.unwrap_or(0.0).clamp(0.0, 100.0) * 100.0) as u64;
+    let primary = pct(q.and_then(|q| q.primary_used_percent));
+    // The soonest reset breaks ties only between windows in use: the reset of an unused
+    // window says nothing, and accounts with equal headroom take turns.
+    let reset = if primary > 0 {
+        q.and_then(|q| q.primary_reset_at).unwrap_or(u64::MAX)
+    } else {
+        0
+    };
+    (
+        primary << 32 | pct(q.and_then(|q| q.secondary_used_percent)),
+        reset,
+    )
+}
+
+/// The accounts by id, and their [`Hot`] rows.
+#[derive(Default)]
+pub(crate) struct Accounts {
+    map: BTreeMap<String, Entry>,
+    /// `hot[i]` is the row of the map's `i`-th entry, whose `slot` is `i`.
+    hot: Vec<Hot>,
+    /// `ids[i]` is the id of that entry (an entry's id never changes).
+    ids: Vec<String>,
+}
+
+/// A borrowed entry that may be changed; its row is rewritten when it is dropped.
+pub(crate) struct EntryMut<'a> {
+    entry: &'a mut Entry,
+    hot: &'a mut Hot,
+}
+
+impl Deref for EntryMut<'_> {
+    type Target = Entry;
+    fn deref(&self) -> &Entry {
+        self.entry
+    }
+}
+
+impl DerefMut for EntryMut<'_> {
+    fn deref_mut(&mut self) -> &mut Entry {
+        self.entry
+    }
+}
+
+impl Drop for EntryMut<'_> {
+    fn drop(&mut self) {
+        *self.hot = Hot::of(self.entry);
+    }
+}
+
+impl From<BTreeMap<String, Entry>> for Accounts {
+    fn from(map: BTreeMap<String, Entry>) -> Accounts {
+        let mut a = Accounts {
+            map,
+            hot: Vec::new(),
+            ids: Vec::new(),
+        };
+        a.rebuild();
+        a
+    }
+}
+
+impl Accounts {
+    fn rebuild(&mut self) {
+        self.hot.clear();
+        self.ids.clear();
+        for (slot, (id, e)) in self.map.iter_mut().enumerate() {
+            e.slot = slot;
+            self.hot.push(Hot::of(e));
+            self.ids.push(id.clone());
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.map.len()
+    }
+
+    pub fn contains_key(&self, id: &str) -> bool {
+        self.map.contains_key(id)
+    }
+
+    pub fn get(&self, id: &str) -> Option<&Entry> {
+        self.map.get(id)
+    }
+
+    pub fn values(&self) -> impl Iterator<Item = &Entry> {
+        self.map.values()
+    }
+
+    /// Every account's row, in id order.
+    pub fn rows(&self) -> &[Hot] {
+        &self.hot
+    }
+
+    /// The id of the `i`-th account in id order (`i` indexes [`Accounts::rows`]).
+    pub fn id(&self, i: usize) -> &str {
+        &self.ids[i]
+    }
+
+    pub fn get_mut(&mut self, id: &str) -> Option<EntryMut<'_>> {
+        let entry = self.map.get_mut(id)?;
+        let hot = &mut self.hot[entry.slot];
+        Some(EntryMut { entry, hot })
+    }
+
+    pub fn values_mut(&mut self) -> impl Iterator<Item = EntryMut<'_>> {
+        self.map
+            .values_mut()
+            .zip(self.hot.iter_mut())
+            .map(|(entry, hot)| EntryMut { entry, hot })
+    }
+
+    /// The queue of sessions waiting for `id`'s slots: not part of its row, so it may be
+    /// changed without one being rewritten.
+    pub fn waiters_mut(&mut self, id: &str) -> Option<&mut VecDeque<Waiter>> {
+        self.map.get_mut(id).map(|e| &mut e.waiters)
+    }
+
+    /// Applies `update` to the entry for `id`, made by `make` when there is none.
+    pub fn upsert<T>(
+        &mut self,
+        id: String,
+        make: impl FnOnce() -> Entry,
+        update: impl FnOnce(&mut Entry) -> T,
+    ) -> T {
+        if let Some(mut e) = self.get_mut(&id) {
+            return update(&mut e);
+        }
+        let mut e = make();
+        let out = update(&mut e);
+        self.map.insert(id, e);
+        self.rebuild();
+        out
+    }
+
+    pub fn remove(&mut self, id: &str) -> Option<Entry> {
+        let e = self.map.remove(id)?;
+        self.rebuild();
+        Some(e)
+    }
+
+    /// Debug builds: every row matches its entry.
+    pub fn check_rows(&self) {
+        if cfg!(debug_assertions) {
+            debug_assert_eq!(self.hot.len(), self.map.len(), "scheduler rows missing");
+            for ((id, e), (row_id, hot)) in self.map.iter().zip(self.ids.iter().zip(&self.hot)) {
+                debug_assert_eq!(id, row_id, "scheduler row out of order");
+                debug_assert_eq!(*hot, Hot::of(e), "stale scheduler row for {id}");
+            }
+        }
+    }
+}
