@@ -216,6 +216,59 @@ fn gate_reason(
     None
 }
 
+/// What a plan needs to judge an account that is not plainly eligible.
+struct CloserLook<'a> {
+    inner: &'a Inner,
+    model: &'a str,
+    now: u64,
+    /// Accounts that broke one of this session's streams recently.
+    excluded: &'a [String],
+    /// Accounts that refused this key's session for policy.
+    refused: &'a [String],
+    /// The session's bound account.
+    bound: Option<&'a str>,
+}
+
+impl CloserLook<'_> {
+    /// Whether the `i`-th account (row `h`) is left out; if so, it is added to `skipped` with
+    /// the reason. Kept out of line: the plan's loop over plainly eligible accounts stays small.
+    #[cold]
+    #[inline(never)]
+    fn skipped(&self, i: usize, h: &Hot, skipped: &mut Vec<(String, SkipReason)>) -> bool {
+        let id = self.inner.accounts.id(i);
+        let unsupported = || {
+            self.inner
+                .accounts
+                .get(id)
+                .is_some_and(|e| e.is_unsupported(self.model, self.now))
+        };
+        let reason = gate_reason(h, self.model, self.now, unsupported)
+            .or_else(|| {
+                self.excluded
+                    .iter()
+                    .any(|x| x == id)
+                    .then_some(SkipReason::SessionExcluded)
+            })
+            .or_else(|| {
+                self.refused
+                    .iter()
+                    .any(|x| x == id)
+                    .then_some(SkipReason::PolicyExcluded)
+            })
+            .or_else(|| {
+                // A draining account keeps the sessions bound to it and takes no others.
+                (h.draining && self.bound != Some(id)).then_some(SkipReason::Draining)
+            });
+        match reason {
+            Some(r) => {
+                skipped.push((id.to_string(), r));
+                true
+            }
+            None => false,
+        }
+    }
+}
+
 impl Fleet {
     pub fn settings(&self) -> Settings {
         self.settings
@@ -272,37 +325,17 @@ impl Fleet {
         let mut over = 0;
         // Most accounts are plainly eligible: only the others get a closer look.
         let closer_look = !excluded.is_empty() || !refused.is_empty();
+        let look = CloserLook {
+            inner: &inner,
+            model,
+            now,
+            excluded: &excluded,
+            refused: &refused,
+            bound: bound.as_deref(),
+        };
         for (i, h) in rows.iter().enumerate() {
-            if closer_look || !h.plainly_eligible() {
-                let id = inner.accounts.id(i);
-                let unsupported = || {
-                    inner
-                        .accounts
-                        .get(id)
-                        .is_some_and(|e| e.is_unsupported(model, now))
-                };
-                let reason = gate_reason(h, model, now, unsupported)
-                    .or_else(|| {
-                        excluded
-                            .iter()
-                            .any(|x| x == id)
-                            .then_some(SkipReason::SessionExcluded)
-                    })
-                    .or_else(|| {
-                        refused
-                            .iter()
-                            .any(|x| x == id)
-                            .then_some(SkipReason::PolicyExcluded)
-                    })
-                    .or_else(|| {
-                        // A draining account keeps the sessions bound to it and takes no
-                        // others.
-                        (h.draining && bound.as_deref() != Some(id)).then_some(SkipReason::Draining)
-                    });
-                if let Some(r) = reason {
-                    plan.skipped.push((id.to_string(), r));
-                    continue;
-                }
+            if (closer_look || !h.plainly_eligible()) && look.skipped(i, h, &mut plan.skipped) {
+                continue;
             }
             over += usize::from(over_ceiling(h, ceiling));
             eligible.push(i as u32);
