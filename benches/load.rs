@@ -486,6 +486,8 @@ struct Run {
     p99: Duration,
     rps: f64,
     bad: usize,
+    /// CPU time (user + system) of the measured process per answer, in µs.
+    cpu_us: Option<f64>,
 }
 
 fn percentile(v: &mut [Duration], p: f64) -> Duration {
@@ -496,15 +498,23 @@ fn percentile(v: &mut [Duration], p: f64) -> Duration {
     v[(((v.len() - 1) as f64) * p).round() as usize]
 }
 
-async fn measure(t: &Target, conns: usize, secs: f64) -> Run {
+/// A warm-up, then `secs` of load; `pid` is the process whose CPU time is counted.
+async fn measure(t: &Target, conns: usize, secs: f64, pid: Option<u32>) -> Run {
     drive(t, conns, (secs / 5.0).max(0.2)).await; // warm-up
+    let before = pid.and_then(cpu_ticks);
     let (mut lat, bad) = drive(t, conns, secs).await;
+    let after = pid.and_then(cpu_ticks);
     let rps = lat.len() as f64 / secs;
+    let cpu_us = before.zip(after).filter(|_| !lat.is_empty()).map(|(b, a)| {
+        // Clock ticks are 1/100 s.
+        a.saturating_sub(b) as f64 * 10_000.0 / lat.len() as f64
+    });
     Run {
         p50: percentile(&mut lat, 0.5),
         p99: percentile(&mut lat, 0.99),
         rps,
         bad,
+        cpu_us,
     }
 }
 
@@ -592,9 +602,9 @@ fn main() {
             "connections", "nginx adds p50", "gateway adds p50", "ratio", "nginx req/s", "gateway req/s", "direct req/s", "gateway adds p99"
         );
         for conns in [32usize, 1] {
-            let d = measure(&direct, conns, secs).await;
-            let n = if nginx { Some(measure(&via_nginx, conns, secs).await) } else { None };
-            let g = measure(&via_gateway, conns, secs).await;
+            let d = measure(&direct, conns, secs, None).await;
+            let n = if nginx { Some(measure(&via_nginx, conns, secs, None).await) } else { None };
+            let g = measure(&via_gateway, conns, secs, Some(gateway.0.id())).await;
             let added = |r: &Run| ms(r.p50.saturating_sub(d.p50));
             let nginx_adds = n.as_ref().map(added);
             let gw_adds = added(&g);
@@ -611,9 +621,10 @@ fn main() {
             );
             if let Some(n) = &n {
                 println!(
-                    "{:>11}   gateway throughput / nginx = {:.0}%{}",
+                    "{:>11}   gateway throughput / nginx = {:.0}%; gateway CPU per answer {}{}",
                     "",
                     g.rps / n.rps * 100.0,
+                    g.cpu_us.map_or("–".into(), |us| format!("{us:.0} µs")),
                     if d.bad + n.bad + g.bad > 0 {
                         format!(" (incomplete answers: direct {}, nginx {}, gateway {})", d.bad, n.bad, g.bad)
                     } else {
