@@ -488,6 +488,8 @@ struct Run {
     bad: usize,
     /// CPU time (user + system) of the measured process per answer, in µs.
     cpu_us: Option<f64>,
+    /// Its write system calls per answer (to the client and the upstream together).
+    writes: Option<f64>,
 }
 
 fn percentile(v: &mut [Duration], p: f64) -> Duration {
@@ -502,8 +504,13 @@ fn percentile(v: &mut [Duration], p: f64) -> Duration {
 async fn measure(t: &Target, conns: usize, secs: f64, pid: Option<u32>) -> Run {
     drive(t, conns, (secs / 5.0).max(0.2)).await; // warm-up
     let before = pid.and_then(cpu_ticks);
+    let writes_before = pid.and_then(write_calls);
     let (mut lat, bad) = drive(t, conns, secs).await;
     let after = pid.and_then(cpu_ticks);
+    let writes = writes_before
+        .zip(pid.and_then(write_calls))
+        .filter(|_| !lat.is_empty())
+        .map(|(b, a)| a.saturating_sub(b) as f64 / lat.len() as f64);
     let rps = lat.len() as f64 / secs;
     let cpu_us = before.zip(after).filter(|_| !lat.is_empty()).map(|(b, a)| {
         // Clock ticks are 1/100 s.
@@ -515,7 +522,18 @@ async fn measure(t: &Target, conns: usize, secs: f64, pid: Option<u32>) -> Run {
         rps,
         bad,
         cpu_us,
+        writes,
     }
+}
+
+/// Write system calls of a process so far (`syscw` in `/proc/PID/io`).
+fn write_calls(pid: u32) -> Option<u64> {
+    let io = std::fs::read_to_string(format!("/proc/{pid}/io")).ok()?;
+    io.lines()
+        .find_map(|l| l.strip_prefix("syscw:"))?
+        .trim()
+        .parse()
+        .ok()
 }
 
 fn ms(d: Duration) -> f64 {
@@ -621,10 +639,11 @@ fn main() {
             );
             if let Some(n) = &n {
                 println!(
-                    "{:>11}   gateway throughput / nginx = {:.0}%; gateway CPU per answer {}{}",
+                    "{:>11}   gateway throughput / nginx = {:.0}%; gateway per answer: CPU {}, {} writes{}",
                     "",
                     g.rps / n.rps * 100.0,
                     g.cpu_us.map_or("–".into(), |us| format!("{us:.0} µs")),
+                    g.writes.map_or("–".into(), |w| format!("{w:.2}")),
                     if d.bad + n.bad + g.bad > 0 {
                         format!(" (incomplete answers: direct {}, nginx {}, gateway {})", d.bad, n.bad, g.bad)
                     } else {
