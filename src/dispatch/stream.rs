@@ -33,15 +33,53 @@ pub fn is_precommit(kind: &str) -> bool {
     )
 }
 
-fn usage_of(response: &Value) -> Option<Usage> {
-    let u = response.get("usage")?;
-    let n = |v: &Value| v.as_u64().unwrap_or(0);
-    Some(Usage {
-        input_tokens: n(&u["input_tokens"]),
-        cached_tokens: n(&u["input_tokens_details"]["cached_tokens"]),
-        output_tokens: n(&u["output_tokens"]),
-        reasoning_tokens: n(&u["output_tokens_details"]["reasoning_tokens"]),
-    })
+/// What the gateway reads from an event's `response` object: its id and usage. A
+/// `response.completed` carries the whole answer; this reads past the rest of it without
+/// building it into a tree.
+#[derive(serde::Deserialize, Default)]
+struct ResponsePeek {
+    #[serde(default)]
+    response: Option<ResponseFields>,
+}
+
+#[derive(serde::Deserialize)]
+struct ResponseFields {
+    #[serde(default, deserialize_with = "present")]
+    id: Option<Value>,
+    #[serde(default, deserialize_with = "present")]
+    usage: Option<Value>,
+}
+
+/// A field that is there, whatever its value (`null` included).
+fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Value>, D::Error> {
+    <Value as serde::Deserialize>::deserialize(d).map(Some)
+}
+
+impl ResponsePeek {
+    fn of(ev: &Event) -> ResponsePeek {
+        serde_json::from_slice(ev.data()).unwrap_or_default()
+    }
+
+    fn id(&self) -> Option<String> {
+        self.response
+            .as_ref()?
+            .id
+            .as_ref()?
+            .as_str()
+            .map(str::to_string)
+    }
+
+    /// Token counts as the backend reports them; a missing or non-integer count is 0.
+    fn usage(&self) -> Option<Usage> {
+        let u = self.response.as_ref()?.usage.as_ref()?;
+        let n = |v: &Value| v.as_u64().unwrap_or(0);
+        Some(Usage {
+            input_tokens: n(&u["input_tokens"]),
+            cached_tokens: n(&u["input_tokens_details"]["cached_tokens"]),
+            output_tokens: n(&u["output_tokens"]),
+            reasoning_tokens: n(&u["output_tokens_details"]["reasoning_tokens"]),
+        })
+    }
 }
 
 /// The stream's position relative to the commit.
@@ -148,9 +186,7 @@ impl Attempt<'_> {
                 Err(why) => return with_batch(batch, self.stream_broke(&b, why)),
             };
             if b.response_id.is_none() && ev.kind() == "response.created" {
-                b.response_id = ev
-                    .json()
-                    .and_then(|v| v["response"]["id"].as_str().map(str::to_string));
+                b.response_id = ResponsePeek::of(&ev).id();
             }
             if ev.is_terminal() {
                 return with_batch(batch, self.terminal(ev, &mut b));
@@ -197,7 +233,14 @@ impl Attempt<'_> {
         let streaming = self.ctx.mode == Mode::Stream;
         let kind = ev.kind();
         let ok = matches!(kind, "response.completed" | "response.incomplete");
-        let json = ev.json().unwrap_or(Value::Null);
+        // A good streamed end needs only the peek; a failure is judged, and a JSON client
+        // answered, from the whole event.
+        let peek = ResponsePeek::of(&ev);
+        let json = if ok && streaming {
+            Value::Null
+        } else {
+            ev.json().unwrap_or(Value::Null)
+        };
         let facts = (!ok).then(|| Facts::from_event(b.phase(), &json).at(self.endpoint));
         let class = match &facts {
             Some(f) => self.verdict(f),
@@ -215,10 +258,7 @@ impl Attempt<'_> {
             return End::Next;
         }
 
-        let response_id = b
-            .response_id
-            .clone()
-            .or_else(|| json["response"]["id"].as_str().map(str::to_string));
+        let response_id = b.response_id.clone().or_else(|| peek.id());
         self.serve(response_id);
         let outcome = match (kind, class) {
             ("response.completed", _) => Outcome::Success,
@@ -231,9 +271,9 @@ impl Attempt<'_> {
                 self.d
                     .fleet
                     .report(&self.lease.id, Class::Success, None, &self.ctx.model);
-                self.trace.usage = usage_of(&json["response"]);
+                self.trace.usage = peek.usage();
             }
-            "response.incomplete" => self.trace.usage = usage_of(&json["response"]),
+            "response.incomplete" => self.trace.usage = peek.usage(),
             _ => {}
         }
         tracing::debug!(account = %self.lease.id, class = class.as_str(), outcome = outcome.as_str(), "attempt_result");
@@ -376,4 +416,56 @@ fn sse_head(relay: &[(HeaderName, HeaderValue)]) -> Vec<(HeaderName, HeaderValue
         HeaderValue::from_static("no-cache"),
     ));
     headers
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn peek(data: &str) -> ResponsePeek {
+        ResponsePeek::of(&Event::from_data(Bytes::from(data.to_string())))
+    }
+
+    #[test]
+    fn the_peek_reads_id_and_usage_past_the_whole_answer() {
+        let p = peek(
+            r#"{"type":"response.completed","response":{"id":"resp_1","output":[{"type":"message",
+            "content":[{"type":"output_text","text":"a \"quoted\" {answer}"}]}],"usage":{
+            "input_tokens":12,"input_tokens_details":{"cached_tokens":8},"output_tokens":5,
+            "output_tokens_details":{"reasoning_tokens":2},"total_tokens":17}}}"#,
+        );
+        assert_eq!(p.id().as_deref(), Some("resp_1"));
+        assert_eq!(
+            p.usage(),
+            Some(Usage {
+                input_tokens: 12,
+                cached_tokens: 8,
+                output_tokens: 5,
+                reasoning_tokens: 2,
+            })
+        );
+    }
+
+    #[test]
+    fn odd_fields_read_as_a_tree_would() {
+        // A usage that is there but null or partial counts as zeros; a non-text id is none,
+        // and does not hide the usage.
+        let p = peek(r#"{"response":{"id":7,"usage":null}}"#);
+        assert_eq!(p.id(), None);
+        assert_eq!(p.usage(), Some(Usage::default()));
+        let p = peek(r#"{"response":{"usage":{"input_tokens":3,"output_tokens":"x"}}}"#);
+        assert_eq!(
+            p.usage().map(|u| (u.input_tokens, u.output_tokens)),
+            Some((3, 0))
+        );
+        // No response object, or no JSON at all: nothing.
+        for data in [
+            r#"{"response":null}"#,
+            r#"{"type":"response.completed"}"#,
+            "not json",
+        ] {
+            let p = peek(data);
+            assert_eq!((p.id(), p.usage()), (None, None), "{data}");
+        }
+    }
 }
