@@ -2,6 +2,7 @@
 //! for the whole request — including when every candidate is gone (no fail-open: a known-bad
 //! account is never tried) — then keep its record.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use reqwest::header::{HeaderName, HeaderValue};
@@ -24,7 +25,7 @@ use crate::usage::Counters;
 /// Where a request's walk over its candidates stands.
 struct Walk {
     /// Candidates not tried yet, in order.
-    remaining: Vec<String>,
+    remaining: Vec<Arc<str>>,
     /// The session has waited for its own account once.
     sticky_waited: bool,
     /// When the request must have a first answer by.
@@ -360,10 +361,9 @@ impl Dispatcher {
         let settings = self.fleet.settings();
         loop {
             // A sticky session tries only its own account until it has waited for it.
-            let sticky_first = plan
-                .sticky
-                .as_ref()
-                .is_some_and(|s| !walk.sticky_waited && walk.remaining.first() == Some(s));
+            let sticky_first = plan.sticky.as_ref().is_some_and(|s| {
+                !walk.sticky_waited && walk.remaining.first().is_some_and(|f| **f == **s)
+            });
             let mut i = 0;
             while i < walk.remaining.len() && (!sticky_first || i == 0) {
                 match self.fleet.try_lease(&walk.remaining[i], &plan.model) {
@@ -382,7 +382,7 @@ impl Dispatcher {
                     }
                     Err(reason) => {
                         let id = walk.remaining.remove(i);
-                        if plan.sticky.as_ref() == Some(&id) {
+                        if plan.sticky.as_deref() == Some(&*id) {
                             // The session's account became unusable since the plan.
                             trace.rebound.get_or_insert(Rebound::Skipped(reason));
                         }
@@ -393,11 +393,13 @@ impl Dispatcher {
             if walk.remaining.is_empty() {
                 return Acquire::Exhausted;
             }
-            if let Some(sticky) = plan
-                .sticky
-                .as_ref()
-                .filter(|s| sticky_first && walk.remaining.first() == Some(*s))
-            {
+            if let Some(sticky) = plan.sticky.as_ref().filter(|s| {
+                sticky_first
+                    && walk
+                        .remaining
+                        .first()
+                        .is_some_and(|f| f.as_ref() == s.as_str())
+            }) {
                 walk.sticky_waited = true;
                 let Some(wait_for) = walk.bounded(settings.sticky_wait) else {
                     return Acquire::Deadline;
@@ -415,7 +417,7 @@ impl Dispatcher {
                 self.note_wait(trace, wait);
                 match (lease, wait.outcome) {
                     (Some(l), _) => {
-                        walk.remaining.retain(|id| id != &l.id);
+                        walk.remaining.retain(|id| **id != *l.id);
                         return Acquire::Lease(Box::new(l));
                     }
                     (None, QueueOutcome::ClientLeft) => return Acquire::ClientLeft,
@@ -426,7 +428,7 @@ impl Dispatcher {
                     (None, _) => {
                         // Busy for too long: the session moves on.
                         trace.rebound.get_or_insert(Rebound::Busy);
-                        walk.remaining.retain(|id| id != sticky);
+                        walk.remaining.retain(|id| **id != **sticky);
                         continue;
                     }
                 }
@@ -447,7 +449,7 @@ impl Dispatcher {
             self.note_wait(trace, wait);
             return match (lease, wait.outcome) {
                 (Some(l), _) => {
-                    walk.remaining.retain(|id| id != &l.id);
+                    walk.remaining.retain(|id| **id != *l.id);
                     Acquire::Lease(Box::new(l))
                 }
                 (None, QueueOutcome::ClientLeft) => Acquire::ClientLeft,

@@ -353,14 +353,15 @@ impl Fleet {
     }
 
     /// The `chatgpt_account_id`s of several accounts, under one lock.
-    pub fn chatgpt_account_ids(&self, ids: &[String]) -> Vec<String> {
+    pub fn chatgpt_account_ids(&self, ids: &[impl AsRef<str>]) -> Vec<String> {
         let inner = self.read();
         ids.iter()
             .map(|id| {
+                let id = id.as_ref();
                 inner
                     .accounts
                     .get(id)
-                    .map_or_else(|| id.clone(), |e| e.record.chatgpt_account_id.clone())
+                    .map_or_else(|| id.to_string(), |e| e.record.chatgpt_account_id.clone())
             })
             .collect()
     }
@@ -723,6 +724,11 @@ mod tests {
         (f, clock)
     }
 
+    /// A plan's candidates as owned ids.
+    fn order_of(plan: &Plan) -> Vec<String> {
+        plan.order.iter().map(|id| id.to_string()).collect()
+    }
+
     /// Imports an account and vouches for it (it takes requests at once).
     async fn import(f: &Fleet, n: u32) -> AccountView {
         let a = import_unproven(f, n).await;
@@ -748,7 +754,7 @@ mod tests {
         // New: a candidate that is busy until its probe passes.
         let a = import_unproven(&f, 1).await.id;
         assert_eq!(f.get(&a).unwrap().state, AccountState::Probing);
-        assert_eq!(f.plan("m", None).order, vec![a.clone()]);
+        assert_eq!(order_of(&f.plan("m", None)), vec![a.clone()]);
         assert_eq!(f.lease(&a, "m").unwrap_err(), SkipReason::Unproven);
         // Unproven survives a restart.
         store.flush().await.unwrap();
@@ -839,11 +845,14 @@ mod tests {
         for _ in 0..n {
             let order = f.plan("m", None).order;
             assert_eq!(order.len(), scheduler::MAX_CANDIDATES);
-            let at = ids.iter().position(|id| *id == order[0]).unwrap();
+            let at = ids.iter().position(|id| *id == *order[0]).unwrap();
             let expected: Vec<String> = (0..scheduler::MAX_CANDIDATES)
                 .map(|k| ids[(at + k) % ids.len()].clone())
                 .collect();
-            assert_eq!(order, expected);
+            assert_eq!(
+                order.iter().map(|id| id.to_string()).collect::<Vec<_>>(),
+                expected
+            );
             firsts.push(at);
         }
         firsts.sort();
@@ -874,7 +883,7 @@ mod tests {
             .collect();
         for _ in 0..3 {
             let plan = f.plan("m", None);
-            assert_eq!(plan.order, expected);
+            assert_eq!(order_of(&plan), expected);
             let over: Vec<&String> = plan
                 .skipped
                 .iter()
@@ -894,7 +903,9 @@ mod tests {
         let a = import(&f, 1).await.id;
         let b = import(&f, 2).await.id;
         let c = import(&f, 3).await.id;
-        let first: Vec<String> = (0..3).map(|_| f.plan("m", None).order[0].clone()).collect();
+        let first: Vec<String> = (0..3)
+            .map(|_| f.plan("m", None).order[0].to_string())
+            .collect();
         let mut sorted = first.clone();
         sorted.sort();
         let mut all = vec![a.clone(), b.clone(), c.clone()];
@@ -904,13 +915,13 @@ mod tests {
         f.report(&a, Class::Quota, None, "m");
         f.set_enabled(&b, false).await.unwrap();
         let cands = f.plan("m", None);
-        assert_eq!(cands.order, vec![c.clone()]);
+        assert_eq!(order_of(&cands), vec![c.clone()]);
         assert!(cands.skipped.contains(&(a.clone(), SkipReason::Cooling)));
         assert!(cands.skipped.contains(&(b.clone(), SkipReason::Disabled)));
 
         f.report(&c, Class::ModelUnsupported, None, "m");
         assert!(f.plan("m", None).order.is_empty());
-        assert_eq!(f.plan("other", None).order, vec![c.clone()]);
+        assert_eq!(order_of(&f.plan("other", None)), vec![c.clone()]);
 
         let (all_quota, _, text) = f.exhaustion_summary();
         assert!(!all_quota);

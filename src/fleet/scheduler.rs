@@ -49,8 +49,9 @@ named! {
 pub struct Plan {
     pub model: String,
     pub session: Option<String>,
-    /// Account ids in the order they will be tried.
-    pub order: Vec<String>,
+    /// Account ids in the order they will be tried (shared with the pool's table: a plan hands
+    /// over up to 32 of them).
+    pub order: Vec<Arc<str>>,
     /// Accounts left out, and why.
     pub skipped: Vec<(String, SkipReason)>,
     /// The session's bound account, when it is eligible (it is first in `order`).
@@ -380,15 +381,17 @@ impl Fleet {
         };
         plan.order = best
             .iter()
-            .map(|&(_, turn)| inner.accounts.id(eligible[turn] as usize).to_string())
+            .map(|&(_, turn)| Arc::clone(inner.accounts.shared_id(eligible[turn] as usize)))
             .collect();
-        if let Some(b) = &bound {
-            let eligible_bound = eligible.iter().any(|&i| inner.accounts.id(i as usize) == b);
-            if eligible_bound {
-                plan.order.retain(|id| id != b);
-                plan.order.insert(0, b.clone());
-                plan.sticky = Some(b.clone());
-            }
+        if let Some(b) = &bound
+            && let Some(&i) = eligible
+                .iter()
+                .find(|&&i| inner.accounts.id(i as usize) == b)
+        {
+            plan.order.retain(|id| **id != **b);
+            plan.order
+                .insert(0, Arc::clone(inner.accounts.shared_id(i as usize)));
+            plan.sticky = Some(b.clone());
         }
         plan
     }
@@ -420,7 +423,7 @@ impl Fleet {
         Ok(Plan {
             model: model.to_string(),
             session: session.map(str::to_string),
-            order: vec![owner.clone()],
+            order: vec![Arc::from(owner.as_str())],
             sticky: Some(owner.clone()),
             bound: Some(owner),
             owner_only: true,
@@ -489,13 +492,18 @@ impl Fleet {
     /// Waits for a slot on any of `accounts`, at most `wait`.
     pub async fn wait_for_pool(
         &self,
-        accounts: &[String],
+        accounts: &[impl AsRef<str>],
         model: &str,
         wait: Duration,
         max_waiting: usize,
         cancel: impl Future<Output = ()>,
     ) -> (Option<Lease>, Wait) {
-        let accepts = Arc::new(accounts.iter().cloned().collect::<HashSet<_>>());
+        let accepts = Arc::new(
+            accounts
+                .iter()
+                .map(|a| a.as_ref().to_string())
+                .collect::<HashSet<_>>(),
+        );
         self.wait(None, Some(accepts), model, wait, max_waiting, cancel)
             .await
     }

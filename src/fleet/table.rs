@@ -9,6 +9,7 @@
 
 use std::collections::{BTreeMap, VecDeque};
 use std::ops::{Deref, DerefMut};
+use std::sync::Arc;
 
 use super::Entry;
 use super::health::Gate;
@@ -90,7 +91,7 @@ pub(crate) struct Accounts {
     /// `hot[i]` is the row of the map's `i`-th entry, whose `slot` is `i`.
     hot: Vec<Hot>,
     /// `ids[i]` is the id of that entry (an entry's id never changes).
-    ids: Vec<String>,
+    ids: Vec<Arc<str>>,
 }
 
 /// A borrowed entry that may be changed; its row is rewritten when it is dropped.
@@ -137,7 +138,7 @@ impl Accounts {
         for (slot, (id, e)) in self.map.iter_mut().enumerate() {
             e.slot = slot;
             self.hot.push(Hot::of(e));
-            self.ids.push(id.clone());
+            self.ids.push(Arc::from(id.as_str()));
         }
     }
 
@@ -164,6 +165,11 @@ impl Accounts {
 
     /// The id of the `i`-th account in id order (`i` indexes [`Accounts::rows`]).
     pub fn id(&self, i: usize) -> &str {
+        &self.ids[i]
+    }
+
+    /// The same id, to share.
+    pub fn shared_id(&self, i: usize) -> &Arc<str> {
         &self.ids[i]
     }
 
@@ -214,7 +220,7 @@ impl Accounts {
         if cfg!(debug_assertions) {
             debug_assert_eq!(self.hot.len(), self.map.len(), "scheduler rows missing");
             for ((id, e), (row_id, hot)) in self.map.iter().zip(self.ids.iter().zip(&self.hot)) {
-                debug_assert_eq!(id, row_id, "scheduler row out of order");
+                debug_assert_eq!(id.as_str(), &**row_id, "scheduler row out of order");
                 debug_assert_eq!(*hot, Hot::of(e), "stale scheduler row for {id}");
             }
         }
