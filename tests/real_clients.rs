@@ -190,8 +190,14 @@ fn codex_exec(gw: &Gw, tmp: &std::path::Path, prompt: &str) -> Command {
 fn codex_exec_ws(gw: &Gw, tmp: &std::path::Path, prompt: &str, websockets: bool) -> Command {
     let home = tmp.join("codex-home");
     let work = tmp.join("work");
+    // Codex runs its tool calls in a login shell: with the machine's own HOME, that shell's
+    // profile runs too, and its output (a version manager failing to rehash its shims while
+    // another test's shell does the same) lands in front of the command's and pushes it out of
+    // the simulated reply.
+    let user_home = tmp.join("home");
     std::fs::create_dir_all(&home).unwrap();
     std::fs::create_dir_all(&work).unwrap();
+    std::fs::create_dir_all(&user_home).unwrap();
     let provider = format!(
         "model_providers.gw={{name=\"gw\",base_url=\"{}\",env_key=\"SWITCHYARD_KEY\",wire_api=\"responses\",supports_websockets={websockets}}}",
         gw.url("/v1")
@@ -199,6 +205,7 @@ fn codex_exec_ws(gw: &Gw, tmp: &std::path::Path, prompt: &str, websockets: bool)
     let mut cmd = Command::new(codex());
     cmd.current_dir(&work)
         .env("CODEX_HOME", &home)
+        .env("HOME", &user_home)
         .env("SWITCHYARD_KEY", &gw.key)
         .env_remove("OPENAI_API_KEY")
         .args([
