@@ -226,3 +226,71 @@ impl Accounts {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fleet::health::Health;
+    use crate::store::records::AccountRecord;
+
+    fn entry(id: &str) -> Entry {
+        let record = AccountRecord {
+            id: id.to_string(),
+            label: String::new(),
+            email: None,
+            plan: None,
+            chatgpt_account_id: format!("acct-{id}"),
+            chatgpt_user_id: None,
+            enabled: true,
+            priority: 0,
+            max_concurrency: None,
+            created_at: 1,
+            updated_at: 1,
+        };
+        Entry::new(record, Health::default(), None, 3.0)
+    }
+
+    fn ids(a: &Accounts) -> Vec<&str> {
+        (0..a.rows().len()).map(|i| a.id(i)).collect()
+    }
+
+    #[test]
+    fn every_way_to_change_an_entry_rewrites_its_row() {
+        let mut a = Accounts::from(
+            ["b", "d"]
+                .into_iter()
+                .map(|id| (id.to_string(), entry(id)))
+                .collect::<BTreeMap<_, _>>(),
+        );
+        assert_eq!(ids(&a), ["b", "d"]);
+        // Through the guard.
+        a.get_mut("d").unwrap().draining = true;
+        assert!(a.rows()[1].draining);
+        a.get_mut("b").unwrap().in_flight = 2;
+        assert_eq!(a.rows()[0].in_flight, 2);
+        for mut e in a.values_mut() {
+            e.record.enabled = false;
+        }
+        assert!(a.rows().iter().all(|h| !h.enabled));
+        // Inserting keeps the rows in id order, the new one in its place.
+        a.upsert("c".into(), || entry("c"), |e| e.record.priority = -5);
+        assert_eq!(ids(&a), ["b", "c", "d"]);
+        assert_eq!(a.rows()[1].priority, -5);
+        assert!(a.rows()[2].draining, "d's row moved with it");
+        // An existing entry is updated, not replaced.
+        a.upsert("b".into(), || entry("b"), |e| e.draining = true);
+        assert_eq!((a.rows()[0].draining, a.rows()[0].in_flight), (true, 2));
+        // Removing one leaves the others' rows matching their entries.
+        a.remove("c");
+        assert_eq!(ids(&a), ["b", "d"]);
+        a.get_mut("d")
+            .unwrap()
+            .unsupported
+            .insert("m".into(), u64::MAX);
+        assert!(a.rows()[1].any_unsupported);
+        for (i, e) in a.values().enumerate() {
+            assert_eq!(a.rows()[i], Hot::of(e));
+        }
+        a.check_rows();
+    }
+}
