@@ -287,14 +287,7 @@ impl Store {
     ) -> Result<(), StoreError> {
         match read_meta(db, META_SCHEMA_VERSION)? {
             Some(raw) => {
-                let found = schema_number(path, &raw)?;
-                if found > SCHEMA_VERSION {
-                    return Err(StoreError::NewerSchema {
-                        path: path.to_path_buf(),
-                        found,
-                        supported: SCHEMA_VERSION,
-                    });
-                }
+                let found = supported_schema(path, &raw)?;
                 match read_meta(db, META_KEY_CHECK)? {
                     Some(check) if sealer.open(META_KEY_CHECK, &check).is_some() => {}
                     Some(_) => {
@@ -877,6 +870,19 @@ fn open_read<K: redb::Key + 'static, V: redb::Value + 'static>(
         Err(redb::TableError::TableDoesNotExist(_)) => Ok(None),
         Err(e) => Err(StoreError::db(e)),
     }
+}
+
+/// The schema version stored in `raw`, refused when a newer release wrote it.
+fn supported_schema(path: &Path, raw: &[u8]) -> Result<u64, StoreError> {
+    let found = schema_number(path, raw)?;
+    if found > SCHEMA_VERSION {
+        return Err(StoreError::NewerSchema {
+            path: path.to_path_buf(),
+            found,
+            supported: SCHEMA_VERSION,
+        });
+    }
+    Ok(found)
 }
 
 /// `meta.schema_version` as a number.

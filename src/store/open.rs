@@ -20,7 +20,7 @@ use tokio::sync::mpsc;
 
 use super::schema::{META_KEY_CHECK, META_SCHEMA_VERSION, SCHEMA_VERSION};
 use super::secrets::{self, Sealer};
-use super::{DB_FILE, Db, Store, StoreError, guarded, read_meta, schema_number};
+use super::{DB_FILE, Db, Store, StoreError, guarded, read_meta, schema_number, supported_schema};
 
 impl Store {
     /// Opens (creating if needed) the store in `state_dir` for writing: checks the directory
@@ -187,14 +187,7 @@ impl Store {
             ))
         })?;
         if let Some(raw) = schema {
-            let found = schema_number(path, &raw)?;
-            if found > SCHEMA_VERSION {
-                return Err(StoreError::NewerSchema {
-                    path: path.to_path_buf(),
-                    found,
-                    supported: SCHEMA_VERSION,
-                });
-            }
+            supported_schema(path, &raw)?;
         }
         let key = read_only_key(state_dir, check.as_deref())?;
         let (tx, _) = mpsc::channel(1);
