@@ -234,20 +234,7 @@ mod tests {
     use crate::store::records::AccountRecord;
 
     fn entry(id: &str) -> Entry {
-        let record = AccountRecord {
-            id: id.to_string(),
-            label: String::new(),
-            email: None,
-            plan: None,
-            chatgpt_account_id: format!("acct-{id}"),
-            chatgpt_user_id: None,
-            enabled: true,
-            priority: 0,
-            max_concurrency: None,
-            created_at: 1,
-            updated_at: 1,
-        };
-        Entry::new(record, Health::default(), None, 3.0)
+        Entry::new(AccountRecord::for_test(id), Health::default(), None, 3.0)
     }
 
     fn ids(a: &Accounts) -> Vec<&str> {

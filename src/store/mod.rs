@@ -932,19 +932,7 @@ mod tests {
     use redb::ReadableTableMetadata;
 
     fn account(id: &str) -> AccountRecord {
-        AccountRecord {
-            id: id.into(),
-            label: "l".into(),
-            email: Some("a@example.com".into()),
-            plan: Some("plus".into()),
-            chatgpt_account_id: format!("acc-{id}"),
-            chatgpt_user_id: None,
-            enabled: true,
-            priority: 0,
-            max_concurrency: None,
-            created_at: 1,
-            updated_at: 1,
-        }
+        AccountRecord::for_test(id)
     }
 
     fn secrets(tag: &str) -> AccountSecrets {

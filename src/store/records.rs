@@ -30,6 +30,26 @@ pub struct AccountRecord {
     pub updated_at: u64,
 }
 
+#[cfg(test)]
+impl AccountRecord {
+    /// An enabled account record for tests.
+    pub(crate) fn for_test(id: &str) -> AccountRecord {
+        AccountRecord {
+            id: id.into(),
+            label: "l".into(),
+            email: Some("a@example.com".into()),
+            plan: Some("plus".into()),
+            chatgpt_account_id: format!("acc-{id}"),
+            chatgpt_user_id: None,
+            enabled: true,
+            priority: 0,
+            max_concurrency: None,
+            created_at: 1,
+            updated_at: 1,
+        }
+    }
+}
+
 /// An account's OAuth tokens; stored only sealed. Version 1 (0.1.0).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AccountSecrets {
