@@ -148,28 +148,38 @@ impl Drop for WaitGuard<'_> {
 /// The most candidates a request walks (its failover budget).
 pub const MAX_CANDIDATES: usize = 32;
 
-/// Where an account ranks: its priority, then the strategy's key; lower goes first.
-type RankKey = (u64, (u64, u64, u64));
+/// Where an account ranks, lower first: its priority in the top 32 bits, then the strategy's
+/// key in the 96 below (one number, so ranking compares once).
+type Rank = u128;
 
-/// The best [`MAX_CANDIDATES`] of `eligible` (indices into `rows`, in the order of this plan's
-/// rotation), ranked by priority and then `key`, ties going to the earlier one; each with its
-/// place in `eligible`. One pass keeps a bounded heap of the best so far: walked in rotation
-/// order, equals after the first few cost one comparison each.
+/// An account's [`Rank`] from its priority and the strategy's `key` (at most 96 bits).
+#[inline]
+fn rank(h: &Hot, key: u128) -> Rank {
+    // Priority as a sort key: lower goes first, whatever the strategy.
+    let priority = (i64::from(h.priority) - i64::from(i32::MIN)) as u128;
+    priority << 96 | key
+}
+
+/// The best [`MAX_CANDIDATES`] of `eligible` (indices into `rows`) walked in rotation order
+/// from `start`, ranked by `rank`, ties going to the earlier in that order; each with its
+/// turn (its place in the walk). One pass keeps a bounded heap of the best so far: equals
+/// after the first few cost one comparison each.
 fn best_ranked(
     rows: &[Hot],
     eligible: &[u32],
-    key: impl Fn(&Hot) -> (u64, u64, u64),
-) -> Vec<(RankKey, usize)> {
-    let mut keyed = eligible.iter().enumerate().map(|(turn, &i)| {
-        let h = &rows[i as usize];
-        // Priority as a sort key: lower goes first, whatever the strategy.
-        let priority = (i64::from(h.priority) - i64::from(i32::MIN)) as u64;
-        ((priority, key(h)), turn)
-    });
-    let mut best: std::collections::BinaryHeap<(RankKey, usize)> =
+    start: usize,
+    rank: impl Fn(&Hot) -> Rank,
+) -> Vec<(Rank, u32)> {
+    let (before, from) = eligible.split_at(start);
+    let mut keyed = from
+        .iter()
+        .chain(before)
+        .enumerate()
+        .map(|(turn, &i)| (rank(&rows[i as usize]), turn as u32));
+    let mut best: std::collections::BinaryHeap<(Rank, u32)> =
         keyed.by_ref().take(MAX_CANDIDATES).collect();
     // Turns only grow along the walk, so a later account beats the worst kept one only by a
-    // lower key.
+    // lower rank.
     let mut worst = best.peek().map(|w| w.0);
     for item in keyed {
         if worst.is_some_and(|w| item.0 < w) {
@@ -197,10 +207,10 @@ fn gate_reason(
     now_ms: u64,
     unsupported: impl FnOnce() -> bool,
 ) -> Option<SkipReason> {
-    if !h.enabled {
+    if !h.enabled() {
         return Some(SkipReason::Disabled);
     }
-    if !h.has_tokens {
+    if !h.has_tokens() {
         return Some(SkipReason::NoTokens);
     }
     match h.gate.effective(now_ms) {
@@ -211,7 +221,7 @@ fn gate_reason(
         // the verdict instead of being turned away.
         Effective::HalfOpen | Effective::Probing | Effective::Ready => {}
     }
-    if !model.is_empty() && h.any_unsupported && unsupported() {
+    if !model.is_empty() && h.any_unsupported() && unsupported() {
         return Some(SkipReason::ModelUnsupported);
     }
     None
@@ -258,7 +268,7 @@ impl CloserLook<'_> {
             })
             .or_else(|| {
                 // A draining account keeps the sessions bound to it and takes no others.
-                (h.draining && self.bound != Some(id)).then_some(SkipReason::Draining)
+                (h.draining() && self.bound != Some(id)).then_some(SkipReason::Draining)
             });
         match reason {
             Some(r) => {
@@ -362,26 +372,25 @@ impl Fleet {
         } else {
             self.rr.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % n
         };
-        eligible.rotate_left(start);
         let best = match settings.strategy {
-            Strategy::RoundRobin => best_ranked(rows, &eligible, |_| (0, 0, 0)),
-            Strategy::QuotaAware => {
-                best_ranked(rows, &eligible, |h| (h.headroom.0, h.headroom.1, 0))
-            }
+            Strategy::RoundRobin => best_ranked(rows, &eligible, start, |h| rank(h, 0)),
+            Strategy::QuotaAware => best_ranked(rows, &eligible, start, |h| {
+                rank(h, u128::from(h.headroom.0) << 64 | u128::from(h.headroom.1))
+            }),
             // The least loaded first.
-            Strategy::LeastLoaded => best_ranked(rows, &eligible, |h| {
-                (
-                    (f64::from(h.in_flight) / f64::from(h.slots) * 1_000_000.0) as u64,
-                    0,
-                    0,
-                )
+            Strategy::LeastLoaded => best_ranked(rows, &eligible, start, |h| {
+                let load = f64::from(h.in_flight) / f64::from(h.slots) * 1_000_000.0;
+                rank(h, u128::from(load as u64))
             }),
             // Priority is already the first key: fill the oldest account first.
-            Strategy::FillFirst => best_ranked(rows, &eligible, |h| (h.created_at, 0, 0)),
+            Strategy::FillFirst => best_ranked(rows, &eligible, start, |h| {
+                rank(h, u128::from(h.created_at))
+            }),
         };
+        let row_of = |turn: u32| eligible[(start + turn as usize) % n] as usize;
         plan.order = best
             .iter()
-            .map(|&(_, turn)| Arc::clone(inner.accounts.shared_id(eligible[turn] as usize)))
+            .map(|&(_, turn)| Arc::clone(inner.accounts.shared_id(row_of(turn))))
             .collect();
         if let Some(b) = &bound
             && let Some(&i) = eligible
@@ -749,5 +758,48 @@ impl Fleet {
             inner.pool.len(),
             inner.accounts.values().map(|e| e.waiters.len()).sum(),
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fleet::health::Health;
+    use crate::store::records::AccountRecord;
+    use crate::upstream::quota::QuotaSnapshot;
+
+    /// A row of priority `priority` whose windows are used `(primary, secondary)` percent, the
+    /// primary resetting at `reset`.
+    fn row(priority: i32, quota: Option<(f64, f64, u64)>) -> Hot {
+        let mut e = Entry::new(AccountRecord::for_test("a"), Health::default(), None, 3.0);
+        e.record.priority = priority;
+        e.quota = quota.map(|(p, s, reset)| QuotaSnapshot {
+            primary_used_percent: Some(p),
+            secondary_used_percent: Some(s),
+            primary_reset_at: Some(reset),
+            ..QuotaSnapshot::default()
+        });
+        Hot::of(&e)
+    }
+
+    fn quota_aware(h: &Hot) -> Rank {
+        rank(h, u128::from(h.headroom.0) << 64 | u128::from(h.headroom.1))
+    }
+
+    #[test]
+    fn a_rank_orders_by_priority_then_by_every_part_of_the_strategy_key() {
+        // Priority comes first, whatever the key: the fullest account of a better priority
+        // beats the emptiest of a worse one, at the ends of both ranges.
+        let full = Some((100.0, 100.0, u64::MAX));
+        assert!(quota_aware(&row(-1, full)) < quota_aware(&row(0, None)));
+        assert!(quota_aware(&row(i32::MIN, full)) < quota_aware(&row(i32::MAX, None)));
+        assert!(rank(&row(-1, None), u128::from(u64::MAX)) < rank(&row(0, None), 0));
+        // Then the primary window's use, then the secondary's, then the sooner reset.
+        let at = |p, s, reset| quota_aware(&row(0, Some((p, s, reset))));
+        assert!(at(10.0, 100.0, u64::MAX) < at(10.01, 0.0, 1));
+        assert!(at(10.0, 99.99, u64::MAX) < at(10.0, 100.0, 1));
+        assert!(at(10.0, 10.0, 1) < at(10.0, 10.0, 2));
+        // An unused primary window's reset says nothing: such accounts are equal.
+        assert_eq!(at(0.0, 5.0, 1), at(0.0, 5.0, 9));
     }
 }

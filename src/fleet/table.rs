@@ -19,11 +19,8 @@ use crate::upstream::quota::QuotaSnapshot;
 /// What a plan reads from an entry: one cache line.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub(crate) struct Hot {
-    pub enabled: bool,
-    pub has_tokens: bool,
-    pub draining: bool,
-    /// It has at least one unsupported-model mark (the marks themselves stay in the entry).
-    pub any_unsupported: bool,
+    /// Yes-or-no facts, one bit each (see the methods), so that the row keeps to a line.
+    flags: u8,
     pub gate: Gate,
     pub priority: i32,
     pub in_flight: u32,
@@ -36,15 +33,31 @@ pub(crate) struct Hot {
     pub headroom: (u64, u64),
 }
 
+// A plan walks every row: they stay within a cache line each.
+const _: () = assert!(std::mem::size_of::<Hot>() <= 64);
+
+const ENABLED: u8 = 1;
+const HAS_TOKENS: u8 = 1 << 1;
+const DRAINING: u8 = 1 << 2;
+const ANY_UNSUPPORTED: u8 = 1 << 3;
+const PLAIN: u8 = 1 << 4;
+
 impl Hot {
     pub fn of(e: &Entry) -> Hot {
         let q = e.quota.as_ref();
+        let gate = e.health.gate();
+        let flag = |yes: bool, bit: u8| if yes { bit } else { 0 };
+        let mut flags = flag(e.record.enabled, ENABLED)
+            | flag(e.secrets.is_some(), HAS_TOKENS)
+            | flag(e.draining, DRAINING)
+            | flag(!e.unsupported.is_empty(), ANY_UNSUPPORTED);
+        // Eligible for any model at any moment: the common case, decided once here.
+        if flags == ENABLED | HAS_TOKENS && gate.ready() {
+            flags |= PLAIN;
+        }
         Hot {
-            enabled: e.record.enabled,
-            has_tokens: e.secrets.is_some(),
-            draining: e.draining,
-            any_unsupported: !e.unsupported.is_empty(),
-            gate: e.health.gate(),
+            flags,
+            gate,
             priority: e.record.priority,
             in_flight: e.in_flight,
             slots: e.limit.floor().max(1.0) as u32,
@@ -59,14 +72,33 @@ impl Hot {
         }
     }
 
-    /// Eligible for any model at any moment: the common case, decided without a closer look.
+    pub fn enabled(&self) -> bool {
+        self.flags & ENABLED != 0
+    }
+
+    pub fn has_tokens(&self) -> bool {
+        self.flags & HAS_TOKENS != 0
+    }
+
+    pub fn draining(&self) -> bool {
+        self.flags & DRAINING != 0
+    }
+
+    /// It has at least one unsupported-model mark (the marks themselves stay in the entry).
+    pub fn any_unsupported(&self) -> bool {
+        self.flags & ANY_UNSUPPORTED != 0
+    }
+
+    /// Eligible for any model at any moment (enabled, with tokens, not draining, no
+    /// unsupported-model marks, ready and proven): the common case, which a plan takes without
+    /// a closer look.
     pub fn plainly_eligible(&self) -> bool {
-        self.enabled & self.has_tokens & !self.draining & !self.any_unsupported & self.gate.ready()
+        self.flags & PLAIN != 0
     }
 }
 
 /// The quota-aware order among accounts of equal priority (lower goes first): the primary
-/// window's used percentage and the secondary's (packed in one number), then the primary's
+/// window's used percentage and the secondary's (packed in one number under 2^28), then the primary's
 /// reset while that window is in use.
 fn headroom_key(q: Option<&QuotaSnapshot>) -> (u64, u64) {
     let pct = |v: Option<f64>| (v.unwrap_or(0.0).clamp(0.0, 100.0) * 100.0) as u64;
@@ -78,8 +110,9 @@ fn headroom_key(q: Option<&QuotaSnapshot>) -> (u64, u64) {
     } else {
         0
     };
+    // Both percentages (at most 10,000 each) in 28 bits: the plan puts the priority above.
     (
-        primary << 32 | pct(q.and_then(|q| q.secondary_used_percent)),
+        primary << 14 | pct(q.and_then(|q| q.secondary_used_percent)),
         reset,
     )
 }
@@ -252,21 +285,21 @@ mod tests {
         assert_eq!(ids(&a), ["b", "d"]);
         // Through the guard.
         a.get_mut("d").unwrap().draining = true;
-        assert!(a.rows()[1].draining);
+        assert!(a.rows()[1].draining());
         a.get_mut("b").unwrap().in_flight = 2;
         assert_eq!(a.rows()[0].in_flight, 2);
         for mut e in a.values_mut() {
             e.record.enabled = false;
         }
-        assert!(a.rows().iter().all(|h| !h.enabled));
+        assert!(a.rows().iter().all(|h| !h.enabled()));
         // Inserting keeps the rows in id order, the new one in its place.
         a.upsert("c".into(), || entry("c"), |e| e.record.priority = -5);
         assert_eq!(ids(&a), ["b", "c", "d"]);
         assert_eq!(a.rows()[1].priority, -5);
-        assert!(a.rows()[2].draining, "d's row moved with it");
+        assert!(a.rows()[2].draining(), "d's row moved with it");
         // An existing entry is updated, not replaced.
         a.upsert("b".into(), || entry("b"), |e| e.draining = true);
-        assert_eq!((a.rows()[0].draining, a.rows()[0].in_flight), (true, 2));
+        assert_eq!((a.rows()[0].draining(), a.rows()[0].in_flight), (true, 2));
         // Removing one leaves the others' rows matching their entries.
         a.remove("c");
         assert_eq!(ids(&a), ["b", "d"]);
@@ -274,7 +307,7 @@ mod tests {
             .unwrap()
             .unsupported
             .insert("m".into(), u64::MAX);
-        assert!(a.rows()[1].any_unsupported);
+        assert!(a.rows()[1].any_unsupported());
         for (i, e) in a.values().enumerate() {
             assert_eq!(a.rows()[i], Hot::of(e));
         }
