@@ -7,7 +7,8 @@
 //! throughput, and the ratios — never asserted: the machine is shared and noisy.
 //!
 //! `cargo bench --bench load` (release; `LOAD_SECONDS`, default 5, per measurement;
-//! `LOAD_GATEWAY=path` runs another build of the gateway).
+//! `LOAD_GATEWAY=path` runs another build of the gateway; `LOAD_CONNS=32,1` the connection
+//! counts).
 //! `LOAD_SECONDS=1 cargo test --bench load` runs it once in a debug build as a smoke test.
 //!
 //! The upstream is nginx's own `return 200` when nginx is installed (as fast a static
@@ -559,6 +560,19 @@ fn rss_kb(pid: u32) -> Option<u64> {
         .ok()
 }
 
+/// The connection counts to measure: `LOAD_CONNS` (comma-separated), else 32 and 1.
+fn conn_counts() -> Vec<usize> {
+    std::env::var("LOAD_CONNS")
+        .ok()
+        .map(|v| {
+            v.split(',')
+                .filter_map(|c| c.trim().parse().ok())
+                .collect::<Vec<_>>()
+        })
+        .filter(|c| !c.is_empty())
+        .unwrap_or_else(|| vec![32, 1])
+}
+
 fn main() {
     if std::env::var("LOAD_ROLE").as_deref() == Ok("upstream") {
         serve_own_upstream(std::env::var("LOAD_PORT").unwrap().parse().unwrap());
@@ -619,7 +633,7 @@ fn main() {
             "{:>11} | {:>14} | {:>16} | {:>5} | {:>11} | {:>13} | {:>12} | {:>16}",
             "connections", "nginx adds p50", "gateway adds p50", "ratio", "nginx req/s", "gateway req/s", "direct req/s", "gateway adds p99"
         );
-        for conns in [32usize, 1] {
+        for conns in conn_counts() {
             let d = measure(&direct, conns, secs, None).await;
             let n = if nginx { Some(measure(&via_nginx, conns, secs, None).await) } else { None };
             let g = measure(&via_gateway, conns, secs, Some(gateway.0.id())).await;
