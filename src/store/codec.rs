@@ -31,7 +31,11 @@ pub trait Versioned: Serialize + Sized {
 }
 
 pub fn encode<T: Versioned>(value: &T) -> Result<Vec<u8>, CodecError> {
-    postcard::to_extend(value, vec![T::VERSION]).map_err(|e| CodecError::Malformed(e.to_string()))
+    // Room for a typical record up front: growing the buffer byte by byte from one element
+    // cost more than the encoding itself.
+    let mut out = Vec::with_capacity(256);
+    out.push(T::VERSION);
+    postcard::to_extend(value, out).map_err(|e| CodecError::Malformed(e.to_string()))
 }
 
 pub fn decode<T: Versioned>(bytes: &[u8]) -> Result<T, CodecError> {
