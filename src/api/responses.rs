@@ -334,7 +334,7 @@ async fn respond(mut rx: mpsc::Receiver<Frame>, sse: bool, keepalive_after: Dura
             }
             resp
         }
-        Some(Frame::Error(reply)) => error_response(reply),
+        Some(Frame::Error(reply)) => error_response(*reply),
         Some(other) => match encode(other) {
             Some(b) => (StatusCode::OK, b).into_response(),
             None => ApiError::internal("the request ended without an answer").into_response(),

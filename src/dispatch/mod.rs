@@ -199,8 +199,9 @@ pub enum Frame {
     Body(Bytes),
     /// The upstream's keep-alive comment after the commit.
     KeepAlive,
-    /// The request failed before anything was committed.
-    Error(ErrorReply),
+    /// The request failed before anything was committed (boxed: an error is rare and large,
+    /// and every frame of a request's channel is as large as the largest kind).
+    Error(Box<ErrorReply>),
 }
 
 /// Runs requests. Cloning shares it.

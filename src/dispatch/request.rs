@@ -234,7 +234,12 @@ impl Dispatcher {
             } => (outcome, status, tail, source),
             End::Reply(reply, outcome) => {
                 let source = reply.source;
-                (outcome, reply.status, vec![Frame::Error(reply)], source)
+                (
+                    outcome,
+                    reply.status,
+                    vec![Frame::Error(Box::new(reply))],
+                    source,
+                )
             }
             End::ClientGone => (Outcome::ClientCancelled, 499, Vec::new(), nothing),
             End::ClientStalled => (Outcome::ClientStalled, 499, Vec::new(), nothing),
