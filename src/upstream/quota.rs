@@ -1,11 +1,36 @@
 //! The account's usage windows as the backend reports them: `x-codex-*` headers on every
 //! response, and the `wham/usage` document.
 
-use reqwest::header::HeaderMap;
+use reqwest::header::{HeaderMap, HeaderName};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::failure::Facts;
+
+/// The rate-limit headers, named once (a lookup by a name given as text checks the text
+/// first, and every response is read for them).
+mod headers {
+    use reqwest::header::HeaderName;
+
+    const fn name(n: &'static str) -> HeaderName {
+        HeaderName::from_static(n)
+    }
+
+    pub const PRIMARY_USED: HeaderName = name("x-codex-primary-used-percent");
+    pub const PRIMARY_WINDOW: HeaderName = name("x-codex-primary-window-minutes");
+    /// The reset as a time, or else as seconds from now.
+    pub const PRIMARY_RESET: [HeaderName; 2] = [
+        name("x-codex-primary-reset-at"),
+        name("x-codex-primary-reset-after-seconds"),
+    ];
+    pub const SECONDARY_USED: HeaderName = name("x-codex-secondary-used-percent");
+    pub const SECONDARY_WINDOW: HeaderName = name("x-codex-secondary-window-minutes");
+    pub const SECONDARY_RESET: [HeaderName; 2] = [
+        name("x-codex-secondary-reset-at"),
+        name("x-codex-secondary-reset-after-seconds"),
+    ];
+    pub const PLAN: HeaderName = name("x-codex-plan-type");
+}
 
 /// The last known usage of an account's windows (primary: 5 hours, secondary: weekly).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -25,26 +50,23 @@ pub struct QuotaSnapshot {
 impl QuotaSnapshot {
     /// Reads the rate-limit headers; `None` when the response carries none.
     pub fn from_headers(h: &HeaderMap, now_ms: u64) -> Option<QuotaSnapshot> {
-        let get = |name: &str| h.get(name).and_then(|v| v.to_str().ok()).map(str::trim);
-        let f = |name: &str| get(name).and_then(|v| v.parse::<f64>().ok());
-        let u = |name: &str| {
+        let get = |name: &HeaderName| h.get(name).and_then(|v| v.to_str().ok()).map(str::trim);
+        let f = |name: &HeaderName| get(name).and_then(|v| v.parse::<f64>().ok());
+        let u = |name: &HeaderName| {
             get(name)
                 .and_then(|v| v.parse::<f64>().ok())
                 .map(|v| v.max(0.0) as u64)
         };
         let now_s = now_ms / 1000;
-        let reset = |window: &str| {
-            u(&format!("x-codex-{window}-reset-at"))
-                .or_else(|| u(&format!("x-codex-{window}-reset-after-seconds")).map(|s| now_s + s))
-        };
+        let reset = |[at, after]: &[HeaderName; 2]| u(at).or_else(|| u(after).map(|s| now_s + s));
         let snap = QuotaSnapshot {
-            primary_used_percent: f("x-codex-primary-used-percent"),
-            primary_window_minutes: u("x-codex-primary-window-minutes"),
-            primary_reset_at: reset("primary"),
-            secondary_used_percent: f("x-codex-secondary-used-percent"),
-            secondary_window_minutes: u("x-codex-secondary-window-minutes"),
-            secondary_reset_at: reset("secondary"),
-            plan: get("x-codex-plan-type").map(str::to_string),
+            primary_used_percent: f(&headers::PRIMARY_USED),
+            primary_window_minutes: u(&headers::PRIMARY_WINDOW),
+            primary_reset_at: reset(&headers::PRIMARY_RESET),
+            secondary_used_percent: f(&headers::SECONDARY_USED),
+            secondary_window_minutes: u(&headers::SECONDARY_WINDOW),
+            secondary_reset_at: reset(&headers::SECONDARY_RESET),
+            plan: get(&headers::PLAN).map(str::to_string),
             observed_ms: now_ms,
         };
         (snap.primary_used_percent.is_some()
@@ -112,6 +134,10 @@ mod tests {
         assert_eq!(q.secondary_reset_at, Some(1_767_225_600));
         assert_eq!(q.plan.as_deref(), Some("plus"));
         assert!(QuotaSnapshot::from_headers(&HeaderMap::new(), 0).is_none());
+        // A reset time wins over seconds from now.
+        h.insert("x-codex-primary-reset-at", "1767225700".parse().unwrap());
+        let q = QuotaSnapshot::from_headers(&h, 1_000_000).unwrap();
+        assert_eq!(q.primary_reset_at, Some(1_767_225_700));
     }
 
     #[test]
