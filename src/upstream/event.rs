@@ -8,9 +8,14 @@ use serde_json::{Value, json};
 
 /// Terminal events: the stream's answer is complete (or failed) after one of these.
 pub fn is_terminal(kind: &str) -> bool {
+    is_terminal_type(kind.as_bytes())
+}
+
+/// The same on the type's bytes (text that is not UTF-8 is none of them).
+fn is_terminal_type(kind: &[u8]) -> bool {
     matches!(
         kind,
-        "response.completed" | "response.failed" | "response.incomplete" | "error"
+        b"response.completed" | b"response.failed" | b"response.incomplete" | b"error"
     )
 }
 
@@ -74,8 +79,9 @@ impl Event {
         serde_json::from_slice(&self.data).ok()
     }
 
+    /// Asked of every event: compared as bytes, with no UTF-8 check.
     pub fn is_terminal(&self) -> bool {
-        is_terminal(self.kind())
+        is_terminal_type(&self.kind)
     }
 
     /// Bytes it carries (for buffer limits).
