@@ -374,9 +374,7 @@ impl Fleet {
         };
         let best = match settings.strategy {
             Strategy::RoundRobin => best_ranked(rows, &eligible, start, |h| rank(h, 0)),
-            Strategy::QuotaAware => best_ranked(rows, &eligible, start, |h| {
-                rank(h, u128::from(h.headroom.0) << 64 | u128::from(h.headroom.1))
-            }),
+            Strategy::QuotaAware => best_ranked(rows, &eligible, start, |h| rank(h, h.headroom)),
             // The least loaded first.
             Strategy::LeastLoaded => best_ranked(rows, &eligible, start, |h| {
                 let load = f64::from(h.in_flight) / f64::from(h.slots) * 1_000_000.0;
@@ -783,7 +781,7 @@ mod tests {
     }
 
     fn quota_aware(h: &Hot) -> Rank {
-        rank(h, u128::from(h.headroom.0) << 64 | u128::from(h.headroom.1))
+        rank(h, h.headroom)
     }
 
     #[test]

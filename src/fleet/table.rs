@@ -29,8 +29,8 @@ pub(crate) struct Hot {
     pub created_at: u64,
     /// The higher of its two windows' used percentages (minus infinity when neither is known).
     pub most_used_percent: f64,
-    /// The quota-aware strategy's key, worked out when the quota changes.
-    pub headroom: (u64, u64),
+    /// The quota-aware strategy's key (below 2^92), worked out when the quota changes.
+    pub headroom: u128,
 }
 
 // A plan walks every row: they stay within a cache line each.
@@ -97,10 +97,10 @@ impl Hot {
     }
 }
 
-/// The quota-aware order among accounts of equal priority (lower goes first): the primary
-/// window's used percentage and the secondary's (packed in one number under 2^28), then the primary's
-/// reset while that window is in use.
-fn headroom_key(q: Option<&QuotaSnapshot>) -> (u64, u64) {
+/// The quota-aware order among accounts of equal priority (lower goes first), as one number
+/// below 2^92 (a plan puts the priority above it): the primary window's used percentage and
+/// the secondary's in the top 28 bits, then the primary's reset while that window is in use.
+fn headroom_key(q: Option<&QuotaSnapshot>) -> u128 {
     let pct = |v: Option<f64>| (v.unwrap_or(0.0).clamp(0.0, 100.0) * 100.0) as u64;
     let primary = pct(q.and_then(|q| q.primary_used_percent));
     // The soonest reset breaks ties only between windows in use: the reset of an unused
@@ -110,11 +110,9 @@ fn headroom_key(q: Option<&QuotaSnapshot>) -> (u64, u64) {
     } else {
         0
     };
-    // Both percentages (at most 10,000 each) in 28 bits: the plan puts the priority above.
-    (
-        primary << 14 | pct(q.and_then(|q| q.secondary_used_percent)),
-        reset,
-    )
+    // Each percentage is at most 10,000: 14 bits.
+    let used = primary << 14 | pct(q.and_then(|q| q.secondary_used_percent));
+    u128::from(used) << 64 | u128::from(reset)
 }
 
 /// The accounts by id, and their [`Hot`] rows.
