@@ -60,6 +60,16 @@ impl ResponsePeek {
         serde_json::from_slice(ev.data()).unwrap_or_default()
     }
 
+    /// The same from an event already parsed.
+    fn from_tree(event: &Value) -> ResponsePeek {
+        ResponsePeek {
+            response: event.get("response").map(|r| ResponseFields {
+                id: r.get("id").cloned(),
+                usage: r.get("usage").cloned(),
+            }),
+        }
+    }
+
     fn id(&self) -> Option<String> {
         self.response
             .as_ref()?
@@ -234,12 +244,12 @@ impl Attempt<'_> {
         let kind = ev.kind();
         let ok = matches!(kind, "response.completed" | "response.incomplete");
         // A good streamed end needs only the peek; a failure is judged, and a JSON client
-        // answered, from the whole event.
-        let peek = ResponsePeek::of(&ev);
-        let json = if ok && streaming {
-            Value::Null
+        // answered, from the whole event, which then gives the peek too (parsed once).
+        let (peek, json) = if ok && streaming {
+            (ResponsePeek::of(&ev), Value::Null)
         } else {
-            ev.json().unwrap_or(Value::Null)
+            let json = ev.json().unwrap_or(Value::Null);
+            (ResponsePeek::from_tree(&json), json)
         };
         let facts = (!ok).then(|| Facts::from_event(b.phase(), &json).at(self.endpoint));
         let class = match &facts {
@@ -422,8 +432,15 @@ fn sse_head(relay: &[(HeaderName, HeaderValue)]) -> Vec<(HeaderName, HeaderValue
 mod tests {
     use super::*;
 
+    /// The peek of `data`, checked to read the same from the parsed event.
     fn peek(data: &str) -> ResponsePeek {
-        ResponsePeek::of(&Event::from_data(Bytes::from(data.to_string())))
+        let ev = Event::from_data(Bytes::from(data.to_string()));
+        let (p, tree) = (
+            ResponsePeek::of(&ev),
+            ResponsePeek::from_tree(&ev.json().unwrap_or(Value::Null)),
+        );
+        assert_eq!((p.id(), p.usage()), (tree.id(), tree.usage()), "{data}");
+        p
     }
 
     #[test]
