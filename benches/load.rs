@@ -4,7 +4,11 @@
 //! proxy in front of it (when `nginx` is installed), and the gateway (its own binary, `serve`)
 //! in front of it; the same keep-alive load through each from one client thread, at 32
 //! connections and at 1. Prints what each proxy adds to the p50 and p99 latency, their
-//! throughput, and the ratios — never asserted: the machine is shared and noisy.
+//! throughput, and the ratios — never asserted: the machine is shared and noisy. Per answer it
+//! also prints the CPU time nginx spends proxying (its processes' CPU through the proxy, less
+//! their CPU serving the same answers directly) and the gateway's, and the floor under the
+//! gateway: a bare pass-through on the same stack (tokio, hyper's server, and hyper's client or
+//! reqwest), which shows what the gateway's own work costs above the libraries it is built on.
 //!
 //! `cargo bench --bench load` (release; `LOAD_SECONDS`, default 5, per measurement;
 //! `LOAD_GATEWAY=path` runs another build of the gateway; `LOAD_CONNS=32,1` the connection
@@ -18,6 +22,7 @@ use std::io::Write;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -215,6 +220,114 @@ fn serve_own_upstream(port: u16) {
                         )
                     }
                 });
+                let _ = http1::Builder::new()
+                    .serve_connection(hyper_util::rt::TokioIo::new(stream), svc)
+                    .await;
+            });
+        }
+    });
+}
+
+/// The floor under the gateway: this program as a bare pass-through proxy on the gateway's own
+/// stack (tokio with a worker per core, hyper's server), with nothing of the gateway's work —
+/// no key, plan, record or event reading. With `LOAD_FLOOR_CLIENT=reqwest` it sends upstream
+/// with reqwest as the gateway does, else with hyper's pooled client (which reqwest wraps).
+fn start_floor(listen: u16, up: u16, client: &str) -> Proc {
+    let child = Command::new(std::env::current_exe().unwrap())
+        .env("LOAD_ROLE", "floor")
+        .env("LOAD_PORT", listen.to_string())
+        .env("LOAD_UPSTREAM_PORT", up.to_string())
+        .env("LOAD_FLOOR_CLIENT", client)
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("floor");
+    let p = Proc(child, None);
+    wait_listening(([127, 0, 0, 1], listen).into(), "floor proxy");
+    p
+}
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+type FloorResponse = hyper::Response<http_body_util::combinators::BoxBody<Bytes, BoxError>>;
+
+/// The floor proxy's upstream clients; `with_reqwest` says which one it uses.
+struct Floor {
+    hyper: hyper_util::client::legacy::Client<
+        hyper_util::client::legacy::connect::HttpConnector,
+        hyper::body::Incoming,
+    >,
+    reqwest: reqwest::Client,
+    with_reqwest: bool,
+    base: String,
+}
+
+/// Sends a request upstream as it came and streams the answer back as it comes.
+async fn floor_forward(
+    floor: Arc<Floor>,
+    req: hyper::Request<hyper::body::Incoming>,
+) -> Result<FloorResponse, BoxError> {
+    use futures_util::TryStreamExt;
+    let url = format!("{}{}", floor.base, req.uri().path());
+    let (mut parts, body) = req.into_parts();
+    match floor.with_reqwest {
+        false => {
+            parts.uri = url.parse()?;
+            let resp = floor
+                .hyper
+                .request(hyper::Request::from_parts(parts, body))
+                .await?;
+            Ok(resp.map(|b| b.map_err(|e| Box::new(e) as BoxError).boxed()))
+        }
+        true => {
+            let body = body.collect().await?.to_bytes();
+            let mut send = floor.reqwest.post(url).body(body);
+            if let Some(ct) = parts.headers.get("content-type") {
+                send = send.header("content-type", ct.clone());
+            }
+            let resp = send.send().await?;
+            let mut out = hyper::Response::builder().status(resp.status());
+            for (k, v) in resp.headers() {
+                out = out.header(k, v);
+            }
+            let stream = resp
+                .bytes_stream()
+                .map_ok(hyper::body::Frame::data)
+                .map_err(|e| Box::new(e) as BoxError);
+            Ok(out.body(http_body_util::StreamBody::new(stream).boxed())?)
+        }
+    }
+}
+
+fn serve_floor(port: u16, up: u16, with_reqwest: bool) {
+    use hyper::server::conn::http1;
+    use hyper::service::service_fn;
+    use hyper_util::client::legacy::{Client, connect::HttpConnector};
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async move {
+        let listener = tokio::net::TcpListener::bind(("127.0.0.1", port))
+            .await
+            .unwrap();
+        let mut connector = HttpConnector::new();
+        connector.set_nodelay(true);
+        // reqwest is built without a default TLS provider, as in the gateway.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let floor = Arc::new(Floor {
+            hyper: Client::builder(hyper_util::rt::TokioExecutor::new()).build(connector),
+            reqwest: reqwest::Client::builder()
+                .tcp_nodelay(true)
+                .build()
+                .unwrap(),
+            with_reqwest,
+            base: format!("http://127.0.0.1:{up}"),
+        });
+        loop {
+            let (stream, _) = listener.accept().await.unwrap();
+            let _ = stream.set_nodelay(true);
+            let floor = floor.clone();
+            tokio::spawn(async move {
+                let svc = service_fn(move |req| floor_forward(floor.clone(), req));
                 let _ = http1::Builder::new()
                     .serve_connection(hyper_util::rt::TokioIo::new(stream), svc)
                     .await;
@@ -501,15 +614,66 @@ fn percentile(v: &mut [Duration], p: f64) -> Duration {
     v[(((v.len() - 1) as f64) * p).round() as usize]
 }
 
-/// A warm-up, then `secs` of load; `pid` is the process whose CPU time is counted.
-async fn measure(t: &Target, conns: usize, secs: f64, pid: Option<u32>) -> Run {
+/// Whose CPU time a measurement counts.
+#[derive(Clone, Copy)]
+enum Meter {
+    None,
+    /// One process (the gateway): also its write system calls.
+    Process(u32),
+    /// A process and its children (nginx's master and workers).
+    Tree(u32),
+}
+
+impl Meter {
+    fn ticks(self) -> Option<u64> {
+        match self {
+            Meter::None => None,
+            Meter::Process(pid) => cpu_ticks(pid),
+            Meter::Tree(pid) => {
+                Some(cpu_ticks(pid)? + children(pid).into_iter().filter_map(cpu_ticks).sum::<u64>())
+            }
+        }
+    }
+
+    fn writes(self) -> Option<u64> {
+        match self {
+            Meter::Process(pid) => write_calls(pid),
+            Meter::None | Meter::Tree(_) => None,
+        }
+    }
+}
+
+/// The processes whose parent is `pid`.
+fn children(pid: u32) -> Vec<u32> {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|p| {
+            std::fs::read_to_string(format!("/proc/{p}/stat"))
+                .ok()
+                .and_then(|s| {
+                    s.rsplit_once(')')?
+                        .1
+                        .split_whitespace()
+                        .nth(1)?
+                        .parse::<u32>()
+                        .ok()
+                })
+                == Some(pid)
+        })
+        .collect()
+}
+
+/// A warm-up, then `secs` of load, counting the CPU time of what `meter` names.
+async fn measure(t: &Target, conns: usize, secs: f64, meter: Meter) -> Run {
     drive(t, conns, (secs / 5.0).max(0.2)).await; // warm-up
-    let before = pid.and_then(cpu_ticks);
-    let writes_before = pid.and_then(write_calls);
+    let before = meter.ticks();
+    let writes_before = meter.writes();
     let (mut lat, bad) = drive(t, conns, secs).await;
-    let after = pid.and_then(cpu_ticks);
+    let after = meter.ticks();
     let writes = writes_before
-        .zip(pid.and_then(write_calls))
+        .zip(meter.writes())
         .filter(|_| !lat.is_empty())
         .map(|(b, a)| a.saturating_sub(b) as f64 / lat.len() as f64);
     let rps = lat.len() as f64 / secs;
@@ -574,9 +738,14 @@ fn conn_counts() -> Vec<usize> {
 }
 
 fn main() {
-    if std::env::var("LOAD_ROLE").as_deref() == Ok("upstream") {
-        serve_own_upstream(std::env::var("LOAD_PORT").unwrap().parse().unwrap());
-        return;
+    let port = |name: &str| std::env::var(name).unwrap().parse::<u16>().unwrap();
+    match std::env::var("LOAD_ROLE").as_deref() {
+        Ok("upstream") => return serve_own_upstream(port("LOAD_PORT")),
+        Ok("floor") => {
+            let with_reqwest = std::env::var("LOAD_FLOOR_CLIENT").as_deref() == Ok("reqwest");
+            return serve_floor(port("LOAD_PORT"), port("LOAD_UPSTREAM_PORT"), with_reqwest);
+        }
+        _ => {}
     }
     // `cargo test --bench` passes harness flags; `cargo bench` passes `--bench`.
     let secs: f64 = std::env::var("LOAD_SECONDS")
@@ -587,12 +756,22 @@ fn main() {
     let dir: PathBuf = tmp.path().to_path_buf();
     let (up, px, gw) = (free_port(), free_port(), free_port());
     let nginx = has_nginx();
-    let _upstream = if nginx {
+    let upstream = if nginx {
         start_nginx(&dir, up, px)
     } else {
         start_own_upstream(up)
     };
+    let nginx_meter = if nginx {
+        Meter::Tree(upstream.0.id())
+    } else {
+        Meter::None
+    };
     let (gateway, key) = start_gateway(&dir, up, gw, 4);
+    let (fh, fr) = (free_port(), free_port());
+    let floors = [
+        ("hyper", start_floor(fh, up, "hyper"), fh),
+        ("reqwest", start_floor(fr, up, "reqwest"), fr),
+    ];
     let direct = Target {
         addr: ([127, 0, 0, 1], up).into(),
         path: "/backend-api/codex/responses",
@@ -634,9 +813,11 @@ fn main() {
             "connections", "nginx adds p50", "gateway adds p50", "ratio", "nginx req/s", "gateway req/s", "direct req/s", "gateway adds p99"
         );
         for conns in conn_counts() {
-            let d = measure(&direct, conns, secs, None).await;
-            let n = if nginx { Some(measure(&via_nginx, conns, secs, None).await) } else { None };
-            let g = measure(&via_gateway, conns, secs, Some(gateway.0.id())).await;
+            // nginx serves as the upstream in every run: what it spends proxying is its CPU
+            // per answer through its proxy less its CPU per answer served directly.
+            let d = measure(&direct, conns, secs, nginx_meter).await;
+            let n = if nginx { Some(measure(&via_nginx, conns, secs, nginx_meter).await) } else { None };
+            let g = measure(&via_gateway, conns, secs, Meter::Process(gateway.0.id())).await;
             let added = |r: &Run| ms(r.p50.saturating_sub(d.p50));
             let nginx_adds = n.as_ref().map(added);
             let gw_adds = added(&g);
@@ -652,10 +833,12 @@ fn main() {
                 ms(g.p99.saturating_sub(d.p99)),
             );
             if let Some(n) = &n {
+                let nginx_cpu = n.cpu_us.zip(d.cpu_us).map(|(n, d)| n - d);
                 println!(
-                    "{:>11}   gateway throughput / nginx = {:.0}%; gateway per answer: CPU {}, {} writes{}",
+                    "{:>11}   gateway throughput / nginx = {:.0}%; per answer: nginx proxying CPU {}, gateway CPU {}, {} writes{}",
                     "",
                     g.rps / n.rps * 100.0,
+                    nginx_cpu.map_or("–".into(), |us| format!("{us:.0} µs")),
                     g.cpu_us.map_or("–".into(), |us| format!("{us:.0} µs")),
                     g.writes.map_or("–".into(), |w| format!("{w:.2}")),
                     if d.bad + n.bad + g.bad > 0 {
@@ -665,6 +848,18 @@ fn main() {
                     }
                 );
             }
+            let mut floor = Vec::new();
+            for (client, proc, port) in &floors {
+                let t = Target { addr: ([127, 0, 0, 1], *port).into(), path: direct.path, auth: None };
+                let f = measure(&t, conns, secs, Meter::Process(proc.0.id())).await;
+                floor.push(format!(
+                    "{client} client adds {:.3} ms, {:.0} req/s, CPU {}",
+                    added(&f),
+                    f.rps,
+                    f.cpu_us.map_or("–".into(), |us| format!("{us:.0} µs"))
+                ));
+            }
+            println!("{:>11}   floor, a bare pass-through on the same stack: {}", "", floor.join("; "));
         }
         println!(
             "gateway RSS: {} KB idle with 4 accounts after start, {} KB after the load",
