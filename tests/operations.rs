@@ -210,6 +210,24 @@ async fn sighup_reloads_the_config_while_a_stream_runs_and_the_next_request_foll
     for (g, busy) in grew.iter().zip(&streaming) {
         assert_eq!(*g, if *busy { 0 } else { 3 }, "{grew:?} {streaming:?}");
     }
+    // A streamed request, as Codex sends it, whose body would otherwise go upstream unchanged,
+    // resolves the new alias too.
+    let auth = format!("Bearer {}", s.key);
+    let r = common::http_tcp(
+        d.http,
+        "POST",
+        "/v1/responses",
+        &[("Authorization", auth.as_str())],
+        Some(&gw::body_plain("fast", "hello", true).to_string()),
+    );
+    assert_eq!(r.0, 200, "{}", r.1);
+    let idle = accounts
+        .iter()
+        .zip(&streaming)
+        .find_map(|(a, busy)| (!busy).then_some(a))
+        .unwrap();
+    let sent = s.sim.sim.requests(idle).pop().unwrap();
+    assert_eq!(sent.body["model"], "gpt-5.5", "{}", sent.body);
 
     // The stream that was running through the reload ends as it would have.
     let (status, body, chunks_at) = reader.await.unwrap();

@@ -183,7 +183,7 @@ pub fn request_ctx_from_bytes(
 ) -> Result<RequestCtx, ApiError> {
     if let Ok(peek) = serde_json::from_slice::<Peek<'_>>(&bytes)
         && let Some(model) = peek.model.as_deref().filter(|m| !m.is_empty())
-        && !state.dispatcher.config.aliases.contains_key(model)
+        && !state.dispatcher.current().aliases.contains_key(model)
         && (turn == Turn::Compact || peek.stream == Some(true))
     {
         let mode = match turn {
