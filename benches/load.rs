@@ -9,10 +9,12 @@
 //! their CPU serving the same answers directly) and the gateway's, and the floor under the
 //! gateway: a bare pass-through on the same stack (tokio, hyper's server, and hyper's client or
 //! reqwest), which shows what the gateway's own work costs above the libraries it is built on.
+//! "Core sleeps" counts how often the machine's cores entered a sleeping idle state per answer:
+//! on a VM, waking a sleeping core is a large part of a lone request's latency.
 //!
 //! `cargo bench --bench load` (release; `LOAD_SECONDS`, default 5, per measurement;
 //! `LOAD_GATEWAY=path` runs another build of the gateway; `LOAD_CONNS=32,1` the connection
-//! counts).
+//! counts; `LOAD_KEEP_AWAKE=1`, as root, keeps idle cores polling for the run).
 //! `LOAD_SECONDS=1 cargo test --bench load` runs it once in a debug build as a smoke test.
 //!
 //! The upstream is nginx's own `return 200` when nginx is installed (as fast a static
@@ -604,6 +606,8 @@ struct Run {
     cpu_us: Option<f64>,
     /// Its write system calls per answer (to the client and the upstream together).
     writes: Option<f64>,
+    /// How often the machine's cores went to sleep per answer (any process's).
+    sleeps: Option<f64>,
 }
 
 fn percentile(v: &mut [Duration], p: f64) -> Duration {
@@ -670,8 +674,13 @@ async fn measure(t: &Target, conns: usize, secs: f64, meter: Meter) -> Run {
     drive(t, conns, (secs / 5.0).max(0.2)).await; // warm-up
     let before = meter.ticks();
     let writes_before = meter.writes();
+    let sleeps_before = core_sleeps();
     let (mut lat, bad) = drive(t, conns, secs).await;
     let after = meter.ticks();
+    let sleeps = sleeps_before
+        .zip(core_sleeps())
+        .filter(|_| !lat.is_empty())
+        .map(|(b, a)| a.saturating_sub(b) as f64 / lat.len() as f64);
     let writes = writes_before
         .zip(meter.writes())
         .filter(|_| !lat.is_empty())
@@ -688,6 +697,51 @@ async fn measure(t: &Target, conns: usize, secs: f64, meter: Meter) -> Run {
         bad,
         cpu_us,
         writes,
+        sleeps,
+    }
+}
+
+/// How many times the cores have entered an idle state that sleeps (every cpuidle state but
+/// polling), summed over the cores; `None` where the kernel does not tell.
+fn core_sleeps() -> Option<u64> {
+    let mut total = None;
+    for cpu in std::fs::read_dir("/sys/devices/system/cpu").ok()?.flatten() {
+        let Ok(states) = std::fs::read_dir(cpu.path().join("cpuidle")) else {
+            continue;
+        };
+        for state in states.flatten() {
+            let name = std::fs::read_to_string(state.path().join("name")).unwrap_or_default();
+            if name.trim() == "POLL" {
+                continue;
+            }
+            if let Some(n) = std::fs::read_to_string(state.path().join("usage"))
+                .ok()
+                .and_then(|u| u.trim().parse::<u64>().ok())
+            {
+                *total.get_or_insert(0) += n;
+            }
+        }
+    }
+    total
+}
+
+/// With `LOAD_KEEP_AWAKE=1`, asks the kernel for no idle-state exit latency while the program
+/// runs (`/dev/cpu_dma_latency`, root only), so idle cores poll instead of sleeping: what the
+/// proxies cost without the price of waking a sleeping core.
+fn keep_awake() -> Option<std::fs::File> {
+    if std::env::var("LOAD_KEEP_AWAKE").as_deref() != Ok("1") {
+        return None;
+    }
+    match std::fs::OpenOptions::new()
+        .write(true)
+        .open("/dev/cpu_dma_latency")
+        .and_then(|mut f| f.write_all(&0i32.to_ne_bytes()).map(|()| f))
+    {
+        Ok(f) => Some(f),
+        Err(e) => {
+            println!("LOAD_KEEP_AWAKE: cannot hold /dev/cpu_dma_latency ({e}); cores may sleep");
+            None
+        }
     }
 }
 
@@ -752,6 +806,8 @@ fn main() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(5.0);
+    // Held open for the whole run: the request lasts while the file is open.
+    let _awake = keep_awake();
     let tmp = tempfile::tempdir().unwrap();
     let dir: PathBuf = tmp.path().to_path_buf();
     let (up, px, gw) = (free_port(), free_port(), free_port());
@@ -834,13 +890,17 @@ fn main() {
             );
             if let Some(n) = &n {
                 let nginx_cpu = n.cpu_us.zip(d.cpu_us).map(|(n, d)| n - d);
+                let per = |v: Option<f64>| v.map_or("–".into(), |v| format!("{v:.2}"));
                 println!(
-                    "{:>11}   gateway throughput / nginx = {:.0}%; per answer: nginx proxying CPU {}, gateway CPU {}, {} writes{}",
+                    "{:>11}   gateway throughput / nginx = {:.0}%; per answer: nginx proxying CPU {}, gateway CPU {}, {} writes; core sleeps direct {}, nginx {}, gateway {}{}",
                     "",
                     g.rps / n.rps * 100.0,
                     nginx_cpu.map_or("–".into(), |us| format!("{us:.0} µs")),
                     g.cpu_us.map_or("–".into(), |us| format!("{us:.0} µs")),
                     g.writes.map_or("–".into(), |w| format!("{w:.2}")),
+                    per(d.sleeps),
+                    per(n.sleeps),
+                    per(g.sleeps),
                     if d.bad + n.bad + g.bad > 0 {
                         format!(" (incomplete answers: direct {}, nginx {}, gateway {})", d.bad, n.bad, g.bad)
                     } else {
@@ -853,9 +913,10 @@ fn main() {
                 let t = Target { addr: ([127, 0, 0, 1], *port).into(), path: direct.path, auth: None };
                 let f = measure(&t, conns, secs, Meter::Process(proc.0.id())).await;
                 floor.push(format!(
-                    "{client} client adds {:.3} ms, {:.0} req/s, CPU {}",
+                    "{client} client adds {:.3} ms, {:.0} req/s, {} core sleeps, CPU {}",
                     added(&f),
                     f.rps,
+                    f.sleeps.map_or("–".into(), |v| format!("{v:.2}")),
                     f.cpu_us.map_or("–".into(), |us| format!("{us:.0} µs"))
                 ));
             }
