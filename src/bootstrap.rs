@@ -401,12 +401,21 @@ fn spawn_background(state: &Arc<AppState>, stop: CancellationToken) -> Vec<JoinH
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
             let mut seen = state.dispatcher.log.total();
             loop {
+                if state.feed.subscribers() == 0 {
+                    // Nobody watches: no tick until a console attaches.
+                    tokio::select! {
+                        _ = stop.cancelled() => break,
+                        from = state.feed.first_subscriber() => {
+                            seen = from.unwrap_or_else(|| state.dispatcher.log.total());
+                        }
+                    }
+                    tick.reset();
+                }
                 tokio::select! {
                     _ = stop.cancelled() => break,
                     _ = tick.tick() => {}
                 }
                 if state.feed.subscribers() == 0 {
-                    seen = state.dispatcher.log.total();
                     continue;
                 }
                 let total = state.dispatcher.log.total();

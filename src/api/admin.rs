@@ -280,8 +280,9 @@ async fn console(
 ) -> Response {
     use axum::extract::ws::{CloseFrame, Message};
     ws.on_upgrade(move |mut socket| async move {
+        let total = state.dispatcher.log.total();
         let snapshot = state.feed_state(&state.dispatcher.log.recent(200));
-        let mut rx = state.feed.subscribe(snapshot);
+        let mut rx = state.feed.subscribe(snapshot, total);
         loop {
             tokio::select! {
                 msg = rx.recv() => match msg {
