@@ -211,11 +211,11 @@ pub fn request_ctx_from_bytes(
 }
 
 fn session_from_headers(headers: &HeaderMap) -> Option<String> {
-    ["session-id", "session_id", "thread-id", "conversation_id"]
+    PASS_THROUGH[..4]
         .iter()
         .find_map(|h| {
             headers
-                .get(*h)
+                .get(h)
                 .and_then(|v| v.to_str().ok())
                 .filter(|v| !v.is_empty())
         })
@@ -285,11 +285,7 @@ fn ctx_of(
 ) -> RequestCtx {
     let pass_headers = PASS_THROUGH
         .iter()
-        .filter_map(|name| {
-            headers
-                .get(*name)
-                .map(|v| (axum::http::HeaderName::from_static(name), v.clone()))
-        })
+        .filter_map(|name| headers.get(name).map(|v| (name.clone(), v.clone())))
         .collect();
     RequestCtx {
         key_id: key.id.clone(),
@@ -299,7 +295,7 @@ fn ctx_of(
         body,
         pass_headers,
         turn_state: headers
-            .get("x-codex-turn-state")
+            .get(&crate::upstream::TURN_STATE)
             .and_then(|v| v.to_str().ok())
             .map(str::to_string),
         session,

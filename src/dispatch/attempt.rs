@@ -259,7 +259,7 @@ impl<'a> Attempt<'a> {
                 .get(ts)
                 .is_some_and(|owner| owner == self.lease.id);
             if same_account && let Ok(v) = HeaderValue::from_str(ts) {
-                h.push((HeaderName::from_static("x-codex-turn-state"), v));
+                h.push((crate::upstream::TURN_STATE.clone(), v));
             }
         }
         h
@@ -271,7 +271,10 @@ impl<'a> Attempt<'a> {
         if let Some(q) = QuotaSnapshot::from_headers(h, self.d.fleet.clock().now_ms()) {
             self.d.fleet.update_quota(&self.lease.id, q);
         }
-        if let Some(ts) = h.get("x-codex-turn-state").and_then(|v| v.to_str().ok()) {
+        if let Some(ts) = h
+            .get(&crate::upstream::TURN_STATE)
+            .and_then(|v| v.to_str().ok())
+        {
             self.d
                 .turn_states
                 .insert(ts.to_string(), self.lease.id.clone());

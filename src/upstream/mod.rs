@@ -25,23 +25,27 @@ use crate::names::named;
 use self::egress::{EgressError, ProxyUrl, TunnelConnector};
 use self::failure::{Endpoint, Facts, Phase};
 
-/// Client headers passed through to the backend (session topology, telemetry, routing).
-pub const PASS_THROUGH: [&str; 14] = [
-    "session-id",
-    "session_id",
-    "thread-id",
-    "conversation_id",
-    "x-client-request-id",
-    "originator",
-    "user-agent",
-    "version",
-    "x-codex-window-id",
-    "x-codex-turn-metadata",
-    "x-codex-beta-features",
-    "x-openai-subagent",
-    "x-codex-parent-thread-id",
-    "openai-beta",
+/// Client headers passed through to the backend (session topology, telemetry, routing); the
+/// first four name the session. Looked up by name, not by text, on every request.
+pub static PASS_THROUGH: [HeaderName; 14] = [
+    HeaderName::from_static("session-id"),
+    HeaderName::from_static("session_id"),
+    HeaderName::from_static("thread-id"),
+    HeaderName::from_static("conversation_id"),
+    HeaderName::from_static("x-client-request-id"),
+    HeaderName::from_static("originator"),
+    HeaderName::from_static("user-agent"),
+    HeaderName::from_static("version"),
+    HeaderName::from_static("x-codex-window-id"),
+    HeaderName::from_static("x-codex-turn-metadata"),
+    HeaderName::from_static("x-codex-beta-features"),
+    HeaderName::from_static("x-openai-subagent"),
+    HeaderName::from_static("x-codex-parent-thread-id"),
+    HeaderName::from_static("openai-beta"),
 ];
+
+/// The sticky-routing token a turn's answer carries and its next request sends back.
+pub static TURN_STATE: HeaderName = HeaderName::from_static("x-codex-turn-state");
 
 /// The backend's answer headers relayed to the client (rate limits, turn state, model).
 pub fn relayed(h: &HeaderMap) -> Vec<(HeaderName, HeaderValue)> {
