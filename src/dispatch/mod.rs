@@ -204,21 +204,35 @@ pub enum Frame {
     Error(Box<ErrorReply>),
 }
 
-/// Runs requests. Cloning shares it.
+/// Runs requests. Cloning shares it: a request's copy is two counted references (what it
+/// shares, and the tunables it runs with), however many parts the dispatcher has.
 #[derive(Clone)]
 pub struct Dispatcher {
-    pub fleet: Fleet,
-    pub upstream: Arc<Upstream>,
-    pub log: RequestLog,
+    shared: Arc<Shared>,
     /// The tunables this request runs with (a snapshot of `live` taken when it started, so a
     /// reload never changes a request half-way).
     pub config: Arc<DispatchConfig>,
+}
+
+impl std::ops::Deref for Dispatcher {
+    type Target = Shared;
+
+    fn deref(&self) -> &Shared {
+        &self.shared
+    }
+}
+
+/// What every copy of a [`Dispatcher`] shares.
+pub struct Shared {
+    pub fleet: Fleet,
+    pub upstream: Arc<Upstream>,
+    pub log: RequestLog,
     /// The tunables in force, replaced by a reload.
-    live: Arc<std::sync::RwLock<Arc<DispatchConfig>>>,
-    pub metrics: Arc<Metrics>,
+    live: std::sync::RwLock<Arc<DispatchConfig>>,
+    pub metrics: Metrics,
     /// Idle upstream WebSockets per (account, session), and the origin breaker.
     pub ws_pool: crate::upstream::ws::WsPool,
-    pub breaker: Arc<crate::upstream::ws::Breaker>,
+    pub breaker: crate::upstream::ws::Breaker,
     /// Turn-state token -> the account that issued it.
     turn_states: TtlMap<String, String>,
     /// Cancelled when shutdown's grace period is over: every request still running ends.
@@ -230,7 +244,7 @@ pub struct Dispatcher {
     /// Usage per key, model and account, by the hour.
     pub usage: UsageBook,
     /// Wakes the usage poller, which proves unproven accounts.
-    prober: Arc<tokio::sync::Notify>,
+    prober: tokio::sync::Notify,
     /// The accounts whose proof runs.
     proving: probe::ProvingSet,
 }
@@ -253,22 +267,25 @@ impl Dispatcher {
             Arc::clone(fleet.clock()),
         );
         let config = Arc::new(config);
-        Dispatcher {
+        let shared = Shared {
             fleet,
             upstream,
             log,
-            live: Arc::new(std::sync::RwLock::new(Arc::clone(&config))),
-            config,
-            metrics: Arc::new(Metrics::default()),
+            live: std::sync::RwLock::new(Arc::clone(&config)),
+            metrics: Metrics::default(),
             ws_pool: crate::upstream::ws::WsPool::new(Arc::clone(&clock)),
-            breaker: Arc::new(crate::upstream::ws::Breaker::new(Arc::clone(&clock))),
+            breaker: crate::upstream::ws::Breaker::new(Arc::clone(&clock)),
             turn_states,
             cut: tokio_util::sync::CancellationToken::new(),
             tasks: tokio_util::task::TaskTracker::new(),
             keys,
             usage,
-            prober: Arc::default(),
-            proving: Arc::default(),
+            prober: tokio::sync::Notify::default(),
+            proving: probe::ProvingSet::default(),
+        };
+        Dispatcher {
+            shared: Arc::new(shared),
+            config,
         }
     }
 
