@@ -174,9 +174,21 @@ fn start_own_upstream(up: u16) -> Proc {
     p
 }
 
-fn serve_own_upstream(port: u16) {
-    use hyper::server::conn::http1;
-    use hyper::service::service_fn;
+/// Serves HTTP/1.1 on 127.0.0.1:`port`, on a runtime with a worker per core, until the process
+/// ends; `service` makes each connection's service.
+fn serve_http1<S, B>(port: u16, service: impl Fn() -> S + Send + 'static)
+where
+    S: hyper::service::Service<
+            hyper::Request<hyper::body::Incoming>,
+            Response = hyper::Response<B>,
+        > + Send
+        + 'static,
+    S::Future: Send + 'static,
+    S::Error: Into<BoxError>,
+    B: hyper::body::Body + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<BoxError>,
+{
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -185,48 +197,55 @@ fn serve_own_upstream(port: u16) {
         let listener = tokio::net::TcpListener::bind(("127.0.0.1", port))
             .await
             .unwrap();
-        let sse = Bytes::from(sse_body());
         loop {
             let (stream, _) = listener.accept().await.unwrap();
             let _ = stream.set_nodelay(true);
-            let sse = sse.clone();
+            let svc = service();
             tokio::spawn(async move {
-                let svc = service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
-                    let sse = sse.clone();
-                    async move {
-                        let path = req.uri().path().to_string();
-                        let body = req.into_body().collect().await.map(|b| b.to_bytes());
-                        let paced = body
-                            .as_ref()
-                            .is_ok_and(|b| memchr::memmem::find(b, b"\"pace\"").is_some());
-                        let (ctype, body) = if path.ends_with("/responses") && paced {
-                            ("text/event-stream", paced_stream())
-                        } else if path.ends_with("/responses") {
-                            (
-                                "text/event-stream",
-                                http_body_util::Either::Left(Full::new(sse)),
-                            )
-                        } else {
-                            (
-                                "application/json",
-                                http_body_util::Either::Left(Full::new(Bytes::from_static(
-                                    USAGE.as_bytes(),
-                                ))),
-                            )
-                        };
-                        Ok::<_, std::convert::Infallible>(
-                            hyper::Response::builder()
-                                .header("content-type", ctype)
-                                .body(body)
-                                .unwrap(),
-                        )
-                    }
-                });
-                let _ = http1::Builder::new()
+                let _ = hyper::server::conn::http1::Builder::new()
                     .serve_connection(hyper_util::rt::TokioIo::new(stream), svc)
                     .await;
             });
         }
+    });
+}
+
+fn serve_own_upstream(port: u16) {
+    use hyper::service::service_fn;
+    let sse = Bytes::from(sse_body());
+    serve_http1(port, move || {
+        let sse = sse.clone();
+        service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
+            let sse = sse.clone();
+            async move {
+                let path = req.uri().path().to_string();
+                let body = req.into_body().collect().await.map(|b| b.to_bytes());
+                let paced = body
+                    .as_ref()
+                    .is_ok_and(|b| memchr::memmem::find(b, b"\"pace\"").is_some());
+                let (ctype, body) = if path.ends_with("/responses") && paced {
+                    ("text/event-stream", paced_stream())
+                } else if path.ends_with("/responses") {
+                    (
+                        "text/event-stream",
+                        http_body_util::Either::Left(Full::new(sse)),
+                    )
+                } else {
+                    (
+                        "application/json",
+                        http_body_util::Either::Left(Full::new(Bytes::from_static(
+                            USAGE.as_bytes(),
+                        ))),
+                    )
+                };
+                Ok::<_, std::convert::Infallible>(
+                    hyper::Response::builder()
+                        .header("content-type", ctype)
+                        .body(body)
+                        .unwrap(),
+                )
+            }
+        })
     });
 }
 
@@ -300,41 +319,23 @@ async fn floor_forward(
 }
 
 fn serve_floor(port: u16, up: u16, with_reqwest: bool) {
-    use hyper::server::conn::http1;
-    use hyper::service::service_fn;
     use hyper_util::client::legacy::{Client, connect::HttpConnector};
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    rt.block_on(async move {
-        let listener = tokio::net::TcpListener::bind(("127.0.0.1", port))
-            .await
-            .unwrap();
-        let mut connector = HttpConnector::new();
-        connector.set_nodelay(true);
-        // reqwest is built without a default TLS provider, as in the gateway.
-        let _ = rustls::crypto::ring::default_provider().install_default();
-        let floor = Arc::new(Floor {
-            hyper: Client::builder(hyper_util::rt::TokioExecutor::new()).build(connector),
-            reqwest: reqwest::Client::builder()
-                .tcp_nodelay(true)
-                .build()
-                .unwrap(),
-            with_reqwest,
-            base: format!("http://127.0.0.1:{up}"),
-        });
-        loop {
-            let (stream, _) = listener.accept().await.unwrap();
-            let _ = stream.set_nodelay(true);
-            let floor = floor.clone();
-            tokio::spawn(async move {
-                let svc = service_fn(move |req| floor_forward(floor.clone(), req));
-                let _ = http1::Builder::new()
-                    .serve_connection(hyper_util::rt::TokioIo::new(stream), svc)
-                    .await;
-            });
-        }
+    let mut connector = HttpConnector::new();
+    connector.set_nodelay(true);
+    // reqwest is built without a default TLS provider, as in the gateway.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let floor = Arc::new(Floor {
+        hyper: Client::builder(hyper_util::rt::TokioExecutor::new()).build(connector),
+        reqwest: reqwest::Client::builder()
+            .tcp_nodelay(true)
+            .build()
+            .unwrap(),
+        with_reqwest,
+        base: format!("http://127.0.0.1:{up}"),
+    });
+    serve_http1(port, move || {
+        let floor = floor.clone();
+        hyper::service::service_fn(move |req| floor_forward(floor.clone(), req))
     });
 }
 
