@@ -205,16 +205,21 @@ mod tests {
         assert_eq!(hub.dropped(), 0, "not counted as falling behind");
     }
 
-    #[tokio::test]
-    async fn the_producer_waits_for_a_subscriber_and_starts_after_its_snapshot() {
+    /// The producer's wait for a subscriber, checked to be still waiting.
+    fn waiting(hub: &FeedHub) -> std::pin::Pin<Box<impl Future<Output = Option<u64>> + '_>> {
         use futures_util::FutureExt;
-        let hub = FeedHub::default();
-        let wait = hub.first_subscriber();
-        tokio::pin!(wait);
+        let mut wait = Box::pin(hub.first_subscriber());
         assert!(
             wait.as_mut().now_or_never().is_none(),
-            "nobody subscribed yet"
+            "nobody is subscribed"
         );
+        wait
+    }
+
+    #[tokio::test]
+    async fn the_producer_waits_for_a_subscriber_and_starts_after_its_snapshot() {
+        let hub = FeedHub::default();
+        let wait = waiting(&hub);
         let _a = hub.subscribe(feed(), 7);
         let _b = hub.subscribe(feed(), 9);
         assert_eq!(wait.await, Some(7), "the earliest snapshot's total");
@@ -224,12 +229,7 @@ mod tests {
         drop((_a, _b, gone));
         hub.publish(&feed());
         assert_eq!(hub.subscribers(), 0);
-        let wait = hub.first_subscriber();
-        tokio::pin!(wait);
-        assert!(
-            wait.as_mut().now_or_never().is_none(),
-            "nobody is subscribed"
-        );
+        let wait = waiting(&hub);
         let _c = hub.subscribe(feed(), 20);
         assert_eq!(wait.await, Some(20));
     }
