@@ -399,15 +399,12 @@ fn spawn_background(state: &Arc<AppState>, stop: CancellationToken) -> Vec<JoinH
         tokio::spawn(async move {
             let mut tick = tokio::time::interval(crate::telemetry::feed::TICK);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
-            let mut seen = state.dispatcher.log.total();
             loop {
                 if state.feed.subscribers() == 0 {
                     // Nobody watches: no tick until a console attaches.
                     tokio::select! {
                         _ = stop.cancelled() => break,
-                        from = state.feed.first_subscriber() => {
-                            seen = from.unwrap_or_else(|| state.dispatcher.log.total());
-                        }
+                        () = state.feed.first_subscriber() => {}
                     }
                     tick.reset();
                 }
@@ -415,13 +412,14 @@ fn spawn_background(state: &Arc<AppState>, stop: CancellationToken) -> Vec<JoinH
                     _ = stop.cancelled() => break,
                     _ = tick.tick() => {}
                 }
-                if state.feed.subscribers() == 0 {
+                let Some(seen) = state.feed.oldest_seen() else {
                     continue;
-                }
-                let total = state.dispatcher.log.total();
-                let requests = state.dispatcher.log.newer_than(seen);
-                seen = total;
-                state.feed.publish(&state.feed_state(&requests));
+                };
+                let (requests, total) = state
+                    .dispatcher
+                    .log
+                    .newer_than(seen, crate::telemetry::records::RING);
+                state.feed.publish(&state.feed_state(&requests), total);
             }
         })
     };

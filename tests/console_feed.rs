@@ -136,3 +136,57 @@ async fn a_stalled_console_is_dropped_while_requests_and_other_consoles_go_on() 
     assert_eq!(snap.accounts.len(), 60);
     assert_eq!(snap.dropped_subscribers, 1);
 }
+
+/// A console that leaves, a request served while nobody watches, then a console that comes
+/// back: its snapshot has the request from while it was away, and its updates bring the next
+/// one without repeating the first.
+#[tokio::test]
+async fn a_console_that_comes_back_sees_what_happened_meanwhile_once() {
+    let gw = Gw::start(1).await;
+    let newest = || async { gw.requests(1).await.first().map(|r| r["id"].clone()) };
+    let mut first = subscribe(&gw).await;
+    assert!(matches!(next(&mut first).await.body, FeedBody::Snapshot(_)));
+    drop(first);
+
+    let before = newest().await;
+    gw.stream(&body_plain("gpt-5.5", "while away", true), &[])
+        .await;
+    common::gw::until("the request is recorded", || async {
+        newest().await != before
+    })
+    .await;
+    let away = newest().await.unwrap();
+
+    let mut back = subscribe(&gw).await;
+    let FeedBody::Snapshot(snap) = next(&mut back).await.body else {
+        panic!("first message is not a snapshot")
+    };
+    assert!(
+        snap.requests.iter().any(|r| away == r.id.as_str()),
+        "the snapshot lacks {away}"
+    );
+
+    gw.stream(&body_plain("gpt-5.5", "after", true), &[]).await;
+    common::gw::until("the request is recorded", || async {
+        newest().await.as_ref() != Some(&away)
+    })
+    .await;
+    let after = newest().await.unwrap();
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no update brought {after}"
+        );
+        let FeedBody::Update(u) = next(&mut back).await.body else {
+            panic!("a second snapshot")
+        };
+        assert!(
+            !u.requests.iter().any(|r| away == r.id.as_str()),
+            "an update repeated {away}, which the snapshot had"
+        );
+        if u.requests.iter().any(|r| after == r.id.as_str()) {
+            break;
+        }
+    }
+}

@@ -280,9 +280,8 @@ async fn console(
 ) -> Response {
     use axum::extract::ws::{CloseFrame, Message};
     ws.on_upgrade(move |mut socket| async move {
-        let total = state.dispatcher.log.total();
-        let snapshot = state.feed_state(&state.dispatcher.log.recent(200));
-        let mut rx = state.feed.subscribe(snapshot, total);
+        let (recent, seen) = state.dispatcher.log.newer_than(0, 200);
+        let mut rx = state.feed.subscribe(state.feed_state(&recent), seen);
         loop {
             tokio::select! {
                 msg = rx.recv() => match msg {

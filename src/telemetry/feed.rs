@@ -1,8 +1,9 @@
 //! The console feed: a snapshot for each new subscriber, then updates at most 10 times a
 //! second. Each subscriber has a bounded queue fed with `try_send`: the producer never waits,
 //! and a subscriber that falls behind is disconnected (it reconnects to a fresh snapshot) and
-//! counted. While nobody subscribes, the producer does not tick: it waits for the first
-//! subscriber ([`FeedHub::first_subscriber`]), so an idle daemon stays asleep.
+//! counted. Each subscriber gets the request records after those its snapshot held, once each.
+//! While nobody subscribes, the producer does not tick: it waits for the first subscriber
+//! ([`FeedHub::first_subscriber`]), so an idle daemon stays asleep.
 
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -19,20 +20,14 @@ pub const TICK: Duration = Duration::from_millis(100);
 struct Subscriber {
     tx: mpsc::Sender<FeedMessage>,
     seq: u64,
-}
-
-#[derive(Default)]
-struct Subscribers {
-    list: Vec<Subscriber>,
-    /// The request log's total when the earliest snapshot taken since the list was last empty
-    /// was read: the first update sends the records after it.
-    joined_at: Option<u64>,
+    /// How many request records it has been sent (its snapshot's and its updates').
+    seen: u64,
 }
 
 /// The subscribers of the feed.
 #[derive(Default)]
 pub struct FeedHub {
-    subscribers: Mutex<Subscribers>,
+    subscribers: Mutex<Vec<Subscriber>>,
     /// Told when a subscriber arrives.
     arrived: tokio::sync::Notify,
     dropped: AtomicU64,
@@ -40,10 +35,9 @@ pub struct FeedHub {
 }
 
 impl FeedHub {
-    /// A new subscription whose first message is `snapshot`, built from the request log when
-    /// it had `log_total` records (read before the snapshot: a record may then come twice, but
-    /// none goes missing).
-    pub fn subscribe(&self, snapshot: wire::Feed, log_total: u64) -> mpsc::Receiver<FeedMessage> {
+    /// A new subscription whose first message is `snapshot`, which holds the request records
+    /// up to the log's `seen`th: its updates bring those after it.
+    pub fn subscribe(&self, snapshot: wire::Feed, seen: u64) -> mpsc::Receiver<FeedMessage> {
         let (tx, rx) = mpsc::channel(QUEUE);
         let first = FeedMessage {
             protocol: wire::PROTOCOL_VERSION,
@@ -53,8 +47,7 @@ impl FeedHub {
         };
         let mut subs = self.lock();
         if !self.is_closed() && tx.try_send(first).is_ok() {
-            subs.list.push(Subscriber { tx, seq: 1 });
-            subs.joined_at.get_or_insert(log_total);
+            subs.push(Subscriber { tx, seq: 1, seen });
             self.arrived.notify_one();
         }
         rx
@@ -65,35 +58,32 @@ impl FeedHub {
     pub fn close(&self) {
         let mut subs = self.lock();
         self.closed.store(true, Ordering::SeqCst);
-        subs.list.clear();
+        subs.clear();
     }
 
     pub fn is_closed(&self) -> bool {
         self.closed.load(Ordering::SeqCst)
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Subscribers> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Subscriber>> {
         self.subscribers.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     pub fn subscribers(&self) -> usize {
-        self.lock().list.len()
+        self.lock().len()
     }
 
-    /// Waits until someone subscribes; returns the request log's total from before the
-    /// earliest snapshot taken since then, for the first update to start after.
-    pub async fn first_subscriber(&self) -> Option<u64> {
-        loop {
-            {
-                let mut subs = self.lock();
-                if !subs.list.is_empty() {
-                    return subs.joined_at.take();
-                }
-                // Left by subscribers who have gone.
-                subs.joined_at = None;
-            }
+    /// Waits until someone subscribes.
+    pub async fn first_subscriber(&self) {
+        while self.subscribers() == 0 {
             self.arrived.notified().await;
         }
+    }
+
+    /// The fewest request records any subscriber has been sent: an update needs the records
+    /// after it. `None` without subscribers.
+    pub fn oldest_seen(&self) -> Option<u64> {
+        self.lock().iter().map(|s| s.seen).min()
     }
 
     /// Subscribers disconnected for falling behind.
@@ -102,16 +92,20 @@ impl FeedHub {
     }
 
     /// Offers an update to every subscriber without waiting; one whose queue is full is
-    /// disconnected.
-    pub fn publish(&self, update: &wire::Feed) {
+    /// disconnected. `update.requests` holds the log's records after [`FeedHub::oldest_seen`]
+    /// up to its `total`th, newest first: each subscriber gets those it has not been sent.
+    pub fn publish(&self, update: &wire::Feed, total: u64) {
         let mut subs = self.lock();
-        subs.joined_at = None;
-        subs.list.retain_mut(|s| {
+        subs.retain_mut(|s| {
+            let unseen = usize::try_from(total.saturating_sub(s.seen)).unwrap_or(usize::MAX);
+            let mut update = update.clone();
+            update.requests.truncate(unseen);
+            s.seen = s.seen.max(total);
             let msg = FeedMessage {
                 protocol: wire::PROTOCOL_VERSION,
                 dropped: 0,
                 seq: s.seq,
-                body: FeedBody::Update(update.clone()),
+                body: FeedBody::Update(update),
             };
             s.seq += 1;
             match s.tx.try_send(msg) {
@@ -164,8 +158,8 @@ mod tests {
     async fn a_snapshot_comes_first_then_updates_in_order() {
         let hub = FeedHub::default();
         let mut rx = hub.subscribe(feed(), 0);
-        hub.publish(&feed());
-        hub.publish(&feed());
+        hub.publish(&feed(), 0);
+        hub.publish(&feed(), 0);
         let m0 = rx.recv().await.unwrap();
         assert!(matches!(m0.body, FeedBody::Snapshot(_)));
         assert_eq!(m0.protocol, wire::PROTOCOL_VERSION);
@@ -180,7 +174,7 @@ mod tests {
         let _slow = hub.subscribe(feed(), 0); // never read
         let mut fast = hub.subscribe(feed(), 0);
         for _ in 0..QUEUE * 3 {
-            hub.publish(&feed()); // returns at once, whatever the subscribers do
+            hub.publish(&feed(), 0); // returns at once, whatever the subscribers do
             while fast.try_recv().is_ok() {}
         }
         assert_eq!(hub.dropped(), 1);
@@ -205,32 +199,78 @@ mod tests {
         assert_eq!(hub.dropped(), 0, "not counted as falling behind");
     }
 
-    /// The producer's wait for a subscriber, checked to be still waiting.
-    fn waiting(hub: &FeedHub) -> std::pin::Pin<Box<impl Future<Output = Option<u64>> + '_>> {
+    /// An update holding request records `newest` down to `oldest` (ids `req_N`), newest first.
+    fn update(newest: u64, oldest: u64) -> wire::Feed {
+        let mut f = feed();
+        f.requests = (oldest..=newest)
+            .rev()
+            .map(|n| {
+                serde_json::from_value(serde_json::json!({
+                    "id": format!("req_{n}"), "started_at": "", "key": "k", "model": "m",
+                    "stream": true, "outcome": "success", "status": 200, "account": null,
+                    "attempts": [], "ttft_ms": null, "duration_ms": 1, "usage": null,
+                }))
+                .unwrap()
+            })
+            .collect();
+        f
+    }
+
+    fn ids(m: FeedMessage) -> Vec<String> {
+        let FeedBody::Update(u) = m.body else {
+            panic!("not an update")
+        };
+        u.requests.into_iter().map(|r| r.id).collect()
+    }
+
+    #[tokio::test]
+    async fn each_subscriber_gets_the_records_after_its_snapshot_once() {
+        let hub = FeedHub::default();
+        let mut early = hub.subscribe(feed(), 2);
+        let mut late = hub.subscribe(feed(), 4);
+        assert_eq!(hub.oldest_seen(), Some(2));
+        hub.publish(&update(5, 3), 5);
+        assert_eq!(hub.oldest_seen(), Some(5));
+        // A subscriber whose snapshot is newer than what a publish read loses nothing by it.
+        let mut newest = hub.subscribe(feed(), 6);
+        hub.publish(&update(5, 6), 5);
+        hub.publish(&update(7, 6), 7);
+        for rx in [&mut early, &mut late, &mut newest] {
+            assert!(matches!(
+                rx.recv().await.unwrap().body,
+                FeedBody::Snapshot(_)
+            ));
+        }
+        assert_eq!(
+            ids(early.recv().await.unwrap()),
+            ["req_5", "req_4", "req_3"]
+        );
+        assert_eq!(ids(late.recv().await.unwrap()), ["req_5"]);
+        assert!(ids(newest.recv().await.unwrap()).is_empty());
+        assert_eq!(ids(early.recv().await.unwrap()), Vec::<String>::new());
+        assert_eq!(ids(newest.recv().await.unwrap()), ["req_7"]);
+        assert_eq!(ids(early.recv().await.unwrap()), ["req_7", "req_6"]);
+    }
+
+    #[tokio::test]
+    async fn the_producer_waits_for_a_subscriber() {
         use futures_util::FutureExt;
+        let hub = FeedHub::default();
+        let mut wait = Box::pin(hub.first_subscriber());
+        assert!(
+            wait.as_mut().now_or_never().is_none(),
+            "nobody subscribed yet"
+        );
+        let _a = hub.subscribe(feed(), 7);
+        wait.await;
+        drop(_a);
+        hub.publish(&feed(), 7);
+        assert_eq!(hub.subscribers(), 0, "the one who left is gone");
+        assert_eq!(hub.oldest_seen(), None);
         let mut wait = Box::pin(hub.first_subscriber());
         assert!(
             wait.as_mut().now_or_never().is_none(),
             "nobody is subscribed"
         );
-        wait
-    }
-
-    #[tokio::test]
-    async fn the_producer_waits_for_a_subscriber_and_starts_after_its_snapshot() {
-        let hub = FeedHub::default();
-        let wait = waiting(&hub);
-        let _a = hub.subscribe(feed(), 7);
-        let _b = hub.subscribe(feed(), 9);
-        assert_eq!(wait.await, Some(7), "the earliest snapshot's total");
-
-        // A subscriber who came and went while updates ran leaves nothing behind.
-        let gone = hub.subscribe(feed(), 11);
-        drop((_a, _b, gone));
-        hub.publish(&feed());
-        assert_eq!(hub.subscribers(), 0);
-        let wait = waiting(&hub);
-        let _c = hub.subscribe(feed(), 20);
-        assert_eq!(wait.await, Some(20));
     }
 }

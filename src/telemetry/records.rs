@@ -390,13 +390,15 @@ impl RequestLog {
         self.pushed.load(Ordering::Relaxed)
     }
 
-    /// The records pushed after the first `seen` (newest first, at most the ring).
-    pub fn newer_than(&self, seen: u64) -> Vec<RequestRecord> {
-        let new = usize::try_from(self.total().saturating_sub(seen)).unwrap_or(usize::MAX);
-        if new == 0 {
-            return Vec::new();
-        }
-        self.recent(new.min(RING))
+    /// The records pushed after the first `seen` (newest first, at most `limit` and the ring),
+    /// and how many had been pushed then: one moment, read under the ring's lock (a record is
+    /// counted while its push holds it).
+    pub fn newer_than(&self, seen: u64, limit: usize) -> (Vec<RequestRecord>, u64) {
+        let ring = self.ring.lock().unwrap_or_else(|e| e.into_inner());
+        let total = self.total();
+        let new = usize::try_from(total.saturating_sub(seen)).unwrap_or(usize::MAX);
+        let records = ring.iter().rev().take(new.min(limit)).cloned().collect();
+        (records, total)
     }
 
     /// The newest `limit` records, newest first.
