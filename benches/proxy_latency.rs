@@ -11,8 +11,8 @@ use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
 use serde_json::{Value, json};
+use switchyard::base::clock;
 use switchyard::bootstrap::{self, ShutdownKind};
-use switchyard::clock;
 use switchyard::config::Config;
 use switchyard::fleet::Fleet;
 use switchyard::keys::KeyRing;

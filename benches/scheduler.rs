@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
-use switchyard::clock;
+use switchyard::base::clock;
 use switchyard::fleet::Fleet;
 use switchyard::fleet::settings::Settings;
 use switchyard::sim::auth::{AuthSpec, auth_json};

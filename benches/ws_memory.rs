@@ -8,8 +8,8 @@
 
 use futures_util::{SinkExt, StreamExt};
 use serde_json::json;
+use switchyard::base::clock;
 use switchyard::bootstrap::{self, ShutdownKind};
-use switchyard::clock;
 use switchyard::config::Config;
 use switchyard::fleet::Fleet;
 use switchyard::keys::KeyRing;

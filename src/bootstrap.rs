@@ -21,7 +21,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::api::{self, AppState};
-use crate::clock::SharedClock;
+use crate::base::clock::SharedClock;
 use crate::config::Config;
 use crate::dispatch::{DispatchConfig, Dispatcher};
 use crate::fleet::Fleet;

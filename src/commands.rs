@@ -11,11 +11,11 @@ use switchyard_tui::wire;
 
 use crate::admin_client::{AdminClient, ClientError, Target};
 use crate::api::view;
+use crate::base::clock::{self, SharedClock};
 use crate::bootstrap::{self, BootError};
 use crate::cli::{
     AccountCommand, Cli, Command, ConfigCommand, KeyCommand, PolicyArgs, Setting, UsageArgs,
 };
-use crate::clock::{self, SharedClock};
 use crate::config::{self, Config, ConfigError};
 use crate::fleet::auth_file::AuthFileError;
 use crate::fleet::{Fleet, FleetError};
@@ -99,7 +99,7 @@ pub fn run(cli: Cli) -> Result<u8, CommandError> {
             listen: None,
         };
         let loaded = source.load(None, &config::process_env);
-        telemetry::init_logging("error", crate::config::LogFormat::Auto);
+        telemetry::init_logging("error", crate::telemetry::LogFormat::Auto);
         return Ok(runtime()?.block_on(crate::doctor::run(loaded, args)));
     }
     run_command(cli).map(|()| 0)
@@ -381,7 +381,10 @@ impl Backend {
             Backend::Daemon(c) => Ok(c
                 .call(
                     Method::GET,
-                    &format!("/api/admin/accounts/{}", crate::urlcode::encode(selector)),
+                    &format!(
+                        "/api/admin/accounts/{}",
+                        crate::base::urlcode::encode(selector)
+                    ),
                     None,
                 )
                 .await?),
@@ -411,7 +414,10 @@ impl Backend {
                 let verb = if enabled { "enable" } else { "disable" };
                 Ok(c.call(
                     Method::POST,
-                    &format!("/api/admin/accounts/{}/{verb}", crate::urlcode::encode(id)),
+                    &format!(
+                        "/api/admin/accounts/{}/{verb}",
+                        crate::base::urlcode::encode(id)
+                    ),
                     None,
                 )
                 .await?)
@@ -427,7 +433,7 @@ impl Backend {
             Backend::Daemon(c) => Ok(c
                 .call(
                     Method::DELETE,
-                    &format!("/api/admin/accounts/{}", crate::urlcode::encode(id)),
+                    &format!("/api/admin/accounts/{}", crate::base::urlcode::encode(id)),
                     None,
                 )
                 .await?),
@@ -457,7 +463,7 @@ impl Backend {
                 }
                 Ok(c.call(
                     Method::PUT,
-                    &format!("/api/admin/accounts/{}", crate::urlcode::encode(id)),
+                    &format!("/api/admin/accounts/{}", crate::base::urlcode::encode(id)),
                     Some(serde_json::Value::Object(body).to_string().into_bytes()),
                 )
                 .await?)
@@ -479,7 +485,10 @@ impl Backend {
             Backend::Daemon(c) => Ok(c
                 .call(
                     Method::POST,
-                    &format!("/api/admin/accounts/{}/refresh", crate::urlcode::encode(id)),
+                    &format!(
+                        "/api/admin/accounts/{}/refresh",
+                        crate::base::urlcode::encode(id)
+                    ),
                     None,
                 )
                 .await?),
@@ -503,7 +512,7 @@ impl Backend {
                     Method::POST,
                     &format!(
                         "/api/admin/accounts/{}/export?keep={keep}",
-                        crate::urlcode::encode(id)
+                        crate::base::urlcode::encode(id)
                     ),
                     None,
                 )
@@ -543,7 +552,7 @@ impl Backend {
                     serde_json::to_vec(&patch).map_err(|e| ClientError::Decode(e.to_string()))?;
                 Ok(c.call(
                     Method::PATCH,
-                    &format!("/api/admin/keys/{}", crate::urlcode::encode(id)),
+                    &format!("/api/admin/keys/{}", crate::base::urlcode::encode(id)),
                     Some(body),
                 )
                 .await?)
@@ -557,7 +566,7 @@ impl Backend {
             Backend::Daemon(c) => Ok(c
                 .call(
                     Method::GET,
-                    &format!("/api/admin/keys/{}", crate::urlcode::encode(id)),
+                    &format!("/api/admin/keys/{}", crate::base::urlcode::encode(id)),
                     None,
                 )
                 .await?),
@@ -631,7 +640,7 @@ impl Backend {
             Backend::Daemon(c) => Ok(c
                 .call(
                     Method::DELETE,
-                    &format!("/api/admin/keys/{}", crate::urlcode::encode(id)),
+                    &format!("/api/admin/keys/{}", crate::base::urlcode::encode(id)),
                     None,
                 )
                 .await?),

@@ -43,8 +43,8 @@ use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_util::sync::CancellationToken;
 
+use crate::base::clock::{self, SharedClock};
 use crate::bootstrap::{self, BootError, ShutdownKind};
-use crate::clock::{self, SharedClock};
 use crate::config::Config;
 use crate::fleet::{Fleet, FleetError};
 use crate::keys::{KeyError, KeyRing};

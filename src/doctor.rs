@@ -316,7 +316,7 @@ async fn direct(dir: &Path, r: &mut Report) -> Option<Vec<wire::Account>> {
         format!("opens the store (key id {})", store.key_id()),
     );
     // The fleet's own reading (stored names this binary knows) quarantines too.
-    let fleet = Fleet::load(store.clone(), crate::clock::system());
+    let fleet = Fleet::load(store.clone(), crate::base::clock::system());
     match store.scan() {
         Ok(scan) => store_findings(&view::store_report(&store, scan), r),
         Err(e) => r.error("store", e.to_string(), "restore a backup"),

@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-use crate::clock::SharedClock;
+use crate::base::clock::SharedClock;
 use crate::store::records::{SnapshotRecord, SnapshotRow};
 use crate::store::{Store, StoreError};
 
@@ -379,7 +379,7 @@ impl<K: Eq + Hash, V> Inner<K, V> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::clock::{Clock, ManualClock};
+    use crate::base::clock::{Clock, ManualClock};
 
     fn map(
         idle: Option<u64>,

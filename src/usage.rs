@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use switchyard_tui::wire;
 
-use crate::clock::SharedClock;
+use crate::base::clock::SharedClock;
 use crate::keys::policy::Window;
 use crate::store::records::UsageBucketRow;
 use crate::store::schema::Table;
@@ -427,7 +427,7 @@ pub fn to_wire(r: UsageBucketRow, names: &HashMap<String, String>) -> wire::Usag
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::clock::{Clock, ManualClock};
+    use crate::base::clock::{Clock, ManualClock};
 
     const T0: u64 = 1_767_225_600_000; // 2026-01-01T00:00:00Z
 

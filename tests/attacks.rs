@@ -560,8 +560,8 @@ async fn a_compact_answer_over_the_cap_on_the_only_account_is_an_error() {
 /// One account cooled by a failure, then half-open on a manual clock.
 async fn half_open_single() -> (Gw, String) {
     use std::sync::Arc;
-    use switchyard::clock::{Clock, ManualClock};
-    let clock = ManualClock::new(switchyard::clock::SystemClock.now_ms());
+    use switchyard::base::clock::{Clock, ManualClock};
+    let clock = ManualClock::new(switchyard::base::clock::SystemClock.now_ms());
     let gw = Gw::start_opts(common::gw::GwOptions {
         accounts: 1,
         clock: Arc::new(clock.clone()),

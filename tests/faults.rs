@@ -536,8 +536,8 @@ async fn turn_state_is_dropped_when_the_account_changes() {
 #[tokio::test]
 async fn a_cooled_account_half_opens_one_probe_decides_and_a_failure_climbs_the_ladder() {
     use std::sync::Arc;
-    use switchyard::clock::{Clock, ManualClock};
-    let clock = ManualClock::new(switchyard::clock::SystemClock.now_ms());
+    use switchyard::base::clock::{Clock, ManualClock};
+    let clock = ManualClock::new(switchyard::base::clock::SystemClock.now_ms());
     let gw = Gw::start_opts(common::gw::GwOptions {
         accounts: 2,
         clock: Arc::new(clock.clone()),
@@ -602,8 +602,8 @@ async fn with_nothing_usable_the_answer_is_503_with_a_pool_summary() {
 #[tokio::test]
 async fn tokens_close_to_expiry_are_refreshed_before_use() {
     use std::sync::Arc;
-    use switchyard::clock::{Clock, ManualClock};
-    let clock = ManualClock::new(switchyard::clock::SystemClock.now_ms());
+    use switchyard::base::clock::{Clock, ManualClock};
+    let clock = ManualClock::new(switchyard::base::clock::SystemClock.now_ms());
     let gw = Gw::start_opts(common::gw::GwOptions {
         accounts: 1,
         clock: Arc::new(clock.clone()),

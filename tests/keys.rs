@@ -659,7 +659,7 @@ fn an_expiry_given_as_a_duration_counts_from_now() {
         let k: Value = serde_json::from_slice(&show.stdout).unwrap();
         k["policy"]["expires_at"]
             .as_str()
-            .map(|t| switchyard::clock::parse_rfc3339_ms(t).unwrap() / 1000)
+            .map(|t| switchyard::base::clock::parse_rfc3339_ms(t).unwrap() / 1000)
     };
 
     let before = now();

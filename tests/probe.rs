@@ -13,7 +13,7 @@ use std::time::Duration;
 use axum::http::Method;
 use common::gw::{Gw, GwOptions, body_plain, until};
 use serde_json::Value;
-use switchyard::clock::{Clock, ManualClock};
+use switchyard::base::clock::{Clock, ManualClock};
 use switchyard::sim::{FaultKind, RecordedRequest};
 
 /// What the backend got for an account, in order: `(method path, the first input text)`.
@@ -37,7 +37,7 @@ const USAGE: &str = "GET /backend-api/wham/usage";
 const RESPONSES: &str = "POST /backend-api/codex/responses";
 
 fn manual() -> ManualClock {
-    ManualClock::new(switchyard::clock::SystemClock.now_ms())
+    ManualClock::new(switchyard::base::clock::SystemClock.now_ms())
 }
 
 async fn probe(gw: &Gw, account: &str) -> Value {

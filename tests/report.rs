@@ -11,7 +11,7 @@ use axum::http::Method;
 use common::gw::{Gw, GwOptions, body_plain};
 use common::{cli, stderr, stdout};
 use serde_json::{Value, json};
-use switchyard::clock::{Clock, ManualClock};
+use switchyard::base::clock::{Clock, ManualClock};
 use switchyard::sim::FaultKind;
 
 async fn report(gw_dir: std::path::PathBuf, format: &str) -> String {
@@ -57,7 +57,7 @@ fn failures(w: &Value, account: &str) -> Vec<(String, Option<u64>, u64)> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_report_finds_every_section_of_a_known_workload() {
-    let real_now = switchyard::clock::SystemClock.now_ms();
+    let real_now = switchyard::base::clock::SystemClock.now_ms();
     let clock = ManualClock::new(real_now - 50 * 60_000);
     let mut gw = Gw::start_opts(GwOptions {
         accounts: 2,

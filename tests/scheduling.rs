@@ -10,7 +10,7 @@ use axum::http::Method;
 use common::gw::{Gw, GwOptions, body, body_plain, read_sse, until};
 
 use serde_json::{Value, json};
-use switchyard::clock::{Clock, ManualClock, SystemClock};
+use switchyard::base::clock::{Clock, ManualClock, SystemClock};
 use switchyard::sim::FaultKind;
 
 async fn set(gw: &Gw, settings: Value) -> Value {

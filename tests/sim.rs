@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use common::gw::until;
 use reqwest::{Client, Response, StatusCode};
 use serde_json::{Value, json};
-use switchyard::clock::{ManualClock, SharedClock};
+use switchyard::base::clock::{ManualClock, SharedClock};
 use switchyard::sim::{Fault, FaultKind, Profile, Sim, SimHandle, SimOptions};
 
 const START_MS: u64 = 1_767_225_600_000;

@@ -11,7 +11,7 @@ use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use reqwest::{Client, StatusCode, redirect};
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
-use switchyard::clock::{ManualClock, SharedClock};
+use switchyard::base::clock::{ManualClock, SharedClock};
 use switchyard::fleet::auth_file::decode_claims;
 use switchyard::sim::{
     AuthorizeAnswer, DEVICE_REDIRECT_URI, DeviceCodeState, LoginControlError, Sim, SimHandle,

@@ -400,7 +400,7 @@ async fn usage_totals_equal_the_records_for_every_grouping_and_format() {
 async fn usage_since_a_duration_leaves_out_the_hours_before_it() {
     use std::sync::Arc;
     use std::time::Duration;
-    use switchyard::clock::{Clock, ManualClock, SystemClock};
+    use switchyard::base::clock::{Clock, ManualClock, SystemClock};
     const HOUR: Duration = Duration::from_secs(3600);
     // The gateway's clock starts four hours ago; `usage` counts from the real now.
     let clock = ManualClock::new(SystemClock.now_ms() - 4 * 3_600_000);

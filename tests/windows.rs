@@ -10,7 +10,7 @@ use std::time::Duration;
 use axum::http::Method;
 use common::gw::{Gw, GwOptions, body_plain};
 use serde_json::{Value, json};
-use switchyard::clock::{Clock, ManualClock};
+use switchyard::base::clock::{Clock, ManualClock};
 use switchyard::config::Config;
 use switchyard::sim::FaultKind;
 
@@ -49,7 +49,7 @@ fn close(a: Option<f64>, b: f64) -> bool {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn twenty_and_sixty_minute_rates_match_a_known_workload() {
-    let clock = ManualClock::new(switchyard::clock::SystemClock.now_ms());
+    let clock = ManualClock::new(switchyard::base::clock::SystemClock.now_ms());
     let gw = Gw::start_opts(GwOptions {
         accounts: 2,
         clock: Arc::new(clock.clone()),

@@ -583,7 +583,7 @@ async fn ws_dial_failure_fails_over_same_turn() {
 #[tokio::test]
 async fn breaker_opens_after_degraded_openings_and_half_opens() {
     use std::sync::Arc;
-    use switchyard::clock::{Clock, ManualClock, SystemClock};
+    use switchyard::base::clock::{Clock, ManualClock, SystemClock};
     let clock = ManualClock::new(SystemClock.now_ms());
     let gw = Gw::start_opts(common::gw::GwOptions {
         accounts: 1,
@@ -754,7 +754,7 @@ async fn a_rejected_handshake_is_recorded_as_rejected() {
 #[tokio::test]
 async fn a_half_open_breaker_is_settled_by_a_rejected_handshake() {
     use std::sync::Arc;
-    use switchyard::clock::{Clock, ManualClock, SystemClock};
+    use switchyard::base::clock::{Clock, ManualClock, SystemClock};
     let clock = ManualClock::new(SystemClock.now_ms());
     let gw = Gw::start_opts(common::gw::GwOptions {
         accounts: 2,
@@ -903,7 +903,7 @@ async fn idle_upstream_sockets_are_evicted_when_a_refresh_finds_the_login_dead()
 #[tokio::test]
 async fn idle_upstream_sockets_are_dropped_after_their_idle_life() {
     use std::sync::Arc;
-    use switchyard::clock::{Clock, ManualClock, SystemClock};
+    use switchyard::base::clock::{Clock, ManualClock, SystemClock};
     let clock = ManualClock::new(SystemClock.now_ms());
     let gw = Gw::start_opts(common::gw::GwOptions {
         accounts: 1,

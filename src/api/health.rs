@@ -53,7 +53,7 @@ pub async fn readyz(State(state): State<Arc<AppState>>) -> (StatusCode, Json<Val
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::clock::ManualClock;
+    use crate::base::clock::ManualClock;
     use crate::config::Config;
     use crate::store::Store;
 

@@ -21,7 +21,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use switchyard_tui::wire;
 
-use crate::clock::SharedClock;
+use crate::base::clock::SharedClock;
 use crate::dispatch::Dispatcher;
 use crate::fleet::Fleet;
 use crate::keys::KeyRing;

@@ -34,7 +34,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
-use crate::names::named;
+use crate::base::names::named;
 
 /// The limits of client connections (`[server]`).
 #[derive(Debug, Clone, Copy)]

@@ -52,7 +52,7 @@ pub async fn usage(State(state): State<Arc<AppState>>, headers: HeaderMap) -> Re
     Json(json!({
         "object": "usage",
         "key": {"id": key.id, "name": key.name},
-        "now": crate::clock::rfc3339(now),
+        "now": crate::base::clock::rfc3339(now),
         "usage": {
             "today": totals(&book.totals_since(&key.id, now / 86_400 * 86_400)),
             "last_5h": totals(&book.totals_since(&key.id, now.saturating_sub(5 * 3600))),
@@ -74,7 +74,7 @@ pub async fn usage(State(state): State<Arc<AppState>>, headers: HeaderMap) -> Re
             "tokens_per_5h": budget_of(policy.tokens_per_5h, Window::FiveHours),
             "tokens_per_day": budget_of(policy.tokens_per_day, Window::Day),
             "tokens_per_week": budget_of(policy.tokens_per_week, Window::Week),
-            "expires_at": policy.expires_at.map(crate::clock::rfc3339),
+            "expires_at": policy.expires_at.map(crate::base::clock::rfc3339),
         },
     }))
     .into_response()

@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 
 use switchyard_tui::wire;
 
-use crate::clock;
+use crate::base::clock;
 use crate::fleet::health::AccountState;
 use crate::fleet::{AccountView, Imported};
 use crate::keys::CreatedKey;

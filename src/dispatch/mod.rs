@@ -72,7 +72,7 @@ impl Default for DispatchConfig {
             aliases: BTreeMap::new(),
             request_deadline: Duration::from_secs(600),
             client_write_timeout: Duration::from_secs(60),
-            probe_model: crate::config::DEFAULT_PROBE_MODEL.into(),
+            probe_model: crate::upstream::config::DEFAULT_PROBE_MODEL.into(),
             first_output_switches: 1,
             access_log: false,
         }

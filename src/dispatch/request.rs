@@ -12,8 +12,8 @@ use tracing::Instrument;
 
 use super::attempt::{Attempt, End, Trace};
 use super::{Dispatcher, ErrorReply, Frame, Mode, RequestCtx};
+use crate::base::duration::human_duration;
 use crate::fleet::affinity::{Decision, Rebound, refusal_scope};
-use crate::fleet::human_duration;
 use crate::fleet::scheduler::{QueueOutcome, Wait};
 use crate::fleet::{Lease, Plan, SkipReason};
 use crate::keys::Denied;

@@ -289,7 +289,7 @@ impl Fleet {
                     "refresh_token": s.refresh_token.expose(),
                     "account_id": e.record.chatgpt_account_id,
                 },
-                "last_refresh": crate::clock::rfc3339(s.refreshed_at),
+                "last_refresh": crate::base::clock::rfc3339(s.refreshed_at),
             })
         };
         let view = if keep {

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use super::health::Class;
 use super::scheduler::SkipReason;
-use crate::clock::SharedClock;
+use crate::base::clock::SharedClock;
 use crate::store::{Store, StoreError};
 use crate::ttl::{TtlConfig, TtlMap};
 

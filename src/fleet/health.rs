@@ -7,7 +7,7 @@
 
 use std::time::Duration;
 
-use crate::names::named;
+use crate::base::names::named;
 use crate::store::records::HealthRecord;
 use crate::upstream::failure::{Endpoint, Facts};
 

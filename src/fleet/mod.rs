@@ -23,7 +23,8 @@ use std::time::Duration;
 
 use sha2::{Digest, Sha256};
 
-use crate::clock::SharedClock;
+use crate::base::clock::SharedClock;
+use crate::base::duration::human_duration;
 use crate::store::records::{AccountRecord, AccountSecrets};
 use crate::store::{Store, StoreError};
 use crate::upstream::Identity;
@@ -690,21 +691,11 @@ impl Fleet {
     }
 }
 
-/// `41m`, `2h05m`, `30s`.
-pub fn human_duration(ms: u64) -> String {
-    let s = ms.div_ceil(1000);
-    match s {
-        0..=59 => format!("{s}s"),
-        60..=3599 => format!("{}m", s.div_ceil(60)),
-        _ => format!("{}h{:02}m", s / 3600, (s % 3600) / 60),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::health::AccountState;
     use super::*;
-    use crate::clock::ManualClock;
+    use crate::base::clock::ManualClock;
     use crate::sim::auth::{AuthSpec, auth_json};
 
     fn spec(n: u32, tag: &str) -> AuthSpec {
@@ -969,12 +960,5 @@ mod tests {
         assert_ne!(a, installation_id("other"));
         assert_eq!(a.len(), 36);
         assert_eq!(a.matches('-').count(), 4);
-    }
-
-    #[test]
-    fn human_durations() {
-        assert_eq!(human_duration(30_000), "30s");
-        assert_eq!(human_duration(41 * 60_000), "41m");
-        assert_eq!(human_duration(2 * 3_600_000 + 5 * 60_000), "2h05m");
     }
 }

@@ -296,7 +296,7 @@ impl Fleet {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::clock::ManualClock;
+    use crate::base::clock::ManualClock;
     use crate::fleet::health::{AccountState, Reauth};
     use crate::sim::auth::{AuthSpec, access_token, auth_json};
     use crate::store::Store;

@@ -15,8 +15,8 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use super::health::Class;
-use crate::keys::policy::glob_match;
-use crate::names::named;
+use crate::base::glob::glob_match;
+use crate::base::names::named;
 use crate::upstream::failure::{Endpoint, Facts};
 
 named! {

@@ -17,7 +17,7 @@ use super::health::Effective;
 use super::settings::{Settings, Strategy};
 use super::table::Hot;
 use super::{Entry, Fleet, Inner};
-use crate::names::named;
+use crate::base::names::named;
 
 named! {
     /// Why an account was not a candidate, or not taken.

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::config::duration;
+use crate::base::duration::text as duration;
 use crate::store::records::SettingsRecord;
 
 /// How the candidates of a request are ordered.

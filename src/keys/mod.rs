@@ -16,7 +16,7 @@ use switchyard_tui::wire;
 
 use self::gate::{Gates, KeyNow, KeyPermit, NoSlot};
 use self::policy::{Policy, Refusal};
-use crate::clock::SharedClock;
+use crate::base::clock::SharedClock;
 use crate::store::records::ClientKeyRecord;
 use crate::store::{Store, StoreError};
 use crate::usage::UsageBook;
@@ -431,7 +431,7 @@ impl KeyRing {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::clock::ManualClock;
+    use crate::base::clock::ManualClock;
 
     fn none() -> wire::KeyPolicyPatch {
         wire::KeyPolicyPatch::default()

@@ -5,7 +5,8 @@
 
 use switchyard_tui::wire;
 
-use crate::names::named;
+use crate::base::glob::glob_match;
+use crate::base::names::named;
 use crate::store::records::KeyPolicyRow;
 
 /// Longest note kept with a key.
@@ -132,7 +133,7 @@ impl Policy {
             None => {}
             Some(None) => p.expires_at = None,
             Some(Some(t)) => {
-                let ms = crate::clock::parse_rfc3339_ms(t).ok_or_else(|| {
+                let ms = crate::base::clock::parse_rfc3339_ms(t).ok_or_else(|| {
                     format!("expires_at `{t}` is not an RFC 3339 time (2027-01-31T00:00:00Z)")
                 })?;
                 p.expires_at = Some(ms / 1000);
@@ -158,34 +159,10 @@ impl Policy {
             tokens_per_5h: self.tokens_per_5h,
             tokens_per_day: self.tokens_per_day,
             tokens_per_week: self.tokens_per_week,
-            expires_at: self.expires_at.map(crate::clock::rfc3339),
+            expires_at: self.expires_at.map(crate::base::clock::rfc3339),
             note: self.note.clone(),
         }
     }
-}
-
-/// `*` matches any run of characters, `?` one character; everything else matches itself.
-pub fn glob_match(pattern: &str, text: &str) -> bool {
-    let (p, t): (Vec<char>, Vec<char>) = (pattern.chars().collect(), text.chars().collect());
-    let (mut pi, mut ti) = (0, 0);
-    // Where the last `*` was, and the text position it currently stands for.
-    let mut star: Option<(usize, usize)> = None;
-    while ti < t.len() {
-        if pi < p.len() && (p[pi] == '?' || p[pi] == t[ti]) {
-            pi += 1;
-            ti += 1;
-        } else if pi < p.len() && p[pi] == '*' {
-            star = Some((pi, ti));
-            pi += 1;
-        } else if let Some((sp, st)) = star {
-            pi = sp + 1;
-            ti = st + 1;
-            star = Some((sp, st + 1));
-        } else {
-            return false;
-        }
-    }
-    p[pi..].iter().all(|c| *c == '*')
 }
 
 /// Why a key's request was refused before scheduling.
@@ -264,7 +241,7 @@ impl Refusal {
             Refusal::Revoked => "This API key was revoked.".into(),
             Refusal::Expired { at } => format!(
                 "This API key expired at {}. Ask the gateway's operator for a new one.",
-                crate::clock::rfc3339(*at)
+                crate::base::clock::rfc3339(*at)
             ),
             Refusal::ModelNotAllowed { model, allowed } => format!(
                 "This API key may not use the model '{model}' (allowed: {}).",
@@ -285,7 +262,7 @@ impl Refusal {
                     Window::Day => "day",
                     Window::Week => "week",
                 },
-                crate::fleet::human_duration(resets_in_s.saturating_mul(1000))
+                crate::base::duration::human_duration(resets_in_s.saturating_mul(1000))
             ),
             Refusal::ConcurrencyExceeded { limit, waited_ms } => format!(
                 "This API key already has {limit} requests running; waited {waited_ms} ms for one \
@@ -298,21 +275,6 @@ impl Refusal {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn globs_match_stars_and_single_characters() {
-        assert!(glob_match("gpt-5*", "gpt-5.5"));
-        assert!(glob_match("gpt-5*", "gpt-5"));
-        assert!(!glob_match("gpt-5*", "gpt-4o"));
-        assert!(glob_match("*mini", "gpt-5.5-mini"));
-        assert!(glob_match("gpt-?.5", "gpt-5.5"));
-        assert!(!glob_match("gpt-?.5", "gpt-10.5"));
-        assert!(glob_match("*", ""));
-        assert!(glob_match("a*b*c", "a-x-b-y-c"));
-        assert!(!glob_match("a*b*c", "a-x-c-y-b"));
-        assert!(glob_match("gpt-5.5", "gpt-5.5"));
-        assert!(!glob_match("gpt-5.5", "gpt-5.5-codex"));
-    }
 
     #[test]
     fn a_patch_sets_clears_and_keeps_and_refuses_nonsense() {

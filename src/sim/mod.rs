@@ -55,7 +55,7 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use crate::clock::{self, SharedClock};
+use crate::base::clock::{self, SharedClock};
 
 pub use faults::{Fault, FaultKind};
 pub use login::{

@@ -8,7 +8,7 @@ use super::Sim;
 use super::faults::{Endpoint, FaultKind};
 use super::server::{Outcome, SimRequest, json};
 use super::state::RefreshLookup;
-use crate::urlcode;
+use crate::base::urlcode;
 
 /// Codex CLI's OAuth client id.
 pub const CLIENT_ID: &str = "app_EMoamEEZ73f0CkXaXp7hrann";

@@ -298,7 +298,7 @@ impl Account {
 
     pub fn auth_json(&self, now: u64) -> Value {
         let mut v = auth::auth_json(&self.spec);
-        v["last_refresh"] = json!(crate::clock::rfc3339(now));
+        v["last_refresh"] = json!(crate::base::clock::rfc3339(now));
         v
     }
 

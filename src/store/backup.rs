@@ -232,7 +232,7 @@ impl Store {
         let manifest = Manifest {
             version: env!("CARGO_PKG_VERSION").to_string(),
             schema: SCHEMA_VERSION,
-            created_at: crate::clock::rfc3339(crate::clock::system().now_secs()),
+            created_at: crate::base::clock::rfc3339(crate::base::clock::system().now_secs()),
             store_bytes: bytes.len() as u64,
             store_sha256: hex_sha256(&bytes),
             key_id: self.key_id().to_string(),

@@ -512,7 +512,7 @@ impl Versioned for RequestRow {
             1 => {
                 let v: RequestRowV1 = body(b)?;
                 let started_ms =
-                    crate::clock::parse_rfc3339_ms(&v.started_at).ok_or_else(|| {
+                    crate::base::clock::parse_rfc3339_ms(&v.started_at).ok_or_else(|| {
                         CodecError::Malformed(format!("started_at `{}`", v.started_at))
                     })?;
                 Ok(RequestRow {
@@ -758,7 +758,7 @@ mod tests {
         let r: RequestRow = decode(&hex(v1::REQUEST)).unwrap();
         assert_eq!(
             Some(r.started_ms),
-            crate::clock::parse_rfc3339_ms("2026-11-30T23:47:29.408Z")
+            crate::base::clock::parse_rfc3339_ms("2026-11-30T23:47:29.408Z")
         );
         assert_eq!(
             (r.key_name.as_str(), r.outcome.as_str(), r.status),

@@ -7,10 +7,42 @@ use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::{EnvFilter, Registry, fmt, reload};
 
-use crate::config::LogFormat;
+use serde::{Deserialize, Serialize};
 
 /// The installed filter, which a reload of the config may replace.
 static FILTER: OnceLock<reload::Handle<EnvFilter, Registry>> = OnceLock::new();
+
+/// `[log]`: the level, the format and the access log.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LogConfig {
+    /// `tracing` filter, e.g. `info` or `switchyard=debug,info`; `RUST_LOG` overrides it.
+    pub level: String,
+    /// `auto` (JSON when stderr is not a terminal), `json` or `text`.
+    pub format: LogFormat,
+    /// One line per finished request at `info` (target `switchyard::access`); off, those
+    /// lines are `debug`.
+    pub access: bool,
+}
+
+impl Default for LogConfig {
+    fn default() -> Self {
+        Self {
+            level: "info".into(),
+            format: LogFormat::Auto,
+            access: false,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    #[default]
+    Auto,
+    Json,
+    Text,
+}
 
 /// Installs the global `tracing` subscriber, writing to stderr (never stdout, which belongs to
 /// command output). `RUST_LOG` overrides `level`. JSON when `format` says so, or when `auto` and

@@ -7,11 +7,11 @@ use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use crate::clock::SharedClock;
+use crate::base::clock::SharedClock;
+use crate::base::names::named;
 use crate::fleet::affinity::Decision;
 use crate::fleet::health::Class;
 use crate::fleet::scheduler::{QueueKind, QueueOutcome, SkipReason};
-use crate::names::named;
 use crate::store::Store;
 use crate::store::records::{AttemptRow, QueueRow, RequestRow, SkipRow, UsageRow};
 use crate::store::schema::Table;
@@ -515,7 +515,7 @@ mod tests {
     #[tokio::test]
     async fn records_that_do_not_read_back_are_counted_and_the_rest_load() {
         let store = Store::open_in_memory().unwrap();
-        let clock: SharedClock = std::sync::Arc::new(crate::clock::ManualClock::new(0));
+        let clock: SharedClock = std::sync::Arc::new(crate::base::clock::ManualClock::new(0));
         let log = RequestLog::load(store.clone(), clock.clone());
         log.push(record());
         let mut bad = record();

@@ -83,7 +83,7 @@ pub fn build(records: &[RequestRecord], scope: &Scope, names: &Names) -> Report 
             .map_or_else(|| chatgpt_id.to_string(), |(_, l, _)| l.clone())
     };
     let mut out = Report {
-        generated_at: crate::clock::rfc3339(now_ms / 1000),
+        generated_at: crate::base::clock::rfc3339(now_ms / 1000),
         slow_ms: scope.slow_ms,
         ..Report::default()
     };

@@ -96,7 +96,7 @@ impl ProxyUrl {
             return Err("a proxy URL is scheme://[user:password@]host:port, nothing after".into());
         }
         let decode = |s: &str| {
-            crate::urlcode::decode(s, false)
+            crate::base::urlcode::decode(s, false)
                 .ok_or_else(|| String::from("the proxy's credentials are not valid UTF-8"))
         };
         let credentials = if url.username().is_empty() && url.password().is_none() {
@@ -133,8 +133,8 @@ impl ProxyUrl {
             Some((u, p)) => format!(
                 "{}://{}:{}@{}",
                 self.scheme.name(),
-                crate::urlcode::encode(u),
-                crate::urlcode::encode(p),
+                crate::base::urlcode::encode(u),
+                crate::base::urlcode::encode(p),
                 self.authority()
             ),
             None => format!("{}://{}", self.scheme.name(), self.authority()),
@@ -147,7 +147,7 @@ impl ProxyUrl {
             Some((u, _)) => format!(
                 "{}://{}:***@{}",
                 self.scheme.name(),
-                crate::urlcode::encode(u),
+                crate::base::urlcode::encode(u),
                 self.authority()
             ),
             None => self.as_url(),

@@ -7,7 +7,7 @@ use bytes::Bytes;
 use reqwest::header::HeaderMap;
 use serde_json::Value;
 
-use crate::names::named;
+use crate::base::names::named;
 
 named! {
     /// Where in the exchange a failure happened.

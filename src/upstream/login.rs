@@ -11,7 +11,7 @@ use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
-use crate::urlcode;
+use crate::base::urlcode;
 
 /// Codex's device codes live 15 minutes; polling stops then.
 pub const DEVICE_CODE_LIFETIME: Duration = Duration::from_secs(15 * 60);
@@ -64,7 +64,7 @@ impl LoginTokens {
                 "access_token": self.access_token,
                 "refresh_token": self.refresh_token,
             },
-            "last_refresh": crate::clock::rfc3339(now_secs),
+            "last_refresh": crate::base::clock::rfc3339(now_secs),
         })
     }
 }

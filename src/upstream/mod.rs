@@ -1,6 +1,7 @@
 //! The Codex backend's protocol and transports. Sends what it is given with the identity it is
 //! given and reports typed facts; it never picks accounts and knows nothing of their health.
 
+pub mod config;
 pub mod egress;
 pub mod event;
 pub mod failure;
@@ -19,8 +20,8 @@ use futures_util::StreamExt;
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
 use serde_json::{Value, json};
 
-use crate::config::UpstreamConfig;
-use crate::names::named;
+use self::config::UpstreamConfig;
+use crate::base::names::named;
 
 use self::egress::{EgressError, ProxyUrl, TunnelConnector};
 use self::failure::{Endpoint, Facts, Phase};

@@ -19,8 +19,8 @@ use super::event::Event;
 use super::failure::{Endpoint, Facts, Phase};
 use super::stream::{Item, StreamError};
 use super::{Identity, Upstream};
-use crate::clock::SharedClock;
-use crate::names::named;
+use crate::base::clock::SharedClock;
+use crate::base::names::named;
 
 type Socket = WebSocketStream<MaybeTlsStream<EgressStream>>;
 
@@ -637,7 +637,7 @@ impl WsTurn {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::clock::ManualClock;
+    use crate::base::clock::ManualClock;
 
     #[test]
     fn every_way_a_permit_ends_settles_a_half_open_breaker() {

@@ -9,7 +9,7 @@ use super::super::Sim;
 use super::super::oauth::CLIENT_ID;
 use super::super::server::{Outcome, SimRequest, full, json, set_header};
 use super::{AuthorizeAnswer, REDIRECT_URIS, Redirect};
-use crate::urlcode;
+use crate::base::urlcode;
 
 /// `{"error", "error_description"}`, the OAuth shape.
 fn oauth_error(status: u16, error: &str, description: &str) -> Outcome {

@@ -16,7 +16,7 @@ fn method_not_allowed() -> Outcome {
 
 /// RFC 3339 with `+00:00`, as the real `expires_at` is written.
 fn expires_at(unix_ms: u64) -> String {
-    let t = crate::clock::rfc3339(unix_ms / 1000);
+    let t = crate::base::clock::rfc3339(unix_ms / 1000);
     match t.strip_suffix('Z') {
         Some(base) => format!("{base}+00:00"),
         None => t,

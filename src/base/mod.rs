@@ -1,0 +1,8 @@
+//! What every layer uses and that knows nothing of the rest of the crate: the clock, the
+//! stable names of enums, URL encoding, globs, durations for people, and periodic jobs.
+
+pub mod clock;
+pub mod duration;
+pub mod glob;
+pub(crate) mod names;
+pub(crate) mod urlcode;
