@@ -12,13 +12,13 @@ use std::time::{Duration, Instant};
 use futures_util::StreamExt;
 use serde_json::{Value, json};
 use switchyard::base::clock;
-use switchyard::bootstrap::{self, ShutdownKind};
 use switchyard::config::Config;
+use switchyard::daemon::systemd::Notifier;
+use switchyard::daemon::{self, ShutdownKind};
 use switchyard::fleet::Fleet;
 use switchyard::keys::KeyRing;
 use switchyard::sim::{Sim, SimOptions};
 use switchyard::store::Store;
-use switchyard::systemd::Notifier;
 
 struct Target {
     name: &'static str,
@@ -120,10 +120,10 @@ fn main() {
         config.upstream.usage_url = sim.usage_url();
         config.upstream.oauth_token_url = sim.oauth_token_url();
         config.log.level = "warn".into();
-        let listeners = bootstrap::bind("127.0.0.1:0".parse().expect("addr"), &dir.join("admin.sock")).await.expect("bind");
+        let listeners = daemon::bind("127.0.0.1:0".parse().expect("addr"), &dir.join("admin.sock")).await.expect("bind");
         let gw_addr = listeners.http_addr().expect("addr");
         let (stop, stopped) = tokio::sync::oneshot::channel::<ShutdownKind>();
-        let server = tokio::spawn(bootstrap::run(store, config, clock::system(), listeners, Notifier::default(), async move {
+        let server = tokio::spawn(daemon::run(store, config, clock::system(), listeners, Notifier::default(), async move {
             stopped.await.unwrap_or(ShutdownKind::Fast)
         }));
 

@@ -9,13 +9,13 @@
 use futures_util::{SinkExt, StreamExt};
 use serde_json::json;
 use switchyard::base::clock;
-use switchyard::bootstrap::{self, ShutdownKind};
 use switchyard::config::Config;
+use switchyard::daemon::systemd::Notifier;
+use switchyard::daemon::{self, ShutdownKind};
 use switchyard::fleet::Fleet;
 use switchyard::keys::KeyRing;
 use switchyard::sim::{Sim, SimOptions};
 use switchyard::store::Store;
-use switchyard::systemd::Notifier;
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 
@@ -54,10 +54,10 @@ fn main() {
         config.upstream.oauth_token_url = sim.oauth_token_url();
         config.scheduling.max_concurrency = 1000;
         config.server.ws_max_connections_per_key = n + 10;
-        let listeners = bootstrap::bind("127.0.0.1:0".parse().unwrap(), &dir.join("admin.sock")).await.unwrap();
+        let listeners = daemon::bind("127.0.0.1:0".parse().unwrap(), &dir.join("admin.sock")).await.unwrap();
         let addr = listeners.http_addr().unwrap();
         let (stop, stopped) = tokio::sync::oneshot::channel::<ShutdownKind>();
-        let server = tokio::spawn(bootstrap::run(store, config, clock::system(), listeners, Notifier::default(), async move {
+        let server = tokio::spawn(daemon::run(store, config, clock::system(), listeners, Notifier::default(), async move {
             stopped.await.unwrap_or(ShutdownKind::Fast)
         }));
 

@@ -12,16 +12,16 @@ use switchyard_tui::wire;
 use crate::admin_client::{AdminClient, ClientError, Target};
 use crate::api::view;
 use crate::base::clock::{self, SharedClock};
-use crate::bootstrap::{self, BootError};
 use crate::cli::{
     AccountCommand, Cli, Command, ConfigCommand, KeyCommand, PolicyArgs, Setting, UsageArgs,
 };
 use crate::config::{self, Config, ConfigError};
+use crate::daemon::systemd::Notifier;
+use crate::daemon::{self, BootError};
 use crate::fleet::auth_file::AuthFileError;
 use crate::fleet::{Fleet, FleetError};
 use crate::keys::{KeyError, KeyRing};
 use crate::store::{Store, StoreError};
-use crate::systemd::Notifier;
 use crate::telemetry;
 
 #[derive(Debug, thiserror::Error)]
@@ -129,7 +129,8 @@ fn run_command(cli: Cli) -> Result<(), CommandError> {
         Command::Serve(_) => {
             telemetry::init_logging(&config.log.level, config.log.format);
             // Before the runtime starts its threads: taking it unsets the variables.
-            let activated = crate::systemd::activated_listener().map_err(CommandError::Usage)?;
+            let activated =
+                crate::daemon::systemd::activated_listener().map_err(CommandError::Usage)?;
             runtime()?.block_on(serve(config, source, activated))
         }
         Command::Account(cmd) => {
@@ -193,16 +194,16 @@ async fn serve(
     activated: Option<std::net::TcpListener>,
 ) -> Result<(), CommandError> {
     let dir = state_dir(&config);
-    let shutdown = bootstrap::signals();
+    let shutdown = daemon::signals::stop_on(daemon::signals::STOP);
     let store = match Store::open(&dir) {
         Ok(store) => store,
         Err(StoreError::Locked { path }) => return Err(locked(path, &config).await),
         Err(e) => return Err(e.into()),
     };
     let listeners =
-        bootstrap::bind_with(activated, config.server.listen, &admin_socket(&config)).await?;
+        daemon::bind_with(activated, config.server.listen, &admin_socket(&config)).await?;
     let clock: SharedClock = clock::system();
-    bootstrap::run_with(
+    daemon::run_with(
         store,
         config,
         Some(source),
@@ -260,7 +261,7 @@ async fn sim(args: crate::cli::SimArgs) -> Result<(), CommandError> {
     let stop = tokio_util::sync::CancellationToken::new();
     let on_signal = stop.clone();
     tokio::spawn(async move {
-        bootstrap::signals().await;
+        daemon::signals::stop_on(daemon::signals::STOP).await;
         on_signal.cancel();
     });
     crate::sim::run_standalone(args.listen, opts, args.write_auth, stop)
@@ -651,18 +652,11 @@ impl Backend {
 
 /// Resolves at the first SIGINT, SIGTERM or SIGHUP; the handlers are installed when called.
 fn stop_signals() -> Result<impl std::future::Future<Output = ()>, CommandError> {
-    use tokio::signal::unix::{SignalKind, signal};
-    let handler =
-        |kind| signal(kind).map_err(|e| CommandError::Usage(format!("cannot handle signals: {e}")));
-    let mut int = handler(SignalKind::interrupt())?;
-    let mut term = handler(SignalKind::terminate())?;
-    let mut hup = handler(SignalKind::hangup())?;
+    use crate::daemon::signals::{Signal, listen};
+    let mut signals = listen(&[Signal::Interrupt, Signal::Terminate, Signal::Hangup])
+        .map_err(|e| CommandError::Usage(format!("cannot handle signals: {e}")))?;
     Ok(async move {
-        tokio::select! {
-            _ = int.recv() => {}
-            _ = term.recv() => {}
-            _ = hup.recv() => {}
-        }
+        signals.next().await;
     })
 }
 

@@ -12,8 +12,8 @@
 //!   (a short quota on a healthy account that then recovers, WebSocket closes mid-turn, extra
 //!   bursts) and rolls over 5-hour windows that the traffic has filled, so the console never
 //!   goes quiet;
-//! - the gateway, built by the same functions as `switchyard serve` (`bootstrap::bind`,
-//!   `bootstrap::run`) over a store in the directory, with the simulator's accounts imported,
+//! - the gateway, built by the same functions as `switchyard serve` (`daemon::bind`,
+//!   `daemon::run`) over a store in the directory, with the simulator's accounts imported,
 //!   one client key, and a small `max_concurrency` so that queues form;
 //! - synthetic clients: [`SSE_SESSIONS`] sessions over HTTP/SSE and [`WS_SESSIONS`] over the
 //!   Responses WebSocket (with `previous_response_id` continuations), each a run of
@@ -24,7 +24,7 @@
 //! SOCKET`, `key KEY`, `state DIR`, `log FILE`), and the demo runs until SIGINT, SIGTERM or
 //! SIGHUP. Logs never reach the terminal: they go to `switchyard.log` in the directory.
 //!
-//! Shutdown order: traffic stops, the gateway drains (bootstrap's own order: listeners, grace,
+//! Shutdown order: traffic stops, the gateway drains (the daemon's own order: listeners, grace,
 //! store close, socket file), the simulator stops, the directory is removed.
 
 use std::io::Write;
@@ -44,13 +44,14 @@ use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_util::sync::CancellationToken;
 
 use crate::base::clock::{self, SharedClock};
-use crate::bootstrap::{self, BootError, ShutdownKind};
 use crate::config::Config;
+use crate::daemon::signals::Signal;
+use crate::daemon::systemd::Notifier;
+use crate::daemon::{self, BootError, ShutdownKind};
 use crate::fleet::{Fleet, FleetError};
 use crate::keys::{KeyError, KeyRing};
 use crate::sim::{Fault, FaultKind, Profile, Sim, SimHandle, SimOptions};
 use crate::store::{Store, StoreError};
-use crate::systemd::Notifier;
 
 /// Simulated accounts: the three of [`Profile::Demo`]'s faults and two healthy ones.
 pub const ACCOUNTS: u32 = 5;
@@ -160,7 +161,13 @@ impl Drop for TempDir {
 pub async fn run(opts: DemoOptions) -> Result<(), DemoError> {
     // Installed first, so a signal at any point below is caught rather than killing the
     // process with the directory still there.
-    let mut signals = pin!(signals());
+    // SIGTERM -> graceful; SIGINT, or SIGHUP (the terminal went away, e.g. an SSH session
+    // closed) -> fast. Without the last, a hang-up would kill the demo and leave its directory.
+    let mut signals = pin!(daemon::signals::stop_on(&[
+        Signal::Terminate,
+        Signal::Interrupt,
+        Signal::Hangup
+    ]));
     let dir = TempDir::new("switchyard-demo").map_err(|source| DemoError::TempDir {
         dir: std::env::temp_dir(),
         source,
@@ -214,29 +221,6 @@ pub async fn run(opts: DemoOptions) -> Result<(), DemoError> {
         Why::Console(Err(e)) => Err(DemoError::Console(e)),
         Why::GatewayExited(r) => r.and(Err(DemoError::Gateway("exited".into()))),
         _ => stopped,
-    }
-}
-
-/// SIGTERM -> graceful; SIGINT, or SIGHUP (the terminal went away, e.g. an SSH session
-/// closed) -> fast. Without the last, a hang-up would kill the demo and leave its directory.
-/// The handlers are installed when this is called.
-fn signals() -> impl std::future::Future<Output = ShutdownKind> {
-    use tokio::signal::unix::{SignalKind, signal};
-    let handlers = (
-        signal(SignalKind::terminate()),
-        signal(SignalKind::interrupt()),
-        signal(SignalKind::hangup()),
-    );
-    async move {
-        let (Ok(mut term), Ok(mut int), Ok(mut hup)) = handlers else {
-            tracing::error!("cannot install signal handlers; quit the console to stop");
-            return std::future::pending().await;
-        };
-        tokio::select! {
-            _ = term.recv() => ShutdownKind::Graceful,
-            _ = int.recv() => ShutdownKind::Fast,
-            _ = hup.recv() => ShutdownKind::Fast,
-        }
     }
 }
 
@@ -407,7 +391,7 @@ struct Gateway {
 }
 
 /// Opens the store, imports the simulator's accounts, creates the client key, binds and
-/// spawns `bootstrap::run`.
+/// spawns `daemon::run`.
 async fn start_gateway(dir: &Path, sim: &SimHandle) -> Result<Gateway, DemoError> {
     let state_dir = dir.join("state");
     let socket = dir.join(crate::config::ADMIN_SOCKET_FILE);
@@ -416,7 +400,7 @@ async fn start_gateway(dir: &Path, sim: &SimHandle) -> Result<Gateway, DemoError
     let store = Store::open(&state_dir)?;
     let prepared = async {
         let key = populate(&store, &sim.sim, &clock).await?;
-        let listeners = bootstrap::bind(config.server.listen, &socket).await?;
+        let listeners = daemon::bind(config.server.listen, &socket).await?;
         let addr = listeners
             .http_addr()
             .ok_or_else(|| DemoError::Gateway("the listener has no local address".into()))?;
@@ -431,7 +415,7 @@ async fn start_gateway(dir: &Path, sim: &SimHandle) -> Result<Gateway, DemoError
         }
     };
     let (stop_tx, stop_rx) = oneshot::channel();
-    let gateway = tokio::spawn(bootstrap::run(
+    let gateway = tokio::spawn(daemon::run(
         store,
         config,
         clock,

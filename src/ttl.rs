@@ -16,6 +16,7 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 use crate::base::clock::SharedClock;
+use crate::base::job::{self, Ticker};
 use crate::store::records::{SnapshotRecord, SnapshotRow};
 use crate::store::{Store, StoreError};
 
@@ -314,15 +315,9 @@ where
         V: Send + 'static,
     {
         let map = self.clone();
-        tokio::spawn(async move {
-            let mut tick = tokio::time::interval(every);
-            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            loop {
-                tokio::select! {
-                    _ = shutdown.cancelled() => break,
-                    _ = tick.tick() => { map.sweep(); }
-                }
-            }
+        job::spawn("ttl sweep", Ticker::new(every, shutdown), move || {
+            map.sweep();
+            std::future::ready(())
         })
     }
 }

@@ -15,6 +15,7 @@ use std::time::Duration;
 use switchyard_tui::wire;
 
 use crate::base::clock::SharedClock;
+use crate::base::job::{self, Ticker};
 use crate::keys::policy::Window;
 use crate::store::records::UsageBucketRow;
 use crate::store::schema::Table;
@@ -337,14 +338,9 @@ impl UsageBook {
         stop: tokio_util::sync::CancellationToken,
     ) -> tokio::task::JoinHandle<()> {
         let book = self.clone();
-        tokio::spawn(async move {
-            let mut tick = tokio::time::interval(FLUSH_EVERY);
-            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            loop {
-                tokio::select! {
-                    _ = stop.cancelled() => break,
-                    _ = tick.tick() => {}
-                }
+        job::spawn("usage flush", Ticker::new(FLUSH_EVERY, stop), move || {
+            let book = book.clone();
+            async move {
                 if let Err(e) = book.flush().await {
                     tracing::warn!(error = %e, "cannot write usage; will retry");
                 }

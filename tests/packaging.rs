@@ -80,7 +80,7 @@ fn the_socket_unit_hands_over_the_default_listener_by_name() {
     );
     assert_eq!(
         value("FileDescriptorName").as_deref(),
-        Some(switchyard::systemd::LISTENER_NAME)
+        Some(switchyard::daemon::systemd::LISTENER_NAME)
     );
     let service = std::fs::read_to_string(dir.join("switchyard.service")).unwrap();
     assert!(

@@ -17,10 +17,10 @@ use axum::http::Method;
 use serde_json::Value;
 use switchyard::admin_client::AdminClient;
 use switchyard::base::clock::{ManualClock, SharedClock};
-use switchyard::bootstrap::{self, ShutdownKind};
 use switchyard::config::Config;
+use switchyard::daemon::systemd::Notifier;
+use switchyard::daemon::{self, ShutdownKind};
 use switchyard::store::Store;
-use switchyard::systemd::Notifier;
 
 fn fixture(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -163,7 +163,7 @@ async fn opens_intact(name: &str) {
     // nothing is sent anywhere).
     let clock: SharedClock = Arc::new(ManualClock::new(written_at_ms(&want)));
     let socket = dir.join("admin.sock");
-    let listeners = bootstrap::bind("127.0.0.1:0".parse().unwrap(), &socket)
+    let listeners = daemon::bind("127.0.0.1:0".parse().unwrap(), &socket)
         .await
         .unwrap();
     let http = listeners.http_addr().unwrap();
@@ -172,7 +172,7 @@ async fn opens_intact(name: &str) {
     config.upstream.usage_url = "http://127.0.0.1:9/backend-api/wham/usage".into();
     config.upstream.oauth_token_url = "http://127.0.0.1:9/oauth/token".into();
     let (stop, stopped) = tokio::sync::oneshot::channel();
-    let task = tokio::spawn(bootstrap::run(
+    let task = tokio::spawn(daemon::run(
         Store::open(&dir).unwrap(),
         config,
         clock,

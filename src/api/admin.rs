@@ -149,10 +149,14 @@ async fn reload(
                 .map_err(|_| ApiError::bad_request("invalid_config", "the config is not UTF-8"))?,
         )
     };
-    state
-        .reload(text)
+    let reloader = state
+        .reloader
+        .as_ref()
+        .ok_or_else(|| ApiError::internal("this server reads no configuration"))?;
+    reloader
+        .reload(&state, text)
         .map(Json)
-        .map_err(|e| ApiError::bad_request("invalid_config", e.to_string()))
+        .map_err(|e| ApiError::bad_request("invalid_config", e))
 }
 
 /// Parses a JSON body, answering 400 with the parse position when it is not valid.

@@ -57,14 +57,14 @@ pub struct AppState {
     pub ws_open: tokio_util::task::TaskTracker,
     /// Client connections: open, and closed by the gateway.
     pub edge: Arc<server::EdgeStats>,
-    /// The configuration the daemon started with (what a restart would change is measured
-    /// against it) and the one in force (replaced by a reload).
-    pub started_config: Arc<crate::config::Config>,
-    pub config: std::sync::RwLock<Arc<crate::config::Config>>,
-    /// Where the configuration is read again on a reload (`None`: only a sent one applies).
-    pub config_source: Option<crate::config::Source>,
-    /// Tells systemd about reloads.
-    pub notifier: crate::systemd::Notifier,
+    /// What `POST /api/admin/reload` calls: the daemon's own configuration, read again.
+    pub reloader: Option<Arc<dyn Reloader>>,
+}
+
+/// Reads the daemon's configuration again and applies it (`text`, when given, is the file's
+/// contents as sent by `switchyard reload`); the error is said to the caller in words.
+pub trait Reloader: Send + Sync {
+    fn reload(&self, state: &AppState, text: Option<&str>) -> Result<wire::Reloaded, String>;
 }
 
 impl AppState {
@@ -97,10 +97,7 @@ impl AppState {
             draining: tokio_util::sync::CancellationToken::new(),
             ws_open: tokio_util::task::TaskTracker::new(),
             edge: Arc::default(),
-            started_config: Arc::default(),
-            config: std::sync::RwLock::default(),
-            config_source: None,
-            notifier: crate::systemd::Notifier::default(),
+            reloader: None,
         }
     }
 

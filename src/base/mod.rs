@@ -4,5 +4,6 @@
 pub mod clock;
 pub mod duration;
 pub mod glob;
+pub mod job;
 pub(crate) mod names;
 pub(crate) mod urlcode;

@@ -21,6 +21,7 @@ use reqwest::header::{HeaderName, HeaderValue};
 use serde_json::{Map, Value, json};
 use tokio::sync::mpsc;
 
+use crate::base::job::{self, Ticker};
 use crate::fleet::Fleet;
 use crate::keys::KeyRing;
 use crate::telemetry::metrics::Metrics;
@@ -323,21 +324,17 @@ impl Dispatcher {
     ) -> Vec<tokio::task::JoinHandle<()>> {
         let sockets = {
             let d = self.clone();
-            let stop = stop.clone();
-            tokio::spawn(async move {
-                let mut tick = tokio::time::interval(WS_SWEEP_EVERY);
-                tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-                loop {
-                    tokio::select! {
-                        _ = stop.cancelled() => break,
-                        _ = tick.tick() => {}
-                    }
+            job::spawn(
+                "ws pool sweep",
+                Ticker::new(WS_SWEEP_EVERY, stop.clone()),
+                move || {
                     let dropped = d.ws_pool.sweep(|account| d.fleet.usable(account));
                     if dropped > 0 {
                         tracing::debug!(dropped, "idle upstream WebSockets swept");
                     }
-                }
-            })
+                    std::future::ready(())
+                },
+            )
         };
         vec![self.turn_states.spawn_sweeper(every, stop), sockets]
     }

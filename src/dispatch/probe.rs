@@ -16,6 +16,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use super::Dispatcher;
+use crate::base::job::Ticker;
 use crate::fleet::Origin;
 use crate::fleet::health::{AccountState, Blame, Class};
 use crate::fleet::refresh::TokenError;
@@ -265,14 +266,8 @@ impl Dispatcher {
         let d = self.clone();
         tokio::spawn(async move {
             let mut next: HashMap<String, tokio::time::Instant> = HashMap::new();
-            let mut tick = tokio::time::interval(TICK);
-            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            loop {
-                tokio::select! {
-                    _ = stop.cancelled() => break,
-                    _ = tick.tick() => {}
-                    () = d.prober.notified() => {}
-                }
+            let mut ticker = Ticker::new(TICK, stop);
+            while ticker.tick_or(d.prober.notified()).await {
                 let interval = d.fleet.settings().usage_poll_interval;
                 for a in d.fleet.list() {
                     if !a.enabled || a.state == AccountState::NeedsReauth {

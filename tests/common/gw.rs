@@ -11,13 +11,13 @@ use axum::http::Method;
 use serde_json::{Value, json};
 use switchyard::admin_client::AdminClient;
 use switchyard::base::clock::{self, SharedClock};
-use switchyard::bootstrap::{self, BootError, ShutdownKind};
 use switchyard::config::Config;
+use switchyard::daemon::systemd::Notifier;
+use switchyard::daemon::{self, BootError, ShutdownKind};
 use switchyard::fleet::Fleet;
 use switchyard::keys::KeyRing;
 use switchyard::sim::{Fault, FaultKind, Sim, SimHandle, SimOptions};
 use switchyard::store::Store;
-use switchyard::systemd::Notifier;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
@@ -244,13 +244,13 @@ impl Gw {
     }
 
     async fn launch(&mut self, store: Store) {
-        let listeners = bootstrap::bind("127.0.0.1:0".parse().unwrap(), &self.socket)
+        let listeners = daemon::bind("127.0.0.1:0".parse().unwrap(), &self.socket)
             .await
             .unwrap();
         self.addr = listeners.http_addr().unwrap();
         let (tx, rx) = oneshot::channel();
         let config = self.config();
-        self.task = Some(tokio::spawn(bootstrap::run(
+        self.task = Some(tokio::spawn(daemon::run(
             store,
             config,
             Arc::clone(&self.clock),

@@ -1,34 +1,59 @@
 //! Reloading the configuration while serving (SIGHUP, `switchyard reload`, `ExecReload=`):
-//! the whole file is read again and [`AppState::apply_config`] applies what can change live —
+//! the whole file is read again and [`LiveConfig::apply`] applies what can change live —
 //! scheduling, model aliases, the request limits that do not depend on a key (deadlines and
 //! timeouts of the dispatcher, retention, the shutdown grace), the metrics token and the log
 //! level. Requests in flight keep the values they started with; the next request gets the new
 //! ones. What only a restart changes (listeners, the state directory, the upstream client) is
 //! named in the log and in the answer. A later section of the file joins by one more arm in
-//! `apply_config`.
+//! `LiveConfig::apply`.
 
-use std::sync::Arc;
+use std::sync::{Arc, RwLock};
 
 use switchyard_tui::wire;
 
-use crate::api::AppState;
-use crate::bootstrap::dispatch_config;
-use crate::config::{Config, ConfigError};
+use super::systemd::Notifier;
+use crate::api::{AppState, Reloader};
+use crate::config::{Config, ConfigError, Source};
+use crate::dispatch::DispatchConfig;
 use crate::telemetry::{self, LevelChange};
 
-impl AppState {
-    /// The configuration in force.
-    pub fn current_config(&self) -> Arc<Config> {
-        Arc::clone(&self.config.read().unwrap_or_else(|e| e.into_inner()))
+/// The configuration of a running daemon: the one it started with (what a restart would
+/// change is measured against it), the one in force (replaced by a reload), and where it is
+/// read again.
+#[derive(Debug)]
+pub struct LiveConfig {
+    started: Arc<Config>,
+    current: RwLock<Arc<Config>>,
+    /// `None`: only a sent configuration (or the defaults) applies on a reload.
+    source: Option<Source>,
+    /// Tells systemd about reloads.
+    notifier: Notifier,
+}
+
+impl LiveConfig {
+    pub fn new(config: Config, source: Option<Source>, notifier: Notifier) -> LiveConfig {
+        let config = Arc::new(config);
+        LiveConfig {
+            started: Arc::clone(&config),
+            current: RwLock::new(config),
+            source,
+            notifier,
+        }
     }
 
-    /// Applies a re-read configuration: what can change live at once, what cannot is listed as
-    /// waiting for a restart (measured against the configuration the daemon started with).
-    pub fn apply_config(&self, new: &Config) -> wire::Reloaded {
-        let old = self.current_config();
+    /// The configuration in force.
+    pub fn current(&self) -> Arc<Config> {
+        Arc::clone(&self.current.read().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    /// Applies a re-read configuration to `state`: what can change live at once, what cannot
+    /// is listed as waiting for a restart (measured against the configuration the daemon
+    /// started with).
+    pub fn apply(&self, state: &AppState, new: &Config) -> wire::Reloaded {
+        let old = self.current();
         let mut applied: Vec<&str> = Vec::new();
         if old.scheduling != new.scheduling {
-            let effective = self.fleet.set_base(new.scheduling.clone());
+            let effective = state.fleet.set_base(new.scheduling.clone());
             tracing::info!(
                 strategy = effective.strategy.as_str(),
                 "scheduling settings reloaded"
@@ -39,7 +64,7 @@ impl AppState {
             applied.push("models");
         }
         if old.rules != new.rules {
-            self.fleet.set_rules(new.rules.clone());
+            state.fleet.set_rules(new.rules.clone());
             applied.push("rules");
         }
         let dispatch = dispatch_config(new);
@@ -75,7 +100,7 @@ impl AppState {
                     applied.push(name);
                 }
             }
-            self.dispatcher.set_config(dispatch);
+            state.dispatcher.set_config(dispatch);
         }
         if old.storage.request_retention_days != new.storage.request_retention_days
             || old.storage.usage_retention_days != new.storage.usage_retention_days
@@ -86,7 +111,7 @@ impl AppState {
             applied.push("server.shutdown_grace");
         }
         if old.admin.metrics_token != new.admin.metrics_token {
-            *self
+            *state
                 .metrics_token
                 .write()
                 .unwrap_or_else(|e| e.into_inner()) = new.admin.metrics_token.clone();
@@ -102,8 +127,8 @@ impl AppState {
                 Err(e) => tracing::warn!(error = %e, "[log] level not applied"),
             }
         }
-        let restart_needed = restart_needed(&self.started_config, new);
-        *self.config.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(new.clone());
+        let restart_needed = restart_needed(&self.started, new);
+        *self.current.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(new.clone());
         if !restart_needed.is_empty() {
             tracing::warn!(
                 settings = %restart_needed.join(", "),
@@ -119,17 +144,43 @@ impl AppState {
 
     /// Reads the configuration again (from `text` when given, else from where it came from at
     /// start) and applies it, telling systemd (`RELOADING=1`, then `READY=1`).
-    pub fn reload(&self, text: Option<&str>) -> Result<wire::Reloaded, ConfigError> {
+    pub fn reload(
+        &self,
+        state: &AppState,
+        text: Option<&str>,
+    ) -> Result<wire::Reloaded, ConfigError> {
         self.notifier.notify_or_log("RELOADING=1");
-        let source = self.config_source.clone().unwrap_or_default();
+        let source = self.source.clone().unwrap_or_default();
         let result = source
             .load(text, &crate::config::process_env)
-            .map(|config| self.apply_config(&config));
+            .map(|config| self.apply(state, &config));
         if let Err(e) = &result {
             tracing::error!(error = %e, "configuration not reloaded; the running one stays");
         }
         self.notifier.notify_or_log("READY=1");
         result
+    }
+}
+
+impl Reloader for LiveConfig {
+    fn reload(&self, state: &AppState, text: Option<&str>) -> Result<wire::Reloaded, String> {
+        LiveConfig::reload(self, state, text).map_err(|e| e.to_string())
+    }
+}
+
+/// The dispatcher's tunables from the config.
+pub(super) fn dispatch_config(config: &Config) -> DispatchConfig {
+    DispatchConfig {
+        keepalive_after: config.server.keepalive_after,
+        stream_idle_timeout: config.upstream.stream_idle_timeout,
+        first_output_timeout: Some(config.upstream.first_output_timeout).filter(|d| !d.is_zero()),
+        aliases: config.models.aliases.clone(),
+        request_deadline: config.upstream.request_deadline,
+        client_write_timeout: config.server.client_write_timeout,
+        probe_model: config.upstream.probe_model.clone(),
+        first_output_switches: config.upstream.first_output_switches,
+        access_log: config.log.access,
+        ..DispatchConfig::default()
     }
 }
 
@@ -184,17 +235,17 @@ fn restart_needed(started: &Config, new: &Config) -> Vec<String> {
 }
 
 /// Reloads on every SIGHUP until the task is aborted.
-pub fn on_sighup(state: Arc<AppState>) -> tokio::task::JoinHandle<()> {
-    use tokio::signal::unix::{SignalKind, signal};
-    let hangup = signal(SignalKind::hangup());
+pub fn on_sighup(state: Arc<AppState>, live: Arc<LiveConfig>) -> tokio::task::JoinHandle<()> {
+    let hangup = super::signals::listen(&[super::signals::Signal::Hangup]);
     tokio::spawn(async move {
         let Ok(mut hangup) = hangup else {
             tracing::warn!("cannot listen for SIGHUP; reload with `switchyard reload`");
             return;
         };
-        while hangup.recv().await.is_some() {
+        loop {
+            hangup.next().await;
             tracing::info!("SIGHUP: reading the configuration again");
-            let _ = state.reload(None);
+            let _ = live.reload(&state, None);
         }
     })
 }
