@@ -108,12 +108,12 @@ fn main() {
         store.flush().await.expect("flush");
         // A key with every limit set (too high to refuse), so that each request goes through
         // every admission check and is accounted: the hot path as a limited key meets it.
-        let policy: switchyard_tui::wire::KeyPolicyPatch = serde_json::from_value(json!({
-            "models": ["gpt-*"], "max_concurrency": 100_000, "rpm": 100_000_000,
-            "tokens_per_5h": 1_000_000_000_000u64, "tokens_per_day": 1_000_000_000_000u64,
-            "tokens_per_week": 1_000_000_000_000u64, "expires_at": "2100-01-01T00:00:00Z",
-        }))
-        .expect("policy");
+        let policy = switchyard::keys::policy::PolicyPatch {
+            models: Some(vec!["gpt-*".into()]), max_concurrency: Some(Some(100_000)), rpm: Some(Some(100_000_000)),
+            tokens_per_5h: Some(Some(1_000_000_000_000)), tokens_per_day: Some(Some(1_000_000_000_000)),
+            tokens_per_week: Some(Some(1_000_000_000_000)), expires_at: Some(Some("2100-01-01T00:00:00Z".into())),
+            note: None,
+        };
         let key = KeyRing::load(store.clone(), clock::system()).expect("keys").create("bench", &policy).await.expect("key").key;
         let mut config = Config::default();
         config.upstream.base_url = sim.base_url();

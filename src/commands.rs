@@ -536,9 +536,9 @@ impl Backend {
                 .map_err(|e| ClientError::Decode(e.to_string()))?;
                 Ok(c.call(Method::POST, "/api/admin/keys", Some(body)).await?)
             }
-            Backend::Direct { keys, .. } => {
-                Ok(view::created_key(&keys.create(name, &policy).await?))
-            }
+            Backend::Direct { keys, .. } => Ok(view::created_key(
+                &keys.create(name, &view::policy_patch(policy)).await?,
+            )),
         }
     }
 
@@ -558,7 +558,9 @@ impl Backend {
                 )
                 .await?)
             }
-            Backend::Direct { keys, .. } => Ok(view::key(&keys.update(id, &patch).await?)),
+            Backend::Direct { keys, .. } => Ok(view::key(
+                &keys.update(id, &view::policy_patch(patch)).await?,
+            )),
         }
     }
 
@@ -590,7 +592,7 @@ impl Backend {
                 Ok(store
                     .usage_between(from, to)?
                     .into_iter()
-                    .map(|r| crate::usage::to_wire(r, &names))
+                    .map(|r| view::usage_bucket(r, &names))
                     .collect())
             }
         }

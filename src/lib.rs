@@ -19,4 +19,3 @@ pub mod store;
 pub mod telemetry;
 pub mod ttl;
 pub mod upstream;
-pub mod usage;

@@ -442,7 +442,10 @@ async fn list_keys(State(state): State<Arc<AppState>>) -> Json<Vec<wire::Key>> {
 
 async fn create_key(State(state): State<Arc<AppState>>, body: Bytes) -> Result<Response, ApiError> {
     let req: wire::CreateKey = json_body(&body)?;
-    let created = state.keys.create(&req.name, &req.policy).await?;
+    let created = state
+        .keys
+        .create(&req.name, &view::policy_patch(req.policy))
+        .await?;
     tracing::info!(key = %created.info.id, name = %created.info.name, "client key created");
     Ok((StatusCode::CREATED, Json(view::created_key(&created))).into_response())
 }
@@ -471,7 +474,7 @@ async fn update_key(
     body: Bytes,
 ) -> Result<Json<wire::Key>, ApiError> {
     let patch: wire::KeyPolicyPatch = json_body(&body)?;
-    let k = state.keys.update(&id, &patch).await?;
+    let k = state.keys.update(&id, &view::policy_patch(patch)).await?;
     tracing::info!(key = %k.id, name = %k.name, "client key policy changed");
     Ok(Json(view::key(&k)))
 }
@@ -493,7 +496,7 @@ async fn usage(
     let names = state.keys.names();
     Ok(Json(
         rows.into_iter()
-            .map(|r| crate::usage::to_wire(r, &names))
+            .map(|r| view::usage_bucket(r, &names))
             .collect(),
     ))
 }

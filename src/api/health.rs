@@ -57,11 +57,11 @@ mod tests {
     use crate::dispatch::{DispatchConfig, Dispatcher};
     use crate::fleet::Fleet;
     use crate::keys::KeyRing;
+    use crate::keys::usage::UsageBook;
     use crate::store::Store;
     use crate::telemetry::records::RequestLog;
     use crate::upstream::Upstream;
     use crate::upstream::config::UpstreamConfig;
-    use crate::usage::UsageBook;
 
     fn state() -> Arc<AppState> {
         crate::upstream::install_crypto_provider();

@@ -205,7 +205,7 @@ impl AppState {
     /// Per-key counters since start (label `key` = the key's name) and the usage writer's
     /// backlog, in the text format.
     pub fn render_key_metrics(&self, out: &mut String) {
-        use crate::usage::Counters;
+        use crate::keys::usage::Counters;
         use std::fmt::Write;
         let names = self.keys.names();
         let name =

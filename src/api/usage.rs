@@ -11,7 +11,7 @@ use serde_json::{Value, json};
 
 use super::AppState;
 use super::responses::authenticate;
-use crate::usage::{BudgetState, Counters};
+use crate::keys::usage::{BudgetState, Counters};
 
 fn totals(c: &Counters) -> Value {
     json!({

@@ -3,7 +3,7 @@
 //! display — here, and nowhere else. The CLI prints what it gets from here (directly, or from
 //! the daemon's API), so both paths look the same.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
 use switchyard_tui::wire;
 
@@ -11,8 +11,8 @@ use crate::base::clock;
 use crate::fleet::health::AccountState;
 use crate::fleet::{AccountView, Imported};
 use crate::keys::CreatedKey;
-use crate::keys::policy::Policy;
-use crate::store::records::ClientKeyRecord;
+use crate::keys::policy::{Policy, PolicyPatch};
+use crate::store::records::{ClientKeyRecord, UsageBucketRow};
 use crate::telemetry::records::RequestRecord;
 use crate::telemetry::windows::Window;
 
@@ -125,7 +125,55 @@ pub fn key(k: &ClientKeyRecord) -> wire::Key {
         enabled: k.enabled,
         created_at: clock::rfc3339(k.created_at),
         revoked_at: k.revoked_at.map(clock::rfc3339),
-        policy: Policy::from_row(&k.policy).to_wire(),
+        policy: key_policy(&Policy::from_row(&k.policy)),
+    }
+}
+
+pub fn key_policy(p: &Policy) -> wire::KeyPolicy {
+    wire::KeyPolicy {
+        models: p.models.clone(),
+        max_concurrency: p.max_concurrency,
+        rpm: p.rpm,
+        tokens_per_5h: p.tokens_per_5h,
+        tokens_per_day: p.tokens_per_day,
+        tokens_per_week: p.tokens_per_week,
+        expires_at: p.expires_at.map(clock::rfc3339),
+        note: p.note.clone(),
+    }
+}
+
+/// A policy change as the admin API sends it, as the key ring takes it.
+pub fn policy_patch(p: wire::KeyPolicyPatch) -> PolicyPatch {
+    PolicyPatch {
+        models: p.models,
+        max_concurrency: p.max_concurrency,
+        rpm: p.rpm,
+        tokens_per_5h: p.tokens_per_5h,
+        tokens_per_day: p.tokens_per_day,
+        tokens_per_week: p.tokens_per_week,
+        expires_at: p.expires_at,
+        note: p.note,
+    }
+}
+
+/// The admin API's shape of a bucket; `names` maps key ids to names.
+pub fn usage_bucket(r: UsageBucketRow, names: &HashMap<String, String>) -> wire::UsageBucket {
+    wire::UsageBucket {
+        key: names
+            .get(&r.key_id)
+            .cloned()
+            .unwrap_or_else(|| r.key_id.clone()),
+        hour: r.hour,
+        key_id: r.key_id,
+        model: r.model,
+        account: r.account,
+        requests: r.requests,
+        errors: r.errors,
+        input_tokens: r.input_tokens,
+        cached_tokens: r.cached_tokens,
+        output_tokens: r.output_tokens,
+        reasoning_tokens: r.reasoning_tokens,
+        duration_ms: r.duration_ms,
     }
 }
 
@@ -136,7 +184,7 @@ pub fn exported((a, auth): &(AccountView, serde_json::Value)) -> wire::ExportedA
     }
 }
 
-pub fn budget(b: &crate::usage::BudgetState) -> wire::Budget {
+pub fn budget(b: &crate::keys::usage::BudgetState) -> wire::Budget {
     wire::Budget {
         window: b.window.as_str().into(),
         limit: b.limit,

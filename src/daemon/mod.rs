@@ -29,10 +29,10 @@ use crate::config::{Config, Source};
 use crate::dispatch::Dispatcher;
 use crate::fleet::Fleet;
 use crate::keys::KeyRing;
+use crate::keys::usage::UsageBook;
 use crate::store::{Store, StoreError};
 use crate::telemetry::records::RequestLog;
 use crate::upstream::Upstream;
-use crate::usage::UsageBook;
 
 pub use self::listen::{Listeners, bind, bind_with};
 use self::reload::{LiveConfig, dispatch_config};

@@ -24,12 +24,12 @@ use tokio::sync::mpsc;
 use crate::base::job::{self, Ticker};
 use crate::fleet::Fleet;
 use crate::keys::KeyRing;
+use crate::keys::usage::UsageBook;
 use crate::telemetry::metrics::Metrics;
 use crate::telemetry::records::{RequestLog, TerminalSource};
 use crate::ttl::{TtlConfig, TtlMap};
 use crate::upstream::Upstream;
 use crate::upstream::event::Event;
-use crate::usage::UsageBook;
 
 /// How often idle upstream WebSockets are looked at.
 const WS_SWEEP_EVERY: Duration = Duration::from_secs(15);

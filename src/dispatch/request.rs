@@ -18,9 +18,9 @@ use crate::fleet::scheduler::{QueueOutcome, Wait};
 use crate::fleet::{Lease, Plan, SkipReason};
 use crate::keys::Denied;
 use crate::keys::policy::Refusal;
+use crate::keys::usage::Counters;
 use crate::telemetry::records::{Outcome, QueueRecord, RequestLog, RequestRecord, TerminalSource};
 use crate::upstream::Transport;
-use crate::usage::Counters;
 
 /// Where a request's walk over its candidates stands.
 struct Walk {

@@ -5,6 +5,7 @@
 
 pub mod gate;
 pub mod policy;
+pub mod usage;
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -12,14 +13,13 @@ use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::Duration;
 
 use sha2::{Digest, Sha256};
-use switchyard_tui::wire;
 
 use self::gate::{Gates, KeyNow, KeyPermit, NoSlot};
-use self::policy::{Policy, Refusal};
+use self::policy::{Policy, PolicyPatch, Refusal};
+use self::usage::UsageBook;
 use crate::base::clock::SharedClock;
 use crate::store::records::ClientKeyRecord;
 use crate::store::{Store, StoreError};
-use crate::usage::UsageBook;
 
 pub const KEY_PREFIX: &str = "sk-sy-";
 const KEY_RANDOM_LEN: usize = 32;
@@ -186,11 +186,7 @@ impl KeyRing {
 
     /// Creates a key with a policy; the returned value carries the key itself, the only time
     /// it is known.
-    pub async fn create(
-        &self,
-        name: &str,
-        policy: &wire::KeyPolicyPatch,
-    ) -> Result<CreatedKey, KeyError> {
+    pub async fn create(&self, name: &str, policy: &PolicyPatch) -> Result<CreatedKey, KeyError> {
         let name = name.trim();
         if name.is_empty() || name.len() > MAX_NAME_LEN || name.chars().any(char::is_control) {
             return Err(KeyError::BadName(format!(
@@ -244,7 +240,7 @@ impl KeyRing {
     pub async fn update(
         &self,
         id_or_name: &str,
-        patch: &wire::KeyPolicyPatch,
+        patch: &PolicyPatch,
     ) -> Result<ClientKeyRecord, KeyError> {
         let id = self.resolve(id_or_name)?.id;
         // Checked and stored under no lock; the in-memory change is made from what was stored.
@@ -433,8 +429,8 @@ mod tests {
     use super::*;
     use crate::base::clock::ManualClock;
 
-    fn none() -> wire::KeyPolicyPatch {
-        wire::KeyPolicyPatch::default()
+    fn none() -> PolicyPatch {
+        PolicyPatch::default()
     }
 
     fn ring() -> KeyRing {

@@ -3,8 +3,6 @@
 //! before scheduling (`KeyRing::admit`), so a refused request touches no account and waits in
 //! no account's queue.
 
-use switchyard_tui::wire;
-
 use crate::base::glob::glob_match;
 use crate::base::names::named;
 use crate::store::records::KeyPolicyRow;
@@ -91,7 +89,7 @@ impl Policy {
     }
 
     /// The policy with `patch` applied; a value that makes no sense is an error naming it.
-    pub fn patched(&self, patch: &wire::KeyPolicyPatch) -> Result<Policy, String> {
+    pub fn patched(&self, patch: &PolicyPatch) -> Result<Policy, String> {
         fn positive<T: PartialOrd + Default + Copy + std::fmt::Display>(
             name: &str,
             v: Option<Option<T>>,
@@ -149,19 +147,27 @@ impl Policy {
         }
         Ok(p)
     }
+}
 
-    /// The admin API's shape.
-    pub fn to_wire(&self) -> wire::KeyPolicy {
-        wire::KeyPolicy {
-            models: self.models.clone(),
-            max_concurrency: self.max_concurrency,
-            rpm: self.rpm,
-            tokens_per_5h: self.tokens_per_5h,
-            tokens_per_day: self.tokens_per_day,
-            tokens_per_week: self.tokens_per_week,
-            expires_at: self.expires_at.map(crate::base::clock::rfc3339),
-            note: self.note.clone(),
-        }
+/// A change to a policy: for each field, `None` keeps it, `Some(None)` removes the limit and
+/// `Some(Some(v))` sets it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PolicyPatch {
+    pub models: Option<Vec<String>>,
+    pub max_concurrency: Option<Option<u32>>,
+    pub rpm: Option<Option<u32>>,
+    pub tokens_per_5h: Option<Option<u64>>,
+    pub tokens_per_day: Option<Option<u64>>,
+    pub tokens_per_week: Option<Option<u64>>,
+    /// RFC 3339, as given (checked when applied).
+    pub expires_at: Option<Option<String>>,
+    pub note: Option<Option<String>>,
+}
+
+impl PolicyPatch {
+    /// Whether it changes nothing.
+    pub fn is_empty(&self) -> bool {
+        *self == PolicyPatch::default()
     }
 }
 
@@ -283,12 +289,12 @@ mod tests {
             note: Some("ci".into()),
             ..Policy::default()
         };
-        let patch = wire::KeyPolicyPatch {
+        let patch = PolicyPatch {
             models: Some(vec!["gpt-5*".into(), " ".into()]),
             tokens_per_day: Some(Some(1000)),
             rpm: Some(None),
             expires_at: Some(Some("2027-01-31T00:00:00Z".into())),
-            ..wire::KeyPolicyPatch::default()
+            ..PolicyPatch::default()
         };
         let q = p.patched(&patch).unwrap();
         assert_eq!(q.models, vec!["gpt-5*".to_string()]);
@@ -296,26 +302,15 @@ mod tests {
         assert_eq!(q.note.as_deref(), Some("ci"));
         assert_eq!(q.expires_at, Some(1_801_353_600));
         assert_eq!(q.budgets().collect::<Vec<_>>(), vec![(Window::Day, 1000)]);
-        let zero = wire::KeyPolicyPatch {
+        let zero = PolicyPatch {
             max_concurrency: Some(Some(0)),
-            ..wire::KeyPolicyPatch::default()
+            ..PolicyPatch::default()
         };
         assert!(p.patched(&zero).unwrap_err().contains("max_concurrency"));
-        let bad_time = wire::KeyPolicyPatch {
+        let bad_time = PolicyPatch {
             expires_at: Some(Some("tomorrow".into())),
-            ..wire::KeyPolicyPatch::default()
+            ..PolicyPatch::default()
         };
         assert!(p.patched(&bad_time).unwrap_err().contains("RFC 3339"));
-    }
-
-    #[test]
-    fn a_patch_reads_null_as_clear_and_absence_as_keep() {
-        let patch: wire::KeyPolicyPatch =
-            serde_json::from_str(r#"{"rpm": null, "tokens_per_5h": 5}"#).unwrap();
-        assert_eq!(patch.rpm, Some(None));
-        assert_eq!(patch.tokens_per_5h, Some(Some(5)));
-        assert_eq!(patch.max_concurrency, None);
-        let back = serde_json::to_value(&patch).unwrap();
-        assert_eq!(back, serde_json::json!({"rpm": null, "tokens_per_5h": 5}));
     }
 }

@@ -541,3 +541,19 @@ pub struct Feed {
     #[serde(default)]
     pub keys: Vec<KeyLive>,
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_patch_reads_null_as_clear_and_absence_as_keep() {
+        let patch: KeyPolicyPatch =
+            serde_json::from_str(r#"{"rpm": null, "tokens_per_5h": 5}"#).unwrap();
+        assert_eq!(patch.rpm, Some(None));
+        assert_eq!(patch.tokens_per_5h, Some(Some(5)));
+        assert_eq!(patch.max_concurrency, None);
+        let back = serde_json::to_value(&patch).unwrap();
+        assert_eq!(back, serde_json::json!({"rpm": null, "tokens_per_5h": 5}));
+    }
+}

@@ -12,8 +12,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use switchyard_tui::wire;
-
 use crate::base::clock::SharedClock;
 use crate::base::job::{self, Ticker};
 use crate::keys::policy::Window;
@@ -396,27 +394,6 @@ impl Drop for Pending<'_> {
         if !self.written {
             self.book.lock().dirty.extend(self.keys.drain(..));
         }
-    }
-}
-
-/// The admin API's shape of a bucket; `names` maps key ids to names.
-pub fn to_wire(r: UsageBucketRow, names: &HashMap<String, String>) -> wire::UsageBucket {
-    wire::UsageBucket {
-        key: names
-            .get(&r.key_id)
-            .cloned()
-            .unwrap_or_else(|| r.key_id.clone()),
-        hour: r.hour,
-        key_id: r.key_id,
-        model: r.model,
-        account: r.account,
-        requests: r.requests,
-        errors: r.errors,
-        input_tokens: r.input_tokens,
-        cached_tokens: r.cached_tokens,
-        output_tokens: r.output_tokens,
-        reasoning_tokens: r.reasoning_tokens,
-        duration_ms: r.duration_ms,
     }
 }
 
