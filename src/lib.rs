@@ -3,15 +3,11 @@
 
 pub mod admin_client;
 pub mod api;
-pub mod backup;
 pub mod base;
 pub mod cli;
-pub mod commands;
 pub mod config;
 pub mod daemon;
-pub mod demo;
 pub mod dispatch;
-pub mod doctor;
 pub mod fleet;
 pub mod keys;
 pub mod sim;

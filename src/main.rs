@@ -4,7 +4,7 @@ use clap::Parser;
 
 fn main() -> ExitCode {
     let cli = switchyard::cli::Cli::parse();
-    match switchyard::commands::run(cli) {
+    match switchyard::cli::run(cli) {
         Ok(code) => ExitCode::from(code),
         Err(e) => {
             eprintln!("error: {e}");

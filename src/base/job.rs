@@ -24,9 +24,9 @@ impl Ticker {
         Ticker { interval, stop }
     }
 
-    /// The same, with the first tick one period from now.
-    pub fn after_a_period(period: Duration, stop: CancellationToken) -> Ticker {
-        let mut interval = tokio::time::interval_at(Instant::now() + period, period);
+    /// The same, with the first tick `delay` from now.
+    pub fn first_after(delay: Duration, period: Duration, stop: CancellationToken) -> Ticker {
+        let mut interval = tokio::time::interval_at(Instant::now() + delay, period);
         interval.set_missed_tick_behavior(MissedTickBehavior::Delay);
         Ticker { interval, stop }
     }
@@ -117,7 +117,11 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_delayed_first_tick_waits_a_period_and_a_pause_restarts_it() {
         let stop = CancellationToken::new();
-        let mut t = Ticker::after_a_period(Duration::from_secs(60), stop.clone());
+        let mut t = Ticker::first_after(
+            Duration::from_secs(60),
+            Duration::from_secs(60),
+            stop.clone(),
+        );
         let start = Instant::now();
         assert!(t.tick().await);
         assert_eq!(start.elapsed(), Duration::from_secs(60));

@@ -62,7 +62,11 @@ pub fn spawn_all(
         let (fleet, store) = (state.fleet.clone(), state.store.clone());
         job::spawn(
             "affinity snapshot",
-            Ticker::after_a_period(AFFINITY_SNAPSHOT_EVERY, stop.clone()),
+            Ticker::first_after(
+                AFFINITY_SNAPSHOT_EVERY,
+                AFFINITY_SNAPSHOT_EVERY,
+                stop.clone(),
+            ),
             move || {
                 let (fleet, store) = (fleet.clone(), store.clone());
                 async move {

@@ -27,13 +27,15 @@
 //! faults and answers of `/backend-api/*`; `decide` is a turn for both transports), `ws` (the
 //! WebSocket handshake and connections), `responses` (event generation), `catalog`
 //! (models, usage, rate-limit headers), `oauth` (the token endpoint), `login` (device code,
-//! authorize, code exchange, and their controls), `faults`, `profile`, `control` (`/sim/*`).
+//! authorize, code exchange, and their controls), `faults`, `profile`, `control` (`/sim/*`); and for the demo, `traffic` (synthetic clients)
+//! and `injector` (faults that keep coming).
 
 pub mod auth;
 mod backend;
 mod catalog;
 mod control;
 mod faults;
+pub mod injector;
 mod login;
 mod oauth;
 mod profile;
@@ -41,6 +43,7 @@ mod responses;
 mod runner;
 mod server;
 mod state;
+pub mod traffic;
 mod ws;
 
 use std::collections::BTreeMap;

@@ -3,7 +3,7 @@
 //!
 //! `state/` is the domain model the feed fills; `ui/` draws it, one file per pane; `app` holds
 //! what is selected and open and runs the event loop; `conn` keeps the feed connected; `term`
-//! owns the terminal; `usage` turns usage buckets into the reports `switchyard usage` prints.
+//! owns the terminal.
 
 pub mod admin;
 pub mod app;
@@ -13,7 +13,6 @@ pub mod report;
 pub mod state;
 pub mod term;
 pub mod ui;
-pub mod usage;
 pub mod wire;
 
 pub use app::Error;

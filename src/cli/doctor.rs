@@ -10,9 +10,9 @@ use axum::http::Method;
 use serde::Serialize;
 use switchyard_tui::wire;
 
+use super::args::DoctorArgs;
 use crate::admin_client::AdminClient;
 use crate::api::view;
-use crate::cli::DoctorArgs;
 use crate::config::{Config, ConfigError};
 use crate::fleet::Fleet;
 use crate::store::secrets::KEY_FILE;
@@ -116,7 +116,7 @@ fn print(r: &Report, json: bool) {
             .collect();
     print!(
         "{}",
-        crate::commands::table(&["STATUS", "CHECK", "FINDING", "REMEDY"], rows)
+        super::table::table(&["STATUS", "CHECK", "FINDING", "REMEDY"], rows)
     );
     let count = |l: Level| r.0.iter().filter(|f| f.level == l).count();
     println!(
@@ -540,7 +540,7 @@ fn exposure(config: &Config, r: &mut Report) {
 }
 
 /// The unit this release ships, to compare an installed one with.
-const PACKAGED_UNIT: &str = include_str!("../packaging/systemd/switchyard.service");
+const PACKAGED_UNIT: &str = include_str!("../../packaging/systemd/switchyard.service");
 
 /// The unit's directives without comments, with the binary's path taken out of the command
 /// lines (an installation may put it anywhere).

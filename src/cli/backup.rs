@@ -10,9 +10,9 @@ use std::path::{Path, PathBuf};
 
 use axum::http::Method;
 
+use super::args::{BackupArgs, RestoreArgs};
+use super::{CommandError, admin_socket, state_dir};
 use crate::admin_client::AdminClient;
-use crate::cli::{BackupArgs, RestoreArgs};
-use crate::commands::{CommandError, admin_socket, state_dir};
 use crate::config::Config;
 use crate::store::backup::{self, Manifest};
 use crate::store::schema::SCHEMA_VERSION;

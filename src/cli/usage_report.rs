@@ -13,8 +13,7 @@ use std::collections::BTreeMap;
 
 use serde::ser::{SerializeMap, Serializer};
 use serde::{Deserialize, Serialize};
-
-use crate::wire::UsageBucket;
+use switchyard_tui::wire::UsageBucket;
 
 /// One dimension a report groups by.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]

@@ -1,0 +1,372 @@
+//! Where a management command does its work: through a running daemon's admin API (so it
+//! sees the change at once), or, when none answers, on the store directly. Both return the
+//! same wire shapes, so what is printed does not depend on the path taken.
+
+use std::sync::Arc;
+
+use axum::http::Method;
+use switchyard_tui::wire;
+
+use super::CommandError;
+use super::{admin_socket, state_dir};
+use crate::admin_client::{AdminClient, ClientError};
+use crate::api::view;
+use crate::base::clock;
+use crate::config::Config;
+use crate::fleet::{Fleet, FleetError};
+use crate::keys::KeyRing;
+use crate::store::{Store, StoreError};
+
+/// What a management command does to the store when no daemon answers: only read it (the file
+/// is opened read-only and never rewritten), or change it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Access {
+    Read,
+    Write,
+}
+
+/// Where management commands send their work.
+pub(super) enum Backend {
+    Daemon(AdminClient),
+    Direct {
+        store: Store,
+        fleet: Fleet,
+        keys: KeyRing,
+    },
+}
+
+impl Backend {
+    pub(super) async fn connect(config: &Config, access: Access) -> Result<Backend, CommandError> {
+        let socket = admin_socket(config);
+        if let Ok(client) = AdminClient::connect(&socket).await {
+            return Ok(Backend::Daemon(client));
+        }
+        let dir = state_dir(config);
+        let opened = match access {
+            Access::Read => Store::open_read_only(&dir),
+            Access::Write => Store::open(&dir),
+        };
+        let store = opened.map_err(|e| match e {
+            StoreError::Locked { path } => CommandError::LockedWithoutDaemon { path, socket },
+            other => other.into(),
+        })?;
+        let clock = clock::system();
+        let fleet = Fleet::load(store.clone(), Arc::clone(&clock))?;
+        let keys = KeyRing::load(store.clone(), clock)?;
+        Ok(Backend::Direct { store, fleet, keys })
+    }
+
+    pub(super) async fn close(self) -> Result<(), CommandError> {
+        if let Backend::Direct { store, .. } = self {
+            store.close().await?;
+        }
+        Ok(())
+    }
+
+    pub(super) async fn list_accounts(&self) -> Result<Vec<wire::Account>, CommandError> {
+        match self {
+            Backend::Daemon(c) => Ok(c.call(Method::GET, "/api/admin/accounts", None).await?),
+            Backend::Direct { fleet, store, .. } => {
+                // The error rates a daemon would show, from the stored records.
+                let now = clock::system().now_ms();
+                let from =
+                    now.saturating_sub(60 * 60_000 + crate::telemetry::report::LONGEST_REQUEST_MS);
+                let records: Vec<crate::telemetry::records::RequestRecord> = store
+                    .requests_since(from)?
+                    .into_iter()
+                    .filter_map(|(k, row)| {
+                        crate::telemetry::records::RequestRecord::from_row(k, row).ok()
+                    })
+                    .collect();
+                let windows = crate::telemetry::windows::of_records(&records, now);
+                Ok(view::accounts_with_rates(&fleet.list(), &windows))
+            }
+        }
+    }
+
+    /// One account by its id, chatgpt_account_id, email or label.
+    pub(super) async fn get_account(&self, selector: &str) -> Result<wire::Account, CommandError> {
+        match self {
+            Backend::Daemon(c) => Ok(c
+                .call(
+                    Method::GET,
+                    &format!(
+                        "/api/admin/accounts/{}",
+                        crate::base::urlcode::encode(selector)
+                    ),
+                    None,
+                )
+                .await?),
+            Backend::Direct { fleet, .. } => {
+                let id = fleet.resolve(selector)?;
+                Ok(view::account(
+                    &fleet.get(&id).ok_or(FleetError::NotFound(id))?,
+                ))
+            }
+        }
+    }
+
+    pub(super) async fn import_account(
+        &self,
+        raw: &[u8],
+    ) -> Result<wire::ImportedAccount, CommandError> {
+        match self {
+            Backend::Daemon(c) => Ok(c
+                .call(Method::POST, "/api/admin/accounts", Some(raw.to_vec()))
+                .await?),
+            Backend::Direct { fleet, .. } => {
+                Ok(view::imported(&fleet.import(fleet.parse_auth(raw)?).await?))
+            }
+        }
+    }
+
+    pub(super) async fn set_enabled(
+        &self,
+        id: &str,
+        enabled: bool,
+    ) -> Result<wire::Account, CommandError> {
+        match self {
+            Backend::Daemon(c) => {
+                let verb = if enabled { "enable" } else { "disable" };
+                Ok(c.call(
+                    Method::POST,
+                    &format!(
+                        "/api/admin/accounts/{}/{verb}",
+                        crate::base::urlcode::encode(id)
+                    ),
+                    None,
+                )
+                .await?)
+            }
+            Backend::Direct { fleet, .. } => {
+                Ok(view::account(&fleet.set_enabled(id, enabled).await?))
+            }
+        }
+    }
+
+    pub(super) async fn remove_account(&self, id: &str) -> Result<wire::Account, CommandError> {
+        match self {
+            Backend::Daemon(c) => Ok(c
+                .call(
+                    Method::DELETE,
+                    &format!("/api/admin/accounts/{}", crate::base::urlcode::encode(id)),
+                    None,
+                )
+                .await?),
+            Backend::Direct { fleet, .. } => Ok(view::account(&fleet.remove(id).await?)),
+        }
+    }
+
+    pub(super) async fn set_account(
+        &self,
+        id: &str,
+        change: crate::fleet::settings::AccountChange,
+    ) -> Result<wire::Account, CommandError> {
+        match self {
+            Backend::Daemon(c) => {
+                let mut body = serde_json::Map::new();
+                if let Some(l) = &change.label {
+                    body.insert("label".into(), l.clone().into());
+                }
+                if let Some(p) = change.priority {
+                    body.insert("priority".into(), p.into());
+                }
+                if let Some(m) = change.max_concurrency {
+                    body.insert("max_concurrency".into(), serde_json::json!(m));
+                }
+                if let Some(p) = &change.proxy {
+                    body.insert("proxy".into(), serde_json::json!(p));
+                }
+                Ok(c.call(
+                    Method::PUT,
+                    &format!("/api/admin/accounts/{}", crate::base::urlcode::encode(id)),
+                    Some(serde_json::Value::Object(body).to_string().into_bytes()),
+                )
+                .await?)
+            }
+            Backend::Direct { fleet, .. } => {
+                Ok(view::account(&fleet.set_account(id, change).await?))
+            }
+        }
+    }
+
+    /// Refreshes an account's tokens now (through the daemon, or with an upstream client made
+    /// from the config).
+    pub(super) async fn refresh_account(
+        &self,
+        config: &Config,
+        id: &str,
+    ) -> Result<wire::Account, CommandError> {
+        match self {
+            Backend::Daemon(c) => Ok(c
+                .call(
+                    Method::POST,
+                    &format!(
+                        "/api/admin/accounts/{}/refresh",
+                        crate::base::urlcode::encode(id)
+                    ),
+                    None,
+                )
+                .await?),
+            Backend::Direct { fleet, .. } => {
+                crate::upstream::install_crypto_provider();
+                let upstream = crate::upstream::Upstream::new(&config.upstream)
+                    .map_err(CommandError::Usage)?;
+                Ok(view::account(&fleet.refresh_account(id, &upstream).await?))
+            }
+        }
+    }
+
+    pub(super) async fn export_account(
+        &self,
+        id: &str,
+        keep: bool,
+    ) -> Result<wire::ExportedAccount, CommandError> {
+        match self {
+            Backend::Daemon(c) => Ok(c
+                .call(
+                    Method::POST,
+                    &format!(
+                        "/api/admin/accounts/{}/export?keep={keep}",
+                        crate::base::urlcode::encode(id)
+                    ),
+                    None,
+                )
+                .await?),
+            Backend::Direct { fleet, .. } => Ok(view::exported(&fleet.export(id, keep).await?)),
+        }
+    }
+
+    pub(super) async fn create_key(
+        &self,
+        name: &str,
+        policy: wire::KeyPolicyPatch,
+    ) -> Result<wire::CreatedKey, CommandError> {
+        match self {
+            Backend::Daemon(c) => {
+                let body = serde_json::to_vec(&wire::CreateKey {
+                    name: name.to_string(),
+                    policy,
+                })
+                .map_err(|e| ClientError::Decode(e.to_string()))?;
+                Ok(c.call(Method::POST, "/api/admin/keys", Some(body)).await?)
+            }
+            Backend::Direct { keys, .. } => Ok(view::created_key(
+                &keys.create(name, &view::policy_patch(policy)).await?,
+            )),
+        }
+    }
+
+    pub(super) async fn update_key(
+        &self,
+        id: &str,
+        patch: wire::KeyPolicyPatch,
+    ) -> Result<wire::Key, CommandError> {
+        match self {
+            Backend::Daemon(c) => {
+                let body =
+                    serde_json::to_vec(&patch).map_err(|e| ClientError::Decode(e.to_string()))?;
+                Ok(c.call(
+                    Method::PATCH,
+                    &format!("/api/admin/keys/{}", crate::base::urlcode::encode(id)),
+                    Some(body),
+                )
+                .await?)
+            }
+            Backend::Direct { keys, .. } => Ok(view::key(
+                &keys.update(id, &view::policy_patch(patch)).await?,
+            )),
+        }
+    }
+
+    pub(super) async fn show_key(&self, id: &str) -> Result<wire::Key, CommandError> {
+        match self {
+            Backend::Daemon(c) => Ok(c
+                .call(
+                    Method::GET,
+                    &format!("/api/admin/keys/{}", crate::base::urlcode::encode(id)),
+                    None,
+                )
+                .await?),
+            Backend::Direct { keys, .. } => Ok(view::key(&keys.resolve(id)?)),
+        }
+    }
+
+    /// The usage buckets of the hours starting in `[from, to)` (unix seconds).
+    pub(super) async fn usage(
+        &self,
+        from: u64,
+        to: u64,
+    ) -> Result<Vec<wire::UsageBucket>, CommandError> {
+        match self {
+            Backend::Daemon(c) => Ok(c
+                .call(
+                    Method::GET,
+                    &format!("/api/admin/usage?from={from}&to={to}"),
+                    None,
+                )
+                .await?),
+            Backend::Direct { store, keys, .. } => {
+                let names = keys.names();
+                Ok(store
+                    .usage_between(from, to)?
+                    .into_iter()
+                    .map(|r| view::usage_bucket(r, &names))
+                    .collect())
+            }
+        }
+    }
+
+    pub(super) async fn report(
+        &self,
+        windows: Vec<u64>,
+        slow_ms: u64,
+    ) -> Result<switchyard_tui::report::Report, CommandError> {
+        match self {
+            Backend::Daemon(c) => {
+                let mut q: Vec<String> = windows.iter().map(|w| format!("window={w}")).collect();
+                q.push(format!("slow_ms={slow_ms}"));
+                Ok(c.call(
+                    Method::GET,
+                    &format!("/api/admin/report?{}", q.join("&")),
+                    None,
+                )
+                .await?)
+            }
+            Backend::Direct { store, fleet, .. } => {
+                let names = crate::telemetry::report::names(&fleet.list());
+                let scope = crate::telemetry::report::Scope {
+                    now_ms: clock::system().now_ms(),
+                    windows,
+                    slow_ms,
+                };
+                Ok(crate::telemetry::report::from_store(
+                    store,
+                    &[],
+                    &scope,
+                    &names,
+                )?)
+            }
+        }
+    }
+
+    pub(super) async fn list_keys(&self) -> Result<Vec<wire::Key>, CommandError> {
+        match self {
+            Backend::Daemon(c) => Ok(c.call(Method::GET, "/api/admin/keys", None).await?),
+            Backend::Direct { keys, .. } => Ok(view::keys(&keys.list())),
+        }
+    }
+
+    pub(super) async fn revoke_key(&self, id: &str) -> Result<wire::Key, CommandError> {
+        match self {
+            Backend::Daemon(c) => Ok(c
+                .call(
+                    Method::DELETE,
+                    &format!("/api/admin/keys/{}", crate::base::urlcode::encode(id)),
+                    None,
+                )
+                .await?),
+            Backend::Direct { keys, .. } => Ok(view::key(&keys.revoke(id).await?)),
+        }
+    }
+}
