@@ -1,13 +1,10 @@
 //! The simulated Codex backend over real sockets: event sequences, auth and refresh, the
 //! prompt cache, every fault kind, recording, the control API and auth files the gateway can
 //! import.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
-
-mod common;
 
 use std::time::{Duration, Instant};
 
-use common::gw::until;
+use crate::common::gw::until;
 use reqwest::{Client, Response, StatusCode};
 use serde_json::{Value, json};
 use switchyard::clock::{ManualClock, SharedClock};

@@ -1,15 +1,13 @@
 //! Usage accounting end to end: `switchyard usage` totals equal the sum of the request records
 //! on a generated workload, for every grouping and format; usage and budgets survive a SIGKILL
 //! of the real daemon.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
-
-mod common;
 
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use common::gw::{Gw, body, read_sse};
-use common::{Daemon, DaemonOptions, SIGNAL_DEADLINE, cli, http_tcp, stderr, stdout};
+use crate::common;
+use crate::common::gw::{Gw, body, read_sse};
+use crate::common::{Daemon, DaemonOptions, SIGNAL_DEADLINE, cli, http_tcp, stderr, stdout};
 use futures_util::{SinkExt, StreamExt};
 use serde_json::{Value, json};
 use switchyard::sim::{Fault, FaultKind, Sim, SimOptions};

@@ -2,15 +2,13 @@
 //! read the store is one line naming the file and the remedy; a record that cannot be read is
 //! quarantined (counted, logged with its key) and the rest serves; commands that only read never
 //! rewrite the file.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
-
-mod common;
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::Output;
 
-use common::{Daemon, DaemonOptions, assert_one_line_error, cli, stderr, stdout};
+use crate::common;
+use crate::common::{Daemon, DaemonOptions, assert_one_line_error, cli, stderr, stdout};
 use switchyard::store::Store;
 use switchyard::store::schema::Table;
 use switchyard::store::writer::{Key, Mutation};

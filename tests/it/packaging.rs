@@ -1,5 +1,4 @@
 //! Every example config shipped in `packaging/` parses, and means what the daemon expects.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::path::Path;
 

@@ -1,15 +1,12 @@
 //! `switchyard report` on a workload whose every section has a known answer, in JSON and in
 //! text, through the daemon and read straight from the store once it has stopped.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
-
-mod common;
 
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::common::gw::{Gw, GwOptions, body_plain};
+use crate::common::{cli, stderr, stdout};
 use axum::http::Method;
-use common::gw::{Gw, GwOptions, body_plain};
-use common::{cli, stderr, stdout};
 use serde_json::{Value, json};
 use switchyard::clock::{Clock, ManualClock};
 use switchyard::sim::FaultKind;

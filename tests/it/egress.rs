@@ -1,16 +1,13 @@
 //! Per-account egress proxies: an account's HTTP, SSE and WebSocket traffic, its token refresh
 //! and its usage polls go through its proxy (a CONNECT proxy, a SOCKS5 proxy, on loopback)
 //! while other accounts go straight; a dead proxy is a transient failure that fails over.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
-
-mod common;
 
 use std::sync::OnceLock;
 
+use crate::common::gw::{Gw, body};
+use crate::common::proxies::{Proxy, dead_proxy};
+use crate::common::{cli, stderr, stdout, write_auth};
 use axum::http::Method;
-use common::gw::{Gw, body};
-use common::proxies::{Proxy, dead_proxy};
-use common::{cli, stderr, stdout, write_auth};
 use futures_util::{SinkExt, StreamExt};
 use serde_json::{Value, json};
 use switchyard::config::Config;

@@ -1,12 +1,9 @@
 //! Operators' rules (`[[rules]]`): each field and action over HTTP (JSON and SSE) and the
 //! WebSocket, their order, and a bad rule refused by `config check`.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
-
+use crate::common::gw::{Gw, body_plain};
+use crate::common::{cli, stderr};
 use axum::http::Method;
-use common::gw::{Gw, body_plain};
-use common::{cli, stderr};
 use futures_util::{SinkExt, StreamExt};
 use serde_json::{Value, json};
 use switchyard::config::Config;

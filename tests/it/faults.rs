@@ -1,12 +1,10 @@
 //! Every simulated fault through the gateway: what the client receives, where the request
 //! went, and the account state afterwards.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
-
-mod common;
 
 use std::time::Duration;
 
-use common::gw::{Gw, body, body_plain};
+use crate::common;
+use crate::common::gw::{Gw, body, body_plain};
 use serde_json::{Value, json};
 use switchyard::sim::FaultKind;
 

@@ -3,15 +3,12 @@
 //! then one minimal request) before it takes requests. Until then it shows `probing`, requests
 //! wait for the verdict instead of being its probe, and a failed probe is classified like any
 //! failure.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
-
-mod common;
 
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::common::gw::{Gw, GwOptions, body_plain, until};
 use axum::http::Method;
-use common::gw::{Gw, GwOptions, body_plain, until};
 use serde_json::Value;
 use switchyard::clock::{Clock, ManualClock};
 use switchyard::sim::{FaultKind, RecordedRequest};

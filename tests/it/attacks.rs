@@ -1,12 +1,10 @@
 //! The gateway tried as a hostile or careless client would: each test reproduces a way it once
 //! broke its promise (a caller's mistake taken for an account's or a model's failure, a client
 //! that holds resources, a storm of failures) and pins what must happen instead.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
-
+use crate::common;
+use crate::common::gw::{Gw, body, body_plain};
 use axum::http::Method;
-use common::gw::{Gw, body, body_plain};
 use serde_json::Value;
 use switchyard::sim::FaultKind;
 

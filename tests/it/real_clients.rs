@@ -1,14 +1,11 @@
 //! The clients our users run, against the gateway in front of the simulator: the official
 //! OpenAI Python SDK and Codex CLI. `.ci/run` installs them (`.ci/.venv`, `.ci/.node`); set
 //! `SWITCHYARD_TEST_PYTHON` / `SWITCHYARD_TEST_CODEX` to use others.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
-
-mod common;
 
 use std::path::PathBuf;
 use std::process::Command;
 
-use common::gw::Gw;
+use crate::common::gw::Gw;
 use serde_json::Value;
 use switchyard::sim::FaultKind;
 

@@ -1,10 +1,7 @@
 //! Bad input gets a one-line error naming the problem, a non-zero exit, and nothing
 //! half-written.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use serde_json::Value;
 
 #[test]

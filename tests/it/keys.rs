@@ -1,13 +1,10 @@
 //! Client keys with a policy: each refusal over HTTP and WebSocket, before any account is
 //! touched; budgets across a restart; `/v1/usage`; the key commands.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
-
-mod common;
 
 use std::time::Duration;
 
+use crate::common::gw::{Gw, body, read_sse, until};
 use axum::http::Method;
-use common::gw::{Gw, body, read_sse, until};
 use futures_util::{SinkExt, StreamExt};
 use serde_json::{Value, json};
 use switchyard::sim::FaultKind;
@@ -532,7 +529,7 @@ async fn budgets_hold_across_a_restart() {
 
 #[test]
 fn the_key_commands_set_show_change_and_revoke_a_policy_by_name() {
-    use common::{assert_one_line_error, cli, stderr, stdout};
+    use crate::common::{assert_one_line_error, cli, stderr, stdout};
     let tmp = tempfile::tempdir().unwrap();
     let state = tmp.path().join("state");
     let created = cli(
@@ -643,7 +640,7 @@ fn the_key_commands_set_show_change_and_revoke_a_policy_by_name() {
 
 #[test]
 fn an_expiry_given_as_a_duration_counts_from_now() {
-    use common::{cli, stderr};
+    use crate::common::{cli, stderr};
     use std::time::{SystemTime, UNIX_EPOCH};
     let now = || {
         SystemTime::now()

@@ -2,7 +2,6 @@
 //! login (protocol §J1) with every poll answer, browser PKCE login (§J2), the
 //! `authorization_code` grant, the refresh of the family a login starts, and the controls that
 //! play the user, in Rust and over HTTP.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::time::Duration;
 

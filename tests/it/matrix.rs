@@ -12,13 +12,10 @@
 //!   is bad.
 //!
 //! `docs/architecture.md` has the table of cells and their expected outcomes.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
-
-mod common;
 
 use std::time::Duration;
 
-use common::gw::{Gw, GwOptions, read_sse};
+use crate::common::gw::{Gw, GwOptions, read_sse};
 use futures_util::{SinkExt, StreamExt};
 use serde_json::{Value, json};
 use switchyard::sim::FaultKind;

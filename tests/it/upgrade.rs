@@ -5,14 +5,12 @@
 //! one disabled, one cooling on quota; keys, one revoked; changed settings; request records with
 //! failovers, a caller error and sessions) beside what its admin API reported before it stopped
 //! (`expected.json`), and a test here. Later releases keep every test and add their own.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
-
-mod common;
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use crate::common;
 use axum::http::Method;
 use serde_json::Value;
 use switchyard::admin_client::AdminClient;

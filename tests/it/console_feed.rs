@@ -1,10 +1,8 @@
 //! The console feed on the admin socket: a snapshot first, then updates as requests finish and
 //! accounts change state.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
-
-use common::gw::{Gw, body_plain};
+use crate::common;
+use crate::common::gw::{Gw, body_plain};
 use futures_util::StreamExt;
 use switchyard::sim::FaultKind;
 use switchyard_tui::wire::{FeedBody, FeedMessage, PROTOCOL_VERSION};

@@ -1,13 +1,10 @@
 //! Scheduling, affinity, slots, queues and quota tracking, against the simulator.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
-
-mod common;
 
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::common::gw::{Gw, GwOptions, body, body_plain, read_sse, until};
 use axum::http::Method;
-use common::gw::{Gw, GwOptions, body, body_plain, read_sse, until};
 
 use serde_json::{Value, json};
 use switchyard::clock::{Clock, ManualClock, SystemClock};

@@ -1,15 +1,12 @@
 //! The real `switchyard console` in a terminal (a tmux pane on a private tmux server), against
 //! a running gateway with the simulator: it connects, shows an account going to `cooling`,
 //! disables an account on the operator's keys, and restores the terminal when it quits.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
-
-mod common;
 
 use std::path::Path;
 use std::process::{Command, Output};
 use std::time::Duration;
 
-use common::gw::{Gw, body_plain};
+use crate::common::gw::{Gw, body_plain};
 use switchyard::sim::FaultKind;
 
 /// A private tmux server running one console.

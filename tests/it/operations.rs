@@ -1,13 +1,11 @@
 //! What an appliance owner does to a running daemon: reload its configuration, guard
 //! `/metrics`, restart it without refusing a client, back it up and restore it, ask `doctor`.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
-
-mod common;
 
 use std::path::PathBuf;
 use std::time::Instant;
 
-use common::{Daemon, DaemonOptions, cli, gw, stderr, stdout};
+use crate::common;
+use crate::common::{Daemon, DaemonOptions, cli, gw, stderr, stdout};
 use serde_json::Value;
 use switchyard::sim::{Fault, FaultKind, Sim, SimHandle, SimOptions};
 

@@ -1,13 +1,10 @@
 //! The client edge tried as careless and hostile clients would: a reader that stops reading,
 //! connections that never finish a request head or sit idle, more connections than the
 //! gateway allows, and a shutdown whose grace period runs out with requests still running.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
-
-mod common;
 
 use std::time::Duration;
 
-use common::gw::{Gw, body_plain, parse_sse, until};
+use crate::common::gw::{Gw, body_plain, parse_sse, until};
 use futures_util::{SinkExt, StreamExt};
 use serde_json::{Value, json};
 use switchyard::sim::FaultKind;

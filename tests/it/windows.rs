@@ -1,14 +1,11 @@
 //! Error rates over the last 20 and 60 minutes, pool-wide and per account, against a workload
 //! whose rates are known: in the admin API, the console's status, and `/metrics`.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
-
-mod common;
 
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::common::gw::{Gw, GwOptions, body_plain};
 use axum::http::Method;
-use common::gw::{Gw, GwOptions, body_plain};
 use serde_json::{Value, json};
 use switchyard::clock::{Clock, ManualClock};
 use switchyard::config::Config;

@@ -1,8 +1,5 @@
 //! `switchyard demo --no-console`: the real binary, watched through its admin socket until every
 //! part of the show has happened, then stopped by a signal; nothing may be left behind.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
-
-mod common;
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
@@ -11,8 +8,8 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
 
+use crate::common::{BIN, SIGNAL_DEADLINE, clean_env};
 use axum::http::Method;
-use common::{BIN, SIGNAL_DEADLINE, clean_env};
 use switchyard::admin_client::AdminClient;
 use switchyard_tui::wire::{Account, RequestRecord};
 

@@ -1,7 +1,6 @@
 //! The simulated backend's Responses WebSocket over real sockets: the handshake's checks,
 //! turns and continuations on one socket, connection-local `previous_response_id`, errors as
 //! frames, the WebSocket faults and the socket counters.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::time::{Duration, Instant};
 

@@ -1,10 +1,8 @@
 //! Accounts in and out the way operators need: `account set` (label, priority, own cap),
 //! directly and through a running daemon.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
-
-use common::*;
+use crate::common;
+use crate::common::*;
 use serde_json::Value;
 
 fn listed(state: &std::path::Path, id: &str) -> Value {
@@ -111,7 +109,7 @@ fn account_set_changes_label_priority_and_cap_directly_and_through_the_daemon() 
 
 mod ownership {
     use super::*;
-    use common::gw::{Gw, body};
+    use crate::common::gw::{Gw, body};
     use serde_json::json;
 
     /// A config for the CLI pointing at the gateway's simulator.

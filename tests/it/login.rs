@@ -1,18 +1,16 @@
 //! `switchyard account login` against the simulator's auth server: the device-code flow
 //! (approved, denied, expired, slowed down, interrupted), the browser flow with a pasted
 //! redirect URL, and logging an existing account in again.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
-
-mod common;
 
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use crate::common;
+use crate::common::gw::{Gw, until};
+use crate::common::{BIN, clean_env};
 use axum::http::Method;
-use common::gw::{Gw, until};
-use common::{BIN, clean_env};
 use serde_json::Value;
 use switchyard::sim::DeviceCode;
 

@@ -1,13 +1,10 @@
 //! The appliance foundation end to end: the real binary, its store, its admin socket, its
 //! signals and its notifications.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
-
-mod common;
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 
-use common::*;
+use crate::common::*;
 use serde_json::Value;
 
 /// The accounts' ChatGPT ids, sorted (accounts created in the same second have no defined

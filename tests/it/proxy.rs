@@ -1,10 +1,7 @@
 //! The proxy core over HTTP/SSE, against the simulated backend: what the client receives,
 //! where each request went, and the account state afterwards.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
-
-use common::gw::{Gw, body};
+use crate::common::gw::{Gw, body};
 use serde_json::json;
 use switchyard::sim::FaultKind;
 

@@ -1,9 +1,7 @@
 //! The Responses WebSocket ingress, against the simulator (turns bridged over HTTP/SSE).
-#![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
-
-use common::gw::{Gw, until};
+use crate::common;
+use crate::common::gw::{Gw, until};
 use futures_util::{SinkExt, StreamExt};
 use serde_json::{Value, json};
 use switchyard::sim::FaultKind;
