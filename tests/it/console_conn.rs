@@ -1,7 +1,7 @@
 //! The connection state machine against a stand-in daemon on loopback: a daemon of another
 //! protocol version is refused with a clear message; a feed that ends is retried after the
 //! first backoff step, and the next connection starts from a fresh snapshot.
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::result_large_err)]
+#![allow(clippy::result_large_err)]
 
 use std::time::Duration;
 
