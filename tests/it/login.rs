@@ -166,8 +166,21 @@ async fn remove_account(gw: &Gw, sim_account: &str) {
 }
 
 /// A browser login listens on 127.0.0.1:1455 (the redirect the auth server knows), so the
-/// tests that run one take turns with the port.
-static CALLBACK_PORT: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+/// tests that run one take turns with the port: each holds a lock on one file, which works
+/// whether the tests share a process or each runs in its own. The turn ends when the returned
+/// file is dropped.
+async fn callback_port() -> std::fs::File {
+    tokio::task::spawn_blocking(|| {
+        let path = std::env::temp_dir().join("switchyard-tests-callback-1455.lock");
+        let file =
+            std::fs::File::create(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        file.lock()
+            .unwrap_or_else(|e| panic!("lock {}: {e}", path.display()));
+        file
+    })
+    .await
+    .unwrap()
+}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_device_code_login_adds_the_account_through_the_daemon() {
@@ -293,7 +306,7 @@ async fn an_interrupted_login_stores_nothing() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_browser_login_completes_with_the_pasted_redirect_url() {
-    let _port = CALLBACK_PORT.lock().await;
+    let _port = callback_port().await;
     let gw = Gw::start(2).await;
     let second = gw.rr_order()[1].clone();
     remove_account(&gw, &second).await;
@@ -416,7 +429,7 @@ async fn logging_in_again_as_another_chatgpt_account_is_refused() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_browser_login_on_this_machine_completes_by_its_local_callback() {
-    let _port = CALLBACK_PORT.lock().await;
+    let _port = callback_port().await;
     let gw = Gw::start(2).await;
     let second = gw.rr_order()[1].clone();
     remove_account(&gw, &second).await;
