@@ -4,7 +4,8 @@
 
 use std::time::Duration;
 
-use crate::common::gw::{Gw, body_plain, parse_sse, until};
+use crate::common::gw::{Gw, body_plain, until};
+use crate::common::sse::parse_sse;
 use futures_util::{SinkExt, StreamExt};
 use serde_json::{Value, json};
 use switchyard::sim::FaultKind;

@@ -230,7 +230,7 @@ async fn sighup_reloads_the_config_while_a_stream_runs_and_the_next_request_foll
     // The stream that was running through the reload ends as it would have.
     let (status, body, chunks_at) = reader.await.unwrap();
     assert_eq!(status, 200);
-    let (events, _) = gw::parse_sse(&body);
+    let (events, _) = common::sse::parse_sse(&body);
     assert_eq!(
         events.last().map(|(k, _)| k.as_str()),
         Some("response.completed"),

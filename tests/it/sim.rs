@@ -5,51 +5,13 @@
 use std::time::{Duration, Instant};
 
 use crate::common::gw::until;
-use reqwest::{Client, Response, StatusCode};
+use crate::common::sim::{
+    START_MS, access, answer, client, refresh, start, start_manual, tokens, types,
+};
+use crate::common::sse::{SseReader, parse_sse_strict};
+use reqwest::{Client, Response};
 use serde_json::{Value, json};
-use switchyard::clock::{ManualClock, SharedClock};
 use switchyard::sim::{Fault, FaultKind, Profile, Sim, SimHandle, SimOptions};
-
-const START_MS: u64 = 1_767_225_600_000;
-
-fn client() -> Client {
-    // reqwest is built without a default TLS provider; plain http needs none, but building a
-    // client does.
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    Client::builder().no_proxy().build().unwrap()
-}
-
-async fn start(accounts: u32) -> SimHandle {
-    Sim::start(SimOptions {
-        accounts,
-        ..SimOptions::default()
-    })
-    .await
-    .unwrap()
-}
-
-async fn start_manual(accounts: u32) -> (SimHandle, ManualClock) {
-    let clock = ManualClock::new(START_MS);
-    let shared: SharedClock = std::sync::Arc::new(clock.clone());
-    let h = Sim::start(SimOptions {
-        accounts,
-        clock: shared,
-        ..SimOptions::default()
-    })
-    .await
-    .unwrap();
-    (h, clock)
-}
-
-fn tokens(h: &SimHandle, id: &str) -> (String, String, String) {
-    let v = h.sim.auth_json(id).unwrap();
-    let t = &v["tokens"];
-    (
-        t["access_token"].as_str().unwrap().to_string(),
-        t["refresh_token"].as_str().unwrap().to_string(),
-        t["id_token"].as_str().unwrap().to_string(),
-    )
-}
 
 fn turn(text: &str, key: &str, stream: bool) -> Value {
     json!({
@@ -83,31 +45,7 @@ async fn post_as(c: &Client, h: &SimHandle, id: &str, token: &str, body: &Value)
 }
 
 async fn post(c: &Client, h: &SimHandle, id: &str, body: &Value) -> Response {
-    let (access, _, _) = tokens(h, id);
-    post_as(c, h, id, &access, body).await
-}
-
-fn parse_sse(text: &str) -> Vec<Value> {
-    text.split("\n\n")
-        .filter(|b| !b.trim().is_empty())
-        .map(|block| {
-            let event = block
-                .lines()
-                .find_map(|l| l.strip_prefix("event: "))
-                .unwrap();
-            let data = block
-                .lines()
-                .find_map(|l| l.strip_prefix("data: "))
-                .unwrap();
-            let v: Value = serde_json::from_str(data).unwrap();
-            assert_eq!(v["type"], event, "event line and data type agree");
-            v
-        })
-        .collect()
-}
-
-fn types(events: &[Value]) -> Vec<&str> {
-    events.iter().map(|e| e["type"].as_str().unwrap()).collect()
+    post_as(c, h, id, &access(h, id), body).await
 }
 
 fn header<'a>(r: &'a Response, name: &str) -> &'a str {
@@ -115,32 +53,6 @@ fn header<'a>(r: &'a Response, name: &str) -> &'a str {
         .get(name)
         .map(|v| v.to_str().unwrap())
         .unwrap_or_else(|| panic!("no {name} header"))
-}
-
-async fn error_of(r: Response) -> (StatusCode, Value) {
-    let s = r.status();
-    (s, r.json().await.unwrap())
-}
-
-/// Reads SSE events one by one as they arrive.
-struct SseReader {
-    resp: Response,
-    buf: String,
-}
-
-impl SseReader {
-    async fn next(&mut self) -> Result<Option<Value>, reqwest::Error> {
-        loop {
-            if let Some(end) = self.buf.find("\n\n") {
-                let block: String = self.buf.drain(..end + 2).collect();
-                return Ok(parse_sse(&block).into_iter().next());
-            }
-            match self.resp.chunk().await? {
-                Some(bytes) => self.buf.push_str(std::str::from_utf8(&bytes).unwrap()),
-                None => return Ok(None),
-            }
-        }
-    }
 }
 
 #[tokio::test]
@@ -164,7 +76,7 @@ async fn streamed_turn_follows_the_codex_event_sequence() {
         header(&r, h).parse::<f64>().unwrap();
     }
     let turn_state = header(&r, "x-codex-turn-state").to_string();
-    let events = parse_sse(&r.text().await.unwrap());
+    let events = parse_sse_strict(&r.text().await.unwrap());
     let t = types(&events);
     let mut expected = vec![
         "response.created",
@@ -266,7 +178,7 @@ async fn run_prompt_gets_an_exec_command_call_and_its_output_gets_a_message() {
     let c = client();
     let mut body = turn("please run: ls -la \"my dir\"\nthanks", "k", true);
     body["tools"] = json!([{"type": "function", "name": "exec_command", "parameters": {}}]);
-    let events = parse_sse(
+    let events = parse_sse_strict(
         &post(&c, &h, "sim-acct-1", &body)
             .await
             .text()
@@ -316,7 +228,7 @@ async fn run_prompt_gets_an_exec_command_call_and_its_output_gets_a_message() {
         json!({"type": "function_call_output", "call_id": call_id,
             "output": "total 0\n-rw-r--r-- 1 u u 0 notes.txt"}),
     ]);
-    let events = parse_sse(
+    let events = parse_sse_strict(
         &post(&c, &h, "sim-acct-1", &body)
             .await
             .text()
@@ -401,24 +313,13 @@ async fn foreign_or_missing_credentials_are_token_invalidated() {
             .await
             .unwrap(),
     ] {
-        let (s, v) = error_of(r).await;
+        let (s, v) = answer(r).await;
         assert_eq!(s, 401);
         assert_eq!(v["error"]["code"], "token_invalidated");
         assert_eq!(v["error"]["type"], "invalid_request_error");
         assert_eq!(v["error"]["param"], Value::Null);
     }
     assert!(h.sim.requests("sim-acct-1").iter().all(|r| r.status == 401));
-}
-
-async fn refresh(c: &Client, h: &SimHandle, rt: &str) -> (StatusCode, Value) {
-    let r = c
-        .post(h.oauth_token_url())
-        .json(&json!({"client_id": "app_EMoamEEZ73f0CkXaXp7hrann",
-            "grant_type": "refresh_token", "refresh_token": rt, "scope": "openid profile email"}))
-        .send()
-        .await
-        .unwrap();
-    error_of(r).await
 }
 
 #[tokio::test]
@@ -433,7 +334,7 @@ async fn expired_token_then_refresh_rotates_all_tokens_and_the_old_refresh_is_re
     clock.advance(Duration::from_secs(3600));
     let r = post_as(&c, &h, "sim-acct-1", &access, &body).await;
     header(&r, "x-codex-primary-used-percent");
-    let (s, v) = error_of(r).await;
+    let (s, v) = answer(r).await;
     assert_eq!(
         (s.as_u16(), v["error"]["code"].as_str()),
         (401, Some("token_expired"))
@@ -449,7 +350,7 @@ async fn expired_token_then_refresh_rotates_all_tokens_and_the_old_refresh_is_re
         .send()
         .await
         .unwrap();
-    let (s, v) = error_of(r).await;
+    let (s, v) = answer(r).await;
     assert_eq!(s, 200, "{v}");
     assert_eq!(v["token_type"], "Bearer");
     assert_eq!(v["expires_in"], 3600);
@@ -498,7 +399,7 @@ async fn expired_token_then_refresh_rotates_all_tokens_and_the_old_refresh_is_re
 
     // expire_access_token expires the current token at once; refresh with JSON works too.
     h.sim.expire_access_token("sim-acct-2");
-    let (s, v) = error_of(post(&c, &h, "sim-acct-2", &body).await).await;
+    let (s, v) = answer(post(&c, &h, "sim-acct-2", &body).await).await;
     assert_eq!(
         (s.as_u16(), v["error"]["code"].as_str()),
         (401, Some("token_expired"))
@@ -546,7 +447,7 @@ async fn quota_fault_is_a_429_usage_limit_and_fills_the_primary_window() {
     .await;
     assert_eq!(header(&r, "x-codex-active-limit"), "codex");
     assert_eq!(header(&r, "x-codex-primary-used-percent"), "100");
-    let (s, v) = error_of(r).await;
+    let (s, v) = answer(r).await;
     assert_eq!(s, 429);
     let e = &v["error"];
     assert_eq!(e["type"], "usage_limit_reached");
@@ -606,7 +507,7 @@ async fn burst_server_and_request_error_faults_answer_like_the_backend() {
     })
     .await;
     assert_eq!(header(&r, "retry-after"), "7");
-    let (s, v) = error_of(r).await;
+    let (s, v) = answer(r).await;
     assert_eq!(s, 429);
     assert_eq!(v["error"]["code"], "rate_limit_exceeded");
     assert!(
@@ -618,7 +519,7 @@ async fn burst_server_and_request_error_faults_answer_like_the_backend() {
 
     let (r, _h) = fault_answer(FaultKind::ServerError { status: 503 }).await;
     header(&r, "x-codex-primary-used-percent");
-    let (s, v) = error_of(r).await;
+    let (s, v) = answer(r).await;
     assert_eq!(
         (s.as_u16(), v["error"]["code"].as_str()),
         (503, Some("server_is_overloaded"))
@@ -627,14 +528,14 @@ async fn burst_server_and_request_error_faults_answer_like_the_backend() {
     assert_eq!(r.status(), 500);
 
     let (r, _h) = fault_answer(FaultKind::TokenExpired).await;
-    let (s, v) = error_of(r).await;
+    let (s, v) = answer(r).await;
     assert_eq!(
         (s.as_u16(), v["error"]["code"].as_str()),
         (401, Some("token_expired"))
     );
 
     let (r, _h) = fault_answer(FaultKind::ModelUnsupported).await;
-    let (s, v) = error_of(r).await;
+    let (s, v) = answer(r).await;
     assert_eq!(s, 400);
     assert_eq!(
         v["detail"],
@@ -642,7 +543,7 @@ async fn burst_server_and_request_error_faults_answer_like_the_backend() {
     );
 
     let (r, _h) = fault_answer(FaultKind::ContextLength).await;
-    let (s, v) = error_of(r).await;
+    let (s, v) = answer(r).await;
     assert_eq!(s, 400);
     assert_eq!(v["error"]["code"], "context_length_exceeded");
     assert_eq!(v["error"]["param"], "input");
@@ -664,13 +565,13 @@ async fn cloudflare_fault_is_an_html_challenge_from_the_edge() {
 #[tokio::test]
 async fn deactivated_account_stays_deactivated() {
     let (r, h) = fault_answer(FaultKind::AccountDeactivated).await;
-    let (s, v) = error_of(r).await;
+    let (s, v) = answer(r).await;
     assert_eq!(
         (s.as_u16(), v["error"]["code"].as_str()),
         (401, Some("account_deactivated"))
     );
     let c = client();
-    let (s, v) = error_of(post(&c, &h, "sim-acct-1", &turn("hi", "k", true)).await).await;
+    let (s, v) = answer(post(&c, &h, "sim-acct-1", &turn("hi", "k", true)).await).await;
     assert_eq!(
         (s.as_u16(), v["error"]["code"].as_str()),
         (401, Some("account_deactivated"))
@@ -696,7 +597,7 @@ async fn failed_event_fault_streams_created_in_progress_then_response_failed() {
     })
     .await;
     assert_eq!(r.status(), 200);
-    let events = parse_sse(&r.text().await.unwrap());
+    let events = parse_sse_strict(&r.text().await.unwrap());
     assert_eq!(
         types(&events),
         [
@@ -719,7 +620,7 @@ async fn failed_mid_stream_fault_breaks_off_after_its_deltas_with_response_faile
     })
     .await;
     assert_eq!(r.status(), 200);
-    let events = parse_sse(&r.text().await.unwrap());
+    let events = parse_sse_strict(&r.text().await.unwrap());
     let kinds = types(&events);
     let deltas = kinds.iter().filter(|k| k.ends_with(".delta")).count();
     assert_eq!(deltas, 2, "{kinds:?}");
@@ -765,10 +666,7 @@ async fn reset_before_headers_is_a_client_error_recorded_as_status_0() {
 async fn reset_mid_stream_cuts_the_connection_after_n_deltas() {
     let (r, _h) = fault_answer(FaultKind::ResetMidStream { after_deltas: 3 }).await;
     assert_eq!(r.status(), 200);
-    let mut reader = SseReader {
-        resp: r,
-        buf: String::new(),
-    };
+    let mut reader = SseReader::new(r);
     let mut seen = Vec::new();
     let err = loop {
         match reader.next().await {
@@ -790,10 +688,7 @@ async fn reset_mid_stream_cuts_the_connection_after_n_deltas() {
 #[tokio::test]
 async fn hang_mid_stream_goes_silent_after_n_deltas() {
     let (r, h) = fault_answer(FaultKind::HangMidStream { after_deltas: 2 }).await;
-    let mut reader = SseReader {
-        resp: r,
-        buf: String::new(),
-    };
+    let mut reader = SseReader::new(r);
     let mut deltas = 0;
     while deltas < 2 {
         let ev = reader.next().await.unwrap().unwrap();
@@ -858,10 +753,7 @@ async fn slow_faults_delay_headers_or_the_first_delta() {
         Fault::once(FaultKind::SlowFirstToken { ms: 250 }),
     );
     let r = post(&c, &h, "sim-acct-1", &turn("hi", "k", true)).await;
-    let mut reader = SseReader {
-        resp: r,
-        buf: String::new(),
-    };
+    let mut reader = SseReader::new(r);
     assert_eq!(
         reader.next().await.unwrap().unwrap()["type"],
         "response.created"
@@ -1025,7 +917,7 @@ async fn models_and_usage_need_auth_and_follow_the_account() {
     assert_ne!(header(&r, "x-models-etag"), etag);
     let v: Value = r.json().await.unwrap();
     assert_eq!(v["models"].as_array().unwrap().len(), 1);
-    let (s, v) = error_of(post(&c, &h, "sim-acct-1", &turn("hi", "k", true)).await).await;
+    let (s, v) = answer(post(&c, &h, "sim-acct-1", &turn("hi", "k", true)).await).await;
     assert_eq!(s, 400);
     assert!(
         v["detail"]
@@ -1077,7 +969,7 @@ async fn compaction_unary_and_streamed() {
         .as_array_mut()
         .unwrap()
         .push(json!({"type": "compaction_trigger"}));
-    let events = parse_sse(
+    let events = parse_sse_strict(
         &post(&c, &h, "sim-acct-1", &body)
             .await
             .text()
@@ -1189,7 +1081,7 @@ async fn control_api_steers_the_simulator_over_http() {
         .send()
         .await
         .unwrap();
-    let (s, v) = error_of(post(&c, &h, "sim-acct-2", &turn("hi", "k", false)).await).await;
+    let (s, v) = answer(post(&c, &h, "sim-acct-2", &turn("hi", "k", false)).await).await;
     assert_eq!(
         (s.as_u16(), v["error"]["code"].as_str()),
         (401, Some("token_expired"))

@@ -5,50 +5,18 @@
 
 use std::time::Duration;
 
+use crate::common::sim::{CLIENT_ID, START_MS, answer, client, refresh, start_manual};
 use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
-use reqwest::{Client, StatusCode, redirect};
+use reqwest::{Client, StatusCode};
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
-use switchyard::clock::{ManualClock, SharedClock};
 use switchyard::fleet::auth_file::decode_claims;
 use switchyard::sim::{
-    AuthorizeAnswer, DEVICE_REDIRECT_URI, DeviceCodeState, LoginControlError, Sim, SimHandle,
-    SimOptions,
+    AuthorizeAnswer, DEVICE_REDIRECT_URI, DeviceCodeState, LoginControlError, SimHandle,
 };
 
-const START_MS: u64 = 1_767_225_600_000;
-const CLIENT_ID: &str = "app_EMoamEEZ73f0CkXaXp7hrann";
 const CALLBACK: &str = "http://localhost:1455/auth/callback";
-
-fn client() -> Client {
-    // reqwest is built without a default TLS provider; plain http needs none, but building a
-    // client does. Redirects are not followed: the 302 of /oauth/authorize is the answer.
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    Client::builder()
-        .no_proxy()
-        .redirect(redirect::Policy::none())
-        .build()
-        .unwrap()
-}
-
-async fn start_manual(accounts: u32) -> (SimHandle, ManualClock) {
-    let clock = ManualClock::new(START_MS);
-    let shared: SharedClock = std::sync::Arc::new(clock.clone());
-    let h = Sim::start(SimOptions {
-        accounts,
-        clock: shared,
-        ..SimOptions::default()
-    })
-    .await
-    .unwrap();
-    (h, clock)
-}
-
-async fn answer(r: reqwest::Response) -> (StatusCode, Value) {
-    let s = r.status();
-    (s, r.json().await.unwrap())
-}
 
 /// `POST /api/accounts/deviceauth/usercode` as Codex sends it.
 async fn usercode(c: &Client, h: &SimHandle) -> (StatusCode, Value) {
@@ -116,16 +84,6 @@ async fn exchange(
         .post(h.oauth_token_url())
         .header("content-type", "application/x-www-form-urlencoded")
         .body(body.join("&"))
-        .send()
-        .await
-        .unwrap();
-    answer(r).await
-}
-
-async fn refresh(c: &Client, h: &SimHandle, rt: &str) -> (StatusCode, Value) {
-    let r = c
-        .post(h.oauth_token_url())
-        .json(&json!({"client_id": CLIENT_ID, "grant_type": "refresh_token", "refresh_token": rt}))
         .send()
         .await
         .unwrap();

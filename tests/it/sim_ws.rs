@@ -4,9 +4,10 @@
 
 use std::time::{Duration, Instant};
 
+use crate::common::sim::{access, client, start, types};
 use futures_util::{SinkExt, StreamExt};
 use serde_json::{Value, json};
-use switchyard::sim::{Fault, FaultKind, Sim, SimHandle, SimOptions};
+use switchyard::sim::{Fault, FaultKind, SimHandle};
 use tokio::net::TcpStream;
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::http::{self, HeaderMap};
@@ -20,22 +21,6 @@ const BETA: &str = "responses_websockets=2026-02-06";
 const ACCT: &str = "sim-acct-1";
 /// A safety net against a hung test, never a synchronisation.
 const PATIENCE: Duration = Duration::from_secs(10);
-
-async fn start(accounts: u32) -> SimHandle {
-    Sim::start(SimOptions {
-        accounts,
-        ..SimOptions::default()
-    })
-    .await
-    .unwrap()
-}
-
-fn access(h: &SimHandle, id: &str) -> String {
-    h.sim.auth_json(id).unwrap()["tokens"]["access_token"]
-        .as_str()
-        .unwrap()
-        .to_string()
-}
 
 /// The handshake Codex sends, with what is left out as asked.
 fn handshake(h: &SimHandle, id: &str, token: Option<&str>, beta: bool) -> http::Request<()> {
@@ -71,8 +56,7 @@ async fn refused(req: http::Request<()>) -> (u16, HeaderMap) {
 
 /// The same refused handshake over plain HTTP, for its JSON body.
 async fn refusal_body(req: http::Request<()>) -> (u16, Value) {
-    switchyard::upstream::install_crypto_provider();
-    let c = reqwest::Client::builder().no_proxy().build().unwrap();
+    let c = client();
     let url = req.uri().to_string().replacen("ws://", "http://", 1);
     let mut r = c.get(url);
     for (name, value) in req.headers() {
@@ -148,10 +132,6 @@ async fn turn_frames(ws: &mut Ws) -> Vec<Value> {
             return out;
         }
     }
-}
-
-fn types(frames: &[Value]) -> Vec<&str> {
-    frames.iter().map(|f| f["type"].as_str().unwrap()).collect()
 }
 
 fn deltas(frames: &[Value]) -> usize {
@@ -497,8 +477,7 @@ async fn ws_refuse_426_is_an_http_answer_and_only_for_handshakes() {
     let h = start(1).await;
     h.sim.push_fault(ACCT, Fault::once(FaultKind::WsRefuse426));
     // An HTTP request does not take a handshake fault.
-    switchyard::upstream::install_crypto_provider();
-    let c = reqwest::Client::builder().no_proxy().build().unwrap();
+    let c = client();
     let mut body = create("hi");
     body.as_object_mut().unwrap().remove("type");
     let r = c

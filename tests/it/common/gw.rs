@@ -21,6 +21,8 @@ use switchyard::systemd::Notifier;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
+use super::sse::parse_sse;
+
 /// How to start a gateway for a test.
 pub struct GwOptions {
     pub accounts: u32,
@@ -106,34 +108,6 @@ impl Sse {
     pub fn json_body(&self) -> Value {
         serde_json::from_str(&self.body).unwrap_or(Value::Null)
     }
-}
-
-pub fn parse_sse(body: &str) -> (Vec<(String, Value)>, usize) {
-    let mut events = Vec::new();
-    let mut comments = 0;
-    for block in body.replace("\r\n", "\n").split("\n\n") {
-        if block.trim().is_empty() {
-            continue;
-        }
-        let mut kind = None;
-        let mut data = String::new();
-        for line in block.lines() {
-            if let Some(k) = line.strip_prefix("event:") {
-                kind = Some(k.trim().to_string());
-            } else if let Some(d) = line.strip_prefix("data:") {
-                data.push_str(d.trim_start());
-            } else if line.starts_with(':') {
-                comments += 1;
-            }
-        }
-        if data.is_empty() {
-            continue;
-        }
-        let v: Value = serde_json::from_str(&data).unwrap_or(Value::Null);
-        let kind = kind.unwrap_or_else(|| v["type"].as_str().unwrap_or("").to_string());
-        events.push((kind, v));
-    }
-    (events, comments)
 }
 
 pub fn body(model: &str, text: &str, stream: bool) -> Value {

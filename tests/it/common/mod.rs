@@ -14,6 +14,8 @@ use switchyard::sim::auth::{AuthSpec, auth_json};
 
 pub mod gw;
 pub mod proxies;
+pub mod sim;
+pub mod sse;
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_switchyard");
 
