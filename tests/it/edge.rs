@@ -6,23 +6,17 @@ use std::time::Duration;
 
 use crate::common::gw::{Gw, body_plain, until};
 use crate::common::sse::parse_sse;
+use crate::common::{dechunk, read_head, small_socket};
 use futures_util::{SinkExt, StreamExt};
 use serde_json::{Value, json};
 use switchyard::sim::FaultKind;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpSocket, TcpStream};
+use tokio::net::TcpStream;
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 
 /// Past this, a connection the gateway should have closed counts as left open.
 const CLOSE_DEADLINE: Duration = Duration::from_secs(10);
-
-/// A client socket that takes little: its receive buffer is as small as the kernel allows.
-async fn small_socket(gw: &Gw) -> TcpStream {
-    let s = TcpSocket::new_v4().unwrap();
-    s.set_recv_buffer_size(4096).unwrap();
-    s.connect(gw.addr).await.unwrap()
-}
 
 fn post(gw: &Gw, body: &Value) -> Vec<u8> {
     let body = body.to_string();
@@ -38,18 +32,6 @@ fn post(gw: &Gw, body: &Value) -> Vec<u8> {
 
 fn get(path: &str) -> Vec<u8> {
     format!("GET {path} HTTP/1.1\r\nhost: gateway\r\n\r\n").into_bytes()
-}
-
-/// Reads an answer's head, byte by byte (nothing of the body is taken).
-async fn read_head(s: &mut TcpStream) -> String {
-    let mut head = Vec::new();
-    let mut byte = [0u8; 1];
-    while !head.ends_with(b"\r\n\r\n") {
-        let n = s.read(&mut byte).await.unwrap();
-        assert!(n > 0, "closed before the head: {head:?}");
-        head.push(byte[0]);
-    }
-    String::from_utf8(head).unwrap()
 }
 
 /// A whole answer with a `content-length` body: (status, head, body).
@@ -112,7 +94,7 @@ async fn a_client_that_stops_reading_frees_its_slot() {
     let account = gw.rr_order()[0].clone();
     // Larger than every buffer between the backend and the client.
     gw.fault(&account, FaultKind::LongAnswer { kib: 8 * 1024 }, Some(1));
-    let mut stalled = small_socket(&gw).await;
+    let mut stalled = small_socket(gw.addr).await;
     stalled
         .write_all(&post(&gw, &body_plain("gpt-5.5", "a long answer", true)))
         .await
@@ -164,7 +146,7 @@ async fn a_websocket_client_that_stops_reading_frees_its_slot_and_its_upstream_s
         "authorization",
         format!("Bearer {}", gw.key).parse().unwrap(),
     );
-    let (mut ws, _) = tokio_tungstenite::client_async(req, small_socket(&gw).await)
+    let (mut ws, _) = tokio_tungstenite::client_async(req, small_socket(gw.addr).await)
         .await
         .unwrap();
     let create = json!({
@@ -379,7 +361,7 @@ async fn a_cut_stream_is_told_and_recorded_and_readyz_says_503_while_draining() 
     // The grace period runs out: the stream is cut with a terminal event, not a bare close.
     let mut rest = Vec::new();
     streaming.read_to_end(&mut rest).await.unwrap();
-    let (events, _) = parse_sse(&decode_chunked(&rest));
+    let (events, _) = parse_sse(&String::from_utf8(dechunk(&rest)).unwrap());
     let (kind, last) = events.last().unwrap();
     assert_eq!(kind, "response.failed", "{events:?}");
     assert_eq!(
@@ -467,21 +449,4 @@ async fn a_cut_websocket_turn_is_told_and_the_connection_closed() {
     let records = gw.requests(1).await;
     assert_eq!(records[0]["outcome"], "shutting_down", "{}", records[0]);
     assert_eq!(records[0]["terminal_source"], "synthetic", "{}", records[0]);
-}
-
-/// The body of a chunked HTTP/1.1 answer.
-fn decode_chunked(raw: &[u8]) -> String {
-    let mut out = Vec::new();
-    let mut rest = raw;
-    while let Some(eol) = rest.windows(2).position(|w| w == b"\r\n") {
-        let size = usize::from_str_radix(std::str::from_utf8(&rest[..eol]).unwrap().trim(), 16)
-            .unwrap_or(0);
-        rest = &rest[eol + 2..];
-        if size == 0 || rest.len() < size {
-            break;
-        }
-        out.extend_from_slice(&rest[..size]);
-        rest = &rest[(size + 2).min(rest.len())..];
-    }
-    String::from_utf8(out).unwrap()
 }

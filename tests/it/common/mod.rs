@@ -362,24 +362,50 @@ fn exchange<S: Read + Write>(
         .iter()
         .any(|(k, v)| k.eq_ignore_ascii_case("transfer-encoding") && v.contains("chunked"));
     let body = if chunked {
-        dechunk(body)
+        String::from_utf8_lossy(&dechunk(body.as_bytes())).into_owned()
     } else {
         body.to_string()
     };
     HttpResponse(status, body, headers)
 }
 
-fn dechunk(mut s: &str) -> String {
-    let mut out = String::new();
-    while let Some((size, rest)) = s.split_once("\r\n") {
-        let n = usize::from_str_radix(size.trim(), 16).unwrap_or(0);
-        if n == 0 || rest.len() < n {
+/// The body of a chunked HTTP/1.1 answer.
+pub fn dechunk(raw: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    let mut rest = raw;
+    while let Some(eol) = rest.windows(2).position(|w| w == b"\r\n") {
+        let size = std::str::from_utf8(&rest[..eol])
+            .ok()
+            .and_then(|s| usize::from_str_radix(s.trim(), 16).ok())
+            .unwrap_or(0);
+        rest = &rest[eol + 2..];
+        if size == 0 || rest.len() < size {
             break;
         }
-        out.push_str(&rest[..n]);
-        s = rest[n..].trim_start_matches("\r\n");
+        out.extend_from_slice(&rest[..size]);
+        rest = &rest[(size + 2).min(rest.len())..];
     }
     out
+}
+
+/// A client socket that takes little: its receive buffer is as small as the kernel allows.
+pub async fn small_socket(addr: SocketAddr) -> tokio::net::TcpStream {
+    let s = tokio::net::TcpSocket::new_v4().unwrap();
+    s.set_recv_buffer_size(4096).unwrap();
+    s.connect(addr).await.unwrap()
+}
+
+/// Reads an answer's head, byte by byte (nothing of the body is taken).
+pub async fn read_head(s: &mut tokio::net::TcpStream) -> String {
+    use tokio::io::AsyncReadExt;
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        let n = s.read(&mut byte).await.unwrap();
+        assert!(n > 0, "closed before the head: {head:?}");
+        head.push(byte[0]);
+    }
+    String::from_utf8(head).unwrap()
 }
 
 pub fn http_tcp(
