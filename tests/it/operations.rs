@@ -366,12 +366,19 @@ fn a_listener_handed_over_by_systemd_keeps_connections_waiting_across_a_restart(
     assert_eq!(refused.kind(), std::io::ErrorKind::ConnectionRefused);
 }
 
+/// The answer held open across a backup: larger than every buffer between the backend and
+/// the client.
+const HELD_KIB: u32 = 8 * 1024;
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_backup_taken_under_load_restores_every_account_key_setting_usage_and_record() {
     use std::os::unix::fs::PermissionsExt;
     use std::sync::Arc;
     use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-    let s = Setup::new(2, "").await;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    // The answer held open across the backup (below) waits on this test, not on a timer: the
+    // gateway's write timeout must not cut it first.
+    let s = Setup::new(2, "[server]\nclient_write_timeout = \"1h\"\n").await;
     let d = s.daemon();
     until_ready(&d).await;
     let settings = d.admin(
@@ -396,6 +403,65 @@ async fn a_backup_taken_under_load_restores_every_account_key_setting_usage_and_
         "backup-me",
     ]);
     assert!(set.status.success(), "{}", stderr(&set));
+
+    // An answer in flight across the whole backup: its first output is read before the backup
+    // starts; its rest, larger than every buffer between the backend and this client, can only
+    // be written as this client reads it, which it does once the backup has finished.
+    let accounts = s.sim.sim.account_ids();
+    for acct in &accounts {
+        s.sim
+            .sim
+            .push_fault(acct, Fault::once(FaultKind::LongAnswer { kib: HELD_KIB }));
+    }
+    let mut held = common::small_socket(d.http).await;
+    let body = gw::body_plain("gpt-5.5", "a long answer", true).to_string();
+    held.write_all(
+        format!(
+            "POST /v1/responses HTTP/1.1\r\nhost: switchyard\r\nauthorization: Bearer {}\r\n\
+             content-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+            s.key,
+            body.len()
+        )
+        .as_bytes(),
+    )
+    .await
+    .unwrap();
+    let head = common::read_head(&mut held).await;
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    let first_output = b"response.output_text.delta";
+    let mut held_body = Vec::new();
+    while !held_body
+        .windows(first_output.len())
+        .any(|w| w == first_output)
+    {
+        let mut buf = [0u8; 1024];
+        let n = held.read(&mut buf).await.unwrap();
+        assert!(n > 0, "the held answer ended before its first output");
+        held_body.extend_from_slice(&buf[..n]);
+    }
+    let writing: Vec<&String> = accounts
+        .iter()
+        .filter(|a| s.sim.sim.http_open(a) == 1)
+        .collect();
+    assert_eq!(writing.len(), 1, "one account writes the held answer");
+    let holder = writing[0].clone();
+    // The other account's long answer is not for the load, and the load goes to the other
+    // account: the holder's one slot is the held answer's, so what the backend writes for the
+    // holder is the held answer alone.
+    s.sim.sim.clear_all_faults();
+    let holder_id = d
+        .admin("GET", "/api/admin/accounts", None)
+        .json()
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|a| a["chatgpt_account_id"] == holder.as_str())
+        .unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let capped = s.cli(&["account", "set", &holder_id, "--max-concurrency", "1"]);
+    assert!(capped.status.success(), "{}", stderr(&capped));
 
     // Load: requests one after another until told to stop.
     let stop = Arc::new(AtomicBool::new(false));
@@ -441,6 +507,7 @@ async fn a_backup_taken_under_load_restores_every_account_key_setting_usage_and_
     assert!(!records.is_empty() && !usage.as_array().unwrap().is_empty());
 
     let file = s._tmp.path().join("switchyard.backup");
+    assert_eq!(s.sim.sim.http_open(&holder), 1, "the held answer runs");
     let out = s.cli(&["backup", file.to_str().unwrap()]);
     assert!(out.status.success(), "{}", stderr(&out));
     assert!(
@@ -448,10 +515,29 @@ async fn a_backup_taken_under_load_restores_every_account_key_setting_usage_and_
         "{}",
         stdout(&out)
     );
-    let during = done.load(Ordering::Relaxed);
+    // The backup is done and the backend is still writing the held answer: it was in flight
+    // from before the backup started until after it finished.
+    assert_eq!(
+        s.sim.sim.http_open(&holder),
+        1,
+        "the held answer ended before the backup did"
+    );
     stop.store(true, Ordering::Relaxed);
     load.join().unwrap();
-    assert!(done.load(Ordering::Relaxed) >= during);
+    // Read to its end, it completed whole.
+    held.read_to_end(&mut held_body).await.unwrap();
+    let held_body = String::from_utf8(common::dechunk(&held_body)).unwrap();
+    let (events, _) = common::sse::parse_sse(&held_body);
+    assert_eq!(
+        events.last().map(|(k, _)| k.as_str()),
+        Some("response.completed")
+    );
+    let text: usize = events
+        .iter()
+        .filter(|(k, _)| k == "response.output_text.delta")
+        .map(|(_, v)| v["delta"].as_str().unwrap().len())
+        .sum();
+    assert_eq!(text, HELD_KIB as usize * 1024);
     let mode = std::fs::metadata(&file).unwrap().permissions().mode() & 0o777;
     assert_eq!(mode, 0o600);
     let head = std::fs::read(&file).unwrap();
