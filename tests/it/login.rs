@@ -4,21 +4,27 @@
 
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use crate::common;
 use crate::common::gw::{Gw, until};
-use crate::common::{BIN, clean_env};
+use crate::common::{BIN, SIGNAL_DEADLINE, clean_env};
 use axum::http::Method;
 use serde_json::Value;
 use switchyard::sim::DeviceCode;
+use tokio::sync::watch;
 
 /// A login command running in the background, its stderr collected as it comes.
 struct Login {
     child: Child,
-    stderr: Arc<Mutex<String>>,
+    stderr: watch::Receiver<Stderr>,
     reader: std::thread::JoinHandle<()>,
+}
+
+/// What the command wrote to stderr so far, and whether it has closed it (it ended).
+#[derive(Default)]
+struct Stderr {
+    text: String,
+    ended: bool,
 }
 
 impl Login {
@@ -59,16 +65,17 @@ impl Login {
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
         let mut child = cmd.spawn().unwrap();
-        let stderr = Arc::new(Mutex::new(String::new()));
+        let (sink, stderr) = watch::channel(Stderr::default());
         let pipe = child.stderr.take().unwrap();
-        let sink = Arc::clone(&stderr);
         let reader = std::thread::spawn(move || {
             for line in BufReader::new(pipe).lines() {
                 let Ok(line) = line else { break };
-                let mut s = sink.lock().unwrap();
-                s.push_str(&line);
-                s.push('\n');
+                sink.send_modify(|s| {
+                    s.text.push_str(&line);
+                    s.text.push('\n');
+                });
             }
+            sink.send_modify(|s| s.ended = true);
         });
         Login {
             child,
@@ -78,7 +85,19 @@ impl Login {
     }
 
     fn stderr(&self) -> String {
-        self.stderr.lock().unwrap().clone()
+        self.stderr.borrow().text.clone()
+    }
+
+    /// Waits for the command to write what `seen` finds on stderr, and returns its stderr;
+    /// fails as soon as the command ends without it.
+    async fn wait_stderr(&self, what: &str, seen: impl Fn(&str) -> bool) -> String {
+        let mut rx = self.stderr.clone();
+        let _ = tokio::time::timeout(SIGNAL_DEADLINE, rx.wait_for(|s| s.ended || seen(&s.text)))
+            .await
+            .unwrap_or_else(|_| panic!("no {what} in {SIGNAL_DEADLINE:?}:\n{}", self.stderr()));
+        let text = self.stderr();
+        assert!(seen(&text), "the command ended before {what}:\n{text}");
+        text
     }
 
     /// Waits for the command to end: (success, stdout, stderr).
@@ -99,27 +118,36 @@ impl Login {
         })
         .await
         .unwrap();
-        let err = stderr.lock().unwrap().clone();
+        let err = stderr.borrow().text.clone();
         (status.success(), out, err)
     }
 }
 
-/// The first device code the simulator issued (the command asked for it).
-async fn issued(gw: &Gw) -> DeviceCode {
-    tokio::time::timeout(Duration::from_secs(30), gw.sim.sim.wait_device_codes(1))
+/// The `n`th device code the simulator issued, once the command has asked for it; fails as
+/// soon as the command ends without asking.
+async fn issued(gw: &Gw, login: &Login, n: usize) -> DeviceCode {
+    let mut ended = login.stderr.clone();
+    let asked = async {
+        tokio::select! {
+            biased;
+            codes = gw.sim.sim.wait_device_codes(n) => codes,
+            _ = ended.wait_for(|s| s.ended) => panic!(
+                "the command ended before it asked for a device code:\n{}",
+                login.stderr()
+            ),
+        }
+    };
+    tokio::time::timeout(SIGNAL_DEADLINE, asked)
         .await
         .expect("the command asks for a device code")
-        .remove(0)
+        .remove(n - 1)
 }
 
 /// The authorize URL the command printed.
 async fn authorize_url(login: &Login) -> String {
-    until("the authorize URL", || async {
-        login.stderr().contains("/oauth/authorize?")
-    })
-    .await;
     login
-        .stderr()
+        .wait_stderr("the authorize URL", |e| e.contains("/oauth/authorize?"))
+        .await
         .split_whitespace()
         .find(|w| w.contains("/oauth/authorize?"))
         .unwrap()
@@ -187,12 +215,11 @@ async fn a_device_code_login_adds_the_account_through_the_daemon() {
     let (gw, second) = one_account_logged_out().await;
     assert_eq!(gw.accounts().await.len(), 1);
     let login = Login::start(&gw, &[]);
-    let code = issued(&gw).await;
+    let code = issued(&gw, &login, 1).await;
     // The operator is shown where to go and the code to enter.
-    until("the code is shown", || async {
-        login.stderr().contains(&code.user_code)
-    })
-    .await;
+    login
+        .wait_stderr("the code shown", |e| e.contains(&code.user_code))
+        .await;
     assert!(
         login.stderr().contains("/codex/device"),
         "{}",
@@ -232,17 +259,14 @@ async fn a_denied_or_expired_device_code_stores_nothing() {
     let (gw, _) = one_account_logged_out().await;
 
     let login = Login::start(&gw, &[]);
-    let code = issued(&gw).await;
+    let code = issued(&gw, &login, 1).await;
     gw.sim.sim.deny_device_code(&code.user_code).unwrap();
     let (ok, _, err) = login.finish().await;
     assert!(!ok);
     assert!(err.contains("login failed: the login was denied"), "{err}");
 
     let login = Login::start(&gw, &[]);
-    let code = tokio::time::timeout(Duration::from_secs(30), gw.sim.sim.wait_device_codes(2))
-        .await
-        .unwrap()
-        .remove(1);
+    let code = issued(&gw, &login, 2).await;
     gw.sim.sim.expire_device_code(&code.user_code).unwrap();
     let (ok, _, err) = login.finish().await;
     assert!(!ok);
@@ -254,7 +278,7 @@ async fn a_denied_or_expired_device_code_stores_nothing() {
 async fn slow_down_makes_the_command_poll_five_seconds_slower() {
     let (gw, second) = one_account_logged_out().await;
     let login = Login::start(&gw, &[]);
-    let code = issued(&gw).await;
+    let code = issued(&gw, &login, 1).await;
     gw.sim.sim.slow_down_device_code(&code.user_code).unwrap();
     // Approve once the slowed poll has been answered.
     until("the slow_down answer", || async {
@@ -281,7 +305,7 @@ async fn slow_down_makes_the_command_poll_five_seconds_slower() {
 async fn an_interrupted_login_stores_nothing() {
     let (gw, second) = one_account_logged_out().await;
     let login = Login::start(&gw, &[]);
-    let code = issued(&gw).await;
+    let code = issued(&gw, &login, 1).await;
     let pid = login.child.id();
     assert!(
         Command::new("kill")
@@ -382,7 +406,7 @@ async fn logging_an_account_in_again_keeps_its_id_and_history_and_ends_needs_rea
     assert_eq!(gw.account(&acct).await["state"], "needs_reauth");
 
     let login = Login::start(&gw, &["--account", &id]);
-    let code = issued(&gw).await;
+    let code = issued(&gw, &login, 1).await;
     gw.sim
         .sim
         .approve_device_code(&code.user_code, &acct)
@@ -411,7 +435,7 @@ async fn logging_in_again_as_another_chatgpt_account_is_refused() {
     let order = gw.rr_order();
     let id = gw.ids[&order[0]].clone();
     let login = Login::start(&gw, &["--account", &id]);
-    let code = issued(&gw).await;
+    let code = issued(&gw, &login, 1).await;
     gw.sim
         .sim
         .approve_device_code(&code.user_code, &order[1])
