@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use crate::common::gw::{Gw, body_plain, until};
 use crate::common::sse::parse_sse;
-use crate::common::{dechunk, read_head, small_socket};
+use crate::common::{SIGNAL_DEADLINE, dechunk, read_head, small_socket};
 use futures_util::{SinkExt, StreamExt};
 use serde_json::{Value, json};
 use switchyard::sim::FaultKind;
@@ -14,9 +14,6 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
-
-/// Past this, a connection the gateway should have closed counts as left open.
-const CLOSE_DEADLINE: Duration = Duration::from_secs(10);
 
 fn post(gw: &Gw, body: &Value) -> Vec<u8> {
     let body = body.to_string();
@@ -52,10 +49,11 @@ async fn exchange(s: &mut TcpStream, request: &[u8]) -> (u16, String, String) {
     (status, head, String::from_utf8(body).unwrap())
 }
 
-/// The gateway closes this connection: reads reach EOF (or a reset) in time.
+/// The gateway closes this connection: reads reach EOF (or a reset). The wait ends with the
+/// close; only a connection still open after [`SIGNAL_DEADLINE`] fails it.
 async fn assert_closed(s: &mut TcpStream, what: &str) {
     let mut buf = [0u8; 4096];
-    let closed = tokio::time::timeout(CLOSE_DEADLINE, async {
+    let closed = tokio::time::timeout(SIGNAL_DEADLINE, async {
         loop {
             match s.read(&mut buf).await {
                 Ok(0) | Err(_) => return,
@@ -280,8 +278,9 @@ async fn beyond_max_connections_the_oldest_idle_one_goes_then_new_ones_are_refus
         "{text}"
     );
 
-    // Every connection busy (answers that pause a minute between deltas)...
-    gw.fault(&account, FaultKind::SlowDeltas { ms: 60_000 }, None);
+    // Every connection busy (answers that go silent after their first delta, until their
+    // client leaves)...
+    gw.fault(&account, FaultKind::HangMidStream { after_deltas: 1 }, None);
     let mut busy = vec![conns.remove(1), fourth];
     for (n, c) in busy.iter_mut().enumerate() {
         c.write_all(&post(
@@ -332,8 +331,12 @@ async fn a_cut_stream_is_told_and_recorded_and_readyz_says_503_while_draining() 
     })
     .await;
     let account = gw.rr_order()[0].clone();
-    // A healthy answer that pauses a minute after its first delta.
-    gw.fault(&account, FaultKind::SlowDeltas { ms: 60_000 }, Some(1));
+    // A healthy answer that goes silent after its first delta, until the gateway leaves it.
+    gw.fault(
+        &account,
+        FaultKind::HangMidStream { after_deltas: 1 },
+        Some(1),
+    );
     let mut streaming = TcpStream::connect(gw.addr).await.unwrap();
     streaming
         .write_all(&post(&gw, &body_plain("gpt-5.5", "a slow answer", true)))
@@ -393,7 +396,11 @@ async fn a_cut_websocket_turn_is_told_and_the_connection_closed() {
     })
     .await;
     let account = gw.rr_order()[0].clone();
-    gw.fault(&account, FaultKind::SlowDeltas { ms: 60_000 }, Some(1));
+    gw.fault(
+        &account,
+        FaultKind::HangMidStream { after_deltas: 1 },
+        Some(1),
+    );
     let mut req = format!("ws://{}/v1/responses", gw.addr)
         .into_client_request()
         .unwrap();
@@ -424,7 +431,7 @@ async fn a_cut_websocket_turn_is_told_and_the_connection_closed() {
     }
     gw.begin_shutdown();
     let mut close = None;
-    let ended = tokio::time::timeout(CLOSE_DEADLINE, async {
+    let ended = tokio::time::timeout(SIGNAL_DEADLINE, async {
         while let Some(msg) = ws.next().await {
             match msg {
                 Ok(Message::Text(t)) => events.push(serde_json::from_str(t.as_str()).unwrap()),

@@ -19,8 +19,9 @@ pub mod sse;
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_switchyard");
 
-/// How long a test waits for a signal from the daemon before failing (not a sleep: the wait
-/// ends as soon as the signal arrives).
+/// How long a test waits for a signal (from the daemon, the gateway or a command it runs)
+/// before failing: a guard against a hang, not a sleep (the wait ends as soon as the signal
+/// arrives).
 pub const SIGNAL_DEADLINE: Duration = Duration::from_secs(60);
 
 pub fn spec(n: u32, tag: &str) -> AuthSpec {
