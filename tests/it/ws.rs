@@ -1,6 +1,7 @@
 //! The Responses WebSocket ingress, against the simulator (turns bridged over HTTP/SSE).
 
 use crate::common;
+use crate::common::SIGNAL_DEADLINE;
 use crate::common::gw::{Gw, until};
 use futures_util::{SinkExt, StreamExt};
 use serde_json::{Value, json};
@@ -937,10 +938,12 @@ async fn a_request_sent_while_a_turn_runs_is_answered_after_it() {
     let mut ws = connect(&gw, Some(&gw.key)).await.unwrap();
     ws.send(create(json!({"input": "first"}))).await.unwrap();
     ws.send(create(json!({"input": "second"}))).await.unwrap();
-    let first = tokio::time::timeout(std::time::Duration::from_secs(20), turn(&mut ws))
+    // Each wait ends with its turn's last frame; a turn that never comes (a dropped request
+    // leaves the socket open and silent) fails the test at the deadline instead of hanging it.
+    let first = tokio::time::timeout(SIGNAL_DEADLINE, turn(&mut ws))
         .await
         .expect("the first turn");
-    let second = tokio::time::timeout(std::time::Duration::from_secs(20), turn(&mut ws))
+    let second = tokio::time::timeout(SIGNAL_DEADLINE, turn(&mut ws))
         .await
         .expect("the second turn is answered, not dropped");
     assert_eq!(first.last().unwrap()["type"], "response.completed");
