@@ -1,0 +1,395 @@
+//! The clients our users run, against the gateway in front of the simulator: the official
+//! OpenAI Python SDK and Codex CLI. `.ci/run` installs them (`.ci/.venv`, `.ci/.node`); set
+//! `SWITCHYARD_TEST_PYTHON` / `SWITCHYARD_TEST_CODEX` to use others.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+use crate::common::gw::Gw;
+use serde_json::Value;
+use switchyard::sim::FaultKind;
+
+fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn tool(env: &str, installed: &str, fallback: Option<&str>) -> PathBuf {
+    if let Ok(p) = std::env::var(env) {
+        return PathBuf::from(p);
+    }
+    let local = repo().join(installed);
+    if local.exists() {
+        return local;
+    }
+    match fallback {
+        Some(f) => PathBuf::from(f),
+        None => panic!(
+            "{} is not installed: run `bash .ci/run` once (it installs it), or set {env}",
+            local.display()
+        ),
+    }
+}
+
+fn python() -> PathBuf {
+    tool(
+        "SWITCHYARD_TEST_PYTHON",
+        ".ci/.venv/bin/python",
+        Some("python3"),
+    )
+}
+
+fn codex() -> PathBuf {
+    tool(
+        "SWITCHYARD_TEST_CODEX",
+        ".ci/.node/node_modules/.bin/codex",
+        None,
+    )
+}
+
+/// Runs one of `tests/clients/*.py` against the gateway and returns the JSON it prints.
+async fn python_client(gw: &Gw, script: &str) -> Value {
+    let mut cmd = Command::new(python());
+    cmd.arg(repo().join("tests/clients").join(script))
+        .arg(gw.url("/v1"))
+        .arg(&gw.key)
+        .arg("gpt-5.5");
+    let out = run(cmd).await;
+    assert!(
+        out.status.success(),
+        "{script} failed:\n{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+async fn run(mut cmd: Command) -> std::process::Output {
+    tokio::task::spawn_blocking(move || cmd.output().unwrap())
+        .await
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn openai_python_sdk_streams_and_not_while_the_first_account_fails_over() {
+    let gw = Gw::start(2).await;
+    let first = gw.rr_order()[0].clone();
+    gw.fault(
+        &first,
+        FaultKind::Quota {
+            resets_in_seconds: 3600,
+        },
+        None,
+    );
+    let v = python_client(&gw, "openai_sdk.py").await;
+    assert_eq!(v["json_status"], "completed", "{v}");
+    assert!(v["json_text"].as_str().unwrap().contains("sim-acct"), "{v}");
+    assert!(v["json_usage_input"].as_u64().unwrap() > 0);
+    let kinds: Vec<&str> = v["stream_kinds"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|k| k.as_str().unwrap())
+        .collect();
+    assert_eq!(kinds.first(), Some(&"response.created"));
+    assert_eq!(kinds.last(), Some(&"response.completed"));
+    assert_eq!(
+        kinds.iter().filter(|k| **k == "response.created").count(),
+        1
+    );
+    assert!(!v["stream_text"].as_str().unwrap().is_empty());
+    assert_eq!(v["bad_key"], "AuthenticationError");
+    assert_eq!(
+        gw.served(&first),
+        1,
+        "the quota answer cooled the first account once"
+    );
+    assert_eq!(gw.account(&first).await["state"], "cooling");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn openai_python_sdk_websocket_two_turns_with_previous_response_id() {
+    let gw = Gw::start(2).await;
+    let v = python_client(&gw, "openai_ws.py").await;
+    let turns = v["turns"].as_array().unwrap();
+    for t in &turns[..2] {
+        assert_eq!(t["status"], "completed", "{v}");
+        assert!(t["text"].as_str().unwrap().contains("sim-acct"), "{v}");
+    }
+    assert_ne!(turns[0]["id"], turns[1]["id"]);
+    assert!(
+        turns[2]["error"]
+            .to_string()
+            .contains("previous_response_not_found"),
+        "{v}"
+    );
+    let recs = gw.requests(5).await;
+    let served: Vec<&Value> = recs
+        .iter()
+        .rev()
+        .filter(|r| r["ws"] == true && r["outcome"] == "success")
+        .collect();
+    assert_eq!(served.len(), 2);
+    // The SDK sends no session header: the connection is the session, so the continuation
+    // stays on its account and upstream socket instead of replaying the history elsewhere.
+    assert_eq!(served[0]["account"], served[1]["account"], "{v}");
+    assert_eq!(
+        (
+            served[0]["transport"].as_str(),
+            served[1]["transport"].as_str()
+        ),
+        (Some("ws_connected"), Some("ws_reused"))
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn codex_cli_over_websocket_completes_a_tool_call_turn_without_falling_back() {
+    let gw = Gw::start(2).await;
+    let first = gw.rr_order()[0].clone();
+    gw.fault(
+        &first,
+        FaultKind::Quota {
+            resets_in_seconds: 3600,
+        },
+        None,
+    );
+    let tmp = tempfile::tempdir().unwrap();
+    let mut cmd = codex_exec_ws(&gw, tmp.path(), "please run: echo switchyard-ws-ok", true);
+    cmd.env("RUST_LOG", "codex_core=info,codex_api=info");
+    let out = run(cmd).await;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "codex failed:\n{stdout}\n{stderr}");
+    assert!(stdout.contains("switchyard-ws-ok"), "{stdout}\n{stderr}");
+    assert!(
+        !stderr.to_lowercase().contains("falling back to http"),
+        "codex fell back to HTTP:\n{stderr}"
+    );
+    let recs = gw.requests(10).await;
+    let ws_turns = recs
+        .iter()
+        .filter(|r| r["ws"] == true && r["outcome"] == "success")
+        .count();
+    assert!(
+        ws_turns >= 2,
+        "the tool call and its follow-up came over the WebSocket: {recs:?}"
+    );
+    assert!(
+        recs.iter().all(|r| r["ws"] == true),
+        "no HTTP turn: {recs:?}"
+    );
+}
+
+/// A `codex exec` run against the gateway, in its own home and work directory.
+fn codex_exec(gw: &Gw, tmp: &std::path::Path, prompt: &str) -> Command {
+    codex_exec_ws(gw, tmp, prompt, false)
+}
+
+fn codex_exec_ws(gw: &Gw, tmp: &std::path::Path, prompt: &str, websockets: bool) -> Command {
+    let home = tmp.join("codex-home");
+    let work = tmp.join("work");
+    // Codex runs its tool calls in a login shell: with the machine's own HOME, that shell's
+    // profile runs too, and its output (a version manager failing to rehash its shims while
+    // another test's shell does the same) lands in front of the command's and pushes it out of
+    // the simulated reply.
+    let user_home = tmp.join("home");
+    std::fs::create_dir_all(&home).unwrap();
+    std::fs::create_dir_all(&work).unwrap();
+    std::fs::create_dir_all(&user_home).unwrap();
+    let provider = format!(
+        "model_providers.gw={{name=\"gw\",base_url=\"{}\",env_key=\"SWITCHYARD_KEY\",wire_api=\"responses\",supports_websockets={websockets}}}",
+        gw.url("/v1")
+    );
+    let mut cmd = Command::new(codex());
+    cmd.current_dir(&work)
+        .env("CODEX_HOME", &home)
+        .env("HOME", &user_home)
+        .env("SWITCHYARD_KEY", &gw.key)
+        .env_remove("OPENAI_API_KEY")
+        .args([
+            "exec",
+            "--skip-git-repo-check",
+            "--dangerously-bypass-approvals-and-sandbox",
+            "-m",
+            "gpt-5.5",
+        ])
+        .args(["-c", "model_provider=\"gw\"", "-c", &provider])
+        .arg(prompt);
+    cmd
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_codex_sessions_share_two_single_slot_accounts_and_each_stays_on_one() {
+    let gw = Gw::start_with(2, |c| c.scheduling.max_concurrency = 1).await;
+    // Slow answers, so the three sessions overlap and one has to wait for a slot.
+    for a in gw.rr_order() {
+        gw.fault(&a, FaultKind::SlowFirstToken { ms: 700 }, Some(6));
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let runs: Vec<_> = (0..3)
+        .map(|i| {
+            let dir = tmp.path().join(format!("s{i}"));
+            let cmd = codex_exec(&gw, &dir, &format!("please run: echo session-{i}-ok"));
+            tokio::spawn(run(cmd))
+        })
+        .collect();
+    for (i, r) in runs.into_iter().enumerate() {
+        let out = r.await.unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "session {i} failed:\n{stdout}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(
+            stdout.contains(&format!("session-{i}-ok")),
+            "session {i}:\n{stdout}"
+        );
+    }
+    // Every session's turns went to one account.
+    let mut by_session: std::collections::BTreeMap<String, std::collections::BTreeSet<String>> =
+        Default::default();
+    for a in gw.rr_order() {
+        for r in gw.sim.sim.requests(&a) {
+            let session = r
+                .headers
+                .get("session-id")
+                .cloned()
+                .expect("codex sends session-id");
+            by_session.entry(session).or_default().insert(a.clone());
+        }
+    }
+    assert_eq!(by_session.len(), 3, "{by_session:?}");
+    for (s, accounts) in &by_session {
+        assert_eq!(accounts.len(), 1, "session {s} moved: {accounts:?}");
+    }
+    let records = gw.requests(20).await;
+    assert!(
+        records.iter().all(|r| r["outcome"] == "success"),
+        "{records:?}"
+    );
+    assert!(
+        records.iter().any(|r| r["queue"]["outcome"] == "acquired"),
+        "one session waited: {records:?}"
+    );
+    assert_eq!(gw.status().await["in_flight"], 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn codex_cli_completes_a_tool_call_turn_while_the_first_account_fails_over() {
+    let gw = Gw::start(2).await;
+    let first = gw.rr_order()[0].clone();
+    let second = gw.rr_order()[1].clone();
+    gw.fault(
+        &first,
+        FaultKind::Quota {
+            resets_in_seconds: 3600,
+        },
+        None,
+    );
+    let tmp = tempfile::tempdir().unwrap();
+    let cmd = codex_exec(&gw, tmp.path(), "please run: echo switchyard-tool-ok");
+    let out = run(cmd).await;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "codex failed:\n{stdout}\n{stderr}");
+    assert!(
+        stdout.contains("switchyard-tool-ok"),
+        "final answer lacks the tool output:\n{stdout}\n{stderr}"
+    );
+
+    // Two turns reached the backend: the tool call, then its output.
+    let served = gw.sim.sim.requests(&second);
+    assert!(
+        served.len() >= 2,
+        "{} requests on the healthy account",
+        served.len()
+    );
+    let last_input = served.last().unwrap().body["input"]
+        .as_array()
+        .unwrap()
+        .clone();
+    assert!(
+        last_input
+            .iter()
+            .any(|i| i["type"] == "function_call_output"
+                && i["output"]
+                    .as_str()
+                    .is_some_and(|o| o.contains("switchyard-tool-ok"))),
+        "the follow-up carries the command's output"
+    );
+    assert!(
+        served.iter().all(|r| r.headers.contains_key("session-id")),
+        "session headers passed through"
+    );
+    assert_eq!(
+        gw.served(&first),
+        1,
+        "one quota answer, then the account was left alone"
+    );
+    let records = gw.requests(10).await;
+    assert!(
+        records.iter().all(|r| r["outcome"] == "success"),
+        "{records:?}"
+    );
+    assert!(records.iter().any(|r| r["attempts"][0]["class"] == "quota"));
+}
+
+/// The SDK meets a key's limits as OpenAI errors: `PermissionDeniedError` (403
+/// `model_not_allowed`) and `RateLimitError` (429 `key_rate_limited` with `Retry-After`) over
+/// HTTP, `error` events over the WebSocket, whose connection stays usable.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn openai_python_sdk_meets_a_keys_limits_over_http_and_websocket() {
+    let gw = Gw::start(2).await;
+    let (_, key) = gw
+        .make_key("sdk", serde_json::json!({"models": ["gpt-5.5"], "rpm": 3}))
+        .await;
+    let mut cmd = Command::new(python());
+    cmd.arg(repo().join("tests/clients/openai_key_limits.py"))
+        .arg(gw.url("/v1"))
+        .arg(&key)
+        .arg("gpt-5.5")
+        .arg("gpt-5.4-mini");
+    let out = run(cmd).await;
+    assert!(
+        out.status.success(),
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["http_denied"]["class"], "PermissionDeniedError", "{v}");
+    assert_eq!(v["http_denied"]["status"], 403);
+    assert_eq!(v["http_denied"]["code"], "model_not_allowed");
+    assert_eq!(v["http_allowed"]["ok"], true, "{v}");
+    let ws: Vec<(&str, Option<&str>)> = v["ws"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| (t["type"].as_str().unwrap(), t["code"].as_str()))
+        .collect();
+    assert_eq!(
+        ws,
+        [
+            ("error", Some("model_not_allowed")),
+            ("response.completed", None),
+            ("response.completed", None),
+            ("error", Some("key_rate_limited")),
+            ("error", Some("model_not_allowed")),
+        ],
+        "{v}"
+    );
+    assert_eq!(v["http_limited"]["class"], "RateLimitError", "{v}");
+    assert_eq!(v["http_limited"]["code"], "key_rate_limited");
+    let retry: u64 = v["http_limited"]["retry_after"]
+        .as_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!((1..=60).contains(&retry), "{retry}");
+    assert_eq!(v["usage"]["key"]["name"], "sdk");
+    assert_eq!(v["usage"]["usage"]["today"]["requests"], 8, "{v}");
+    assert_eq!(v["usage"]["limits"]["rpm"]["remaining"], 0, "{v}");
+    // Three requests reached the backend (and one WebSocket handshake); no refusal did.
+    let served: usize = gw.ids.keys().map(|a| gw.served(a)).sum();
+    assert_eq!(served, 4);
+}
