@@ -480,8 +480,8 @@ probe_model = "gpt-5.5"
 # metrics_token = "another-long-random-string"
 
 [scheduling]
-# These keys can also be changed live with PUT /api/admin/settings (a live change is kept in
-# the state directory and wins over this file until it is set back to null).
+# These keys can also be changed live through the admin API (PUT settings; a live change is
+# kept in the state directory and wins over this file until it is set back to null).
 # quota_aware (most headroom first), round_robin, least_loaded, or fill_first (account priority).
 strategy = "quota_aware"
 # Concurrent requests per account; the adaptive limit halves on a burst 429 and grows back.

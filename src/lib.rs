@@ -1,7 +1,6 @@
 //! Switchyard: one binary that pools Codex (ChatGPT) accounts behind one
 //! OpenAI-Responses-compatible endpoint. See `docs/architecture.md`.
 
-pub mod admin_client;
 pub mod api;
 pub mod base;
 pub mod cli;

@@ -11,7 +11,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use serde::de::DeserializeOwned;
-use switchyard_tui::wire;
+use switchyard_admin::wire;
 
 use super::AppState;
 use super::error::ApiError;
@@ -341,77 +341,17 @@ async fn update_account(
     Path(id): Path<String>,
     body: Bytes,
 ) -> Result<Json<wire::Account>, ApiError> {
-    let v: serde_json::Value = json_body(&body)?;
-    let obj = v
-        .as_object()
-        .ok_or_else(|| ApiError::bad_request("invalid_json", "the body must be a JSON object"))?;
-    if let Some(k) = obj.keys().find(|k| {
-        !matches!(
-            k.as_str(),
-            "label" | "priority" | "max_concurrency" | "proxy"
-        )
-    }) {
+    let patch: wire::AccountPatch = json_body(&body)?;
+    if patch.max_concurrency == Some(Some(0)) {
         return Err(ApiError::bad_request(
-            "unknown_field",
-            format!("unknown field `{k}` (expected label, priority, max_concurrency, proxy)"),
+            "invalid_value",
+            "`max_concurrency` must be an integer of at least 1, or null",
         ));
     }
-    let proxy = match obj.get("proxy") {
-        None => None,
-        Some(serde_json::Value::Null) => Some(None),
-        Some(p) => Some(Some(
-            p.as_str()
-                .ok_or_else(|| {
-                    ApiError::bad_request("invalid_value", "`proxy` must be a URL string, or null")
-                })?
-                .to_string(),
-        )),
-    };
-    let proxy_changed = proxy.is_some();
-    let label = match obj.get("label") {
-        None => None,
-        Some(l) => Some(
-            l.as_str()
-                .ok_or_else(|| ApiError::bad_request("invalid_value", "`label` must be a string"))?
-                .to_string(),
-        ),
-    };
-    let priority = match obj.get("priority") {
-        None => None,
-        Some(p) => Some(
-            p.as_i64()
-                .and_then(|p| i32::try_from(p).ok())
-                .ok_or_else(|| {
-                    ApiError::bad_request("invalid_value", "`priority` must be an integer")
-                })?,
-        ),
-    };
-    let max_concurrency = match obj.get("max_concurrency") {
-        None => None,
-        Some(serde_json::Value::Null) => Some(None),
-        Some(m) => Some(Some(
-            m.as_u64()
-                .and_then(|m| u32::try_from(m).ok())
-                .filter(|m| *m >= 1)
-                .ok_or_else(|| {
-                    ApiError::bad_request(
-                        "invalid_value",
-                        "`max_concurrency` must be an integer of at least 1, or null",
-                    )
-                })?,
-        )),
-    };
+    let proxy_changed = patch.proxy.is_some();
     let account = state
         .fleet
-        .set_account(
-            &id,
-            crate::fleet::settings::AccountChange {
-                label,
-                priority,
-                max_concurrency,
-                proxy,
-            },
-        )
+        .set_account(&id, view::account_change(patch))
         .await?;
     if proxy_changed {
         // Idle upstream sockets went out the old way.
@@ -536,7 +476,7 @@ async fn get_account(
 async fn report(
     State(state): State<Arc<AppState>>,
     axum::extract::RawQuery(query): axum::extract::RawQuery,
-) -> Result<Json<switchyard_tui::report::Report>, ApiError> {
+) -> Result<Json<switchyard_admin::report::Report>, ApiError> {
     let mut windows = Vec::new();
     let mut slow_ms = crate::telemetry::report::SLOW_FAILURE_MS;
     for pair in query

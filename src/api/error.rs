@@ -4,7 +4,7 @@
 use axum::Json;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use switchyard_tui::wire::{ErrorBody, ErrorDetail};
+use switchyard_admin::wire::{ErrorBody, ErrorDetail};
 
 use crate::fleet::FleetError;
 use crate::keys::KeyError;

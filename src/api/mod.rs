@@ -19,16 +19,15 @@ use axum::http::header::AUTHORIZATION;
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use switchyard_tui::wire;
+use switchyard_admin::wire;
 
+use self::error::ApiError;
 use crate::base::clock::SharedClock;
 use crate::dispatch::Dispatcher;
 use crate::fleet::Fleet;
 use crate::keys::KeyRing;
 use crate::store::Store;
 use crate::store::secrets::Secret;
-
-use self::error::ApiError;
 
 /// What every handler can reach.
 pub struct AppState {
@@ -57,7 +56,7 @@ pub struct AppState {
     pub ws_open: tokio_util::task::TaskTracker,
     /// Client connections: open, and closed by the gateway.
     pub edge: Arc<server::EdgeStats>,
-    /// What `POST /api/admin/reload` calls: the daemon's own configuration, read again.
+    /// What the admin API's reload calls: the daemon's own configuration, read again.
     pub reloader: Option<Arc<dyn Reloader>>,
 }
 

@@ -5,10 +5,12 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use switchyard_tui::wire;
+use switchyard_admin::wire;
 
 use crate::base::clock;
+use crate::fleet::affinity::Decision;
 use crate::fleet::health::AccountState;
+use crate::fleet::settings::AccountChange;
 use crate::fleet::{AccountView, Imported};
 use crate::keys::CreatedKey;
 use crate::keys::policy::{Policy, PolicyPatch};
@@ -142,6 +144,16 @@ pub fn key_policy(p: &Policy) -> wire::KeyPolicy {
     }
 }
 
+/// An account change as the admin API sends it, as the fleet takes it.
+pub fn account_change(p: wire::AccountPatch) -> AccountChange {
+    AccountChange {
+        label: p.label,
+        priority: p.priority,
+        max_concurrency: p.max_concurrency,
+        proxy: p.proxy,
+    }
+}
+
 /// A policy change as the admin API sends it, as the key ring takes it.
 pub fn policy_patch(p: wire::KeyPolicyPatch) -> PolicyPatch {
     PolicyPatch {
@@ -246,7 +258,7 @@ pub fn request(r: &RequestRecord) -> wire::RequestRecord {
                 reason: reason.as_str().into(),
             })
             .collect(),
-        affinity: r.affinity.label(),
+        affinity: affinity(&r.affinity),
         queue: r.queue.map(|q| wire::QueueWait {
             queue: q.kind.as_str().into(),
             outcome: q.outcome.as_str().into(),
@@ -257,6 +269,15 @@ pub fn request(r: &RequestRecord) -> wire::RequestRecord {
         ws: r.ws,
         ws_connect_ms: r.ws_connect_ms,
         terminal_source: r.terminal_source.map(|t| t.as_str().into()),
+    }
+}
+
+fn affinity(d: &Decision) -> wire::Affinity {
+    match d {
+        Decision::Reused => wire::Affinity::Reused,
+        Decision::NewBind => wire::Affinity::NewBind,
+        Decision::Rebound(why) => wire::Affinity::Rebound(why.as_str().into()),
+        Decision::None => wire::Affinity::None,
     }
 }
 
@@ -287,5 +308,106 @@ pub fn store_report(
             .collect(),
         without_tokens: scan.without_tokens,
         key_id: store.key_id().to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fleet::health::Class;
+    use crate::fleet::scheduler::{QueueKind, QueueOutcome, SkipReason};
+    use crate::keys::policy::Window;
+    use crate::telemetry::records::{Outcome, TerminalSource};
+    use crate::upstream::Transport;
+    use crate::upstream::failure::Phase;
+    use crate::upstream::ws::BreakerState;
+
+    /// Every name the daemon writes is one the admin wire knows, so no reader sees a value of
+    /// this very release as unknown.
+    #[test]
+    fn every_name_the_daemon_writes_is_known_to_the_wire() {
+        fn known<W: PartialEq + std::fmt::Debug>(
+            names: impl IntoIterator<Item = &'static str>,
+            read: impl Fn(&str) -> W,
+            is_known: impl Fn(&W) -> bool,
+        ) {
+            for name in names {
+                assert!(is_known(&read(name)), "`{name}` is not known to the wire");
+            }
+        }
+        known(
+            AccountState::ALL.iter().map(|v| v.as_str()),
+            wire::AccountState::from_name,
+            wire::AccountState::is_known,
+        );
+        known(
+            Class::ALL.iter().map(|v| v.as_str()),
+            wire::Class::from_name,
+            wire::Class::is_known,
+        );
+        known(
+            Phase::ALL.iter().map(|v| v.as_str()),
+            wire::Phase::from_name,
+            wire::Phase::is_known,
+        );
+        known(
+            Outcome::ALL.iter().map(|v| v.as_str()),
+            wire::Outcome::from_name,
+            wire::Outcome::is_known,
+        );
+        known(
+            Transport::ALL.iter().map(|v| v.as_str()),
+            wire::Transport::from_name,
+            wire::Transport::is_known,
+        );
+        known(
+            TerminalSource::ALL.iter().map(|v| v.as_str()),
+            wire::TerminalSource::from_name,
+            wire::TerminalSource::is_known,
+        );
+        known(
+            SkipReason::ALL.iter().map(|v| v.as_str()),
+            wire::SkipReason::from_name,
+            wire::SkipReason::is_known,
+        );
+        known(
+            QueueKind::ALL.iter().map(|v| v.as_str()),
+            wire::QueueKind::from_name,
+            wire::QueueKind::is_known,
+        );
+        known(
+            QueueOutcome::ALL.iter().map(|v| v.as_str()),
+            wire::QueueOutcome::from_name,
+            wire::QueueOutcome::is_known,
+        );
+        known(
+            BreakerState::ALL.iter().map(|v| v.as_str()),
+            wire::BreakerState::from_name,
+            wire::BreakerState::is_known,
+        );
+        known(
+            Window::ALL.iter().map(|v| v.as_str()),
+            wire::BudgetWindow::from_name,
+            wire::BudgetWindow::is_known,
+        );
+        // And the wire knows no name the daemon does not write.
+        assert_eq!(wire::AccountState::KNOWN.len(), AccountState::ALL.len());
+        assert_eq!(wire::Class::KNOWN.len(), Class::ALL.len());
+        assert_eq!(wire::Outcome::KNOWN.len(), Outcome::ALL.len());
+        assert_eq!(wire::Transport::KNOWN.len(), Transport::ALL.len());
+        assert_eq!(wire::SkipReason::KNOWN.len(), SkipReason::ALL.len());
+        assert_eq!(wire::QueueOutcome::KNOWN.len(), QueueOutcome::ALL.len());
+    }
+
+    #[test]
+    fn an_affinity_decision_keeps_its_reason_on_the_wire() {
+        for d in [
+            Decision::Reused,
+            Decision::NewBind,
+            Decision::None,
+            Decision::Rebound(crate::fleet::affinity::Rebound::Failed(Class::Quota)),
+        ] {
+            assert_eq!(affinity(&d).name(), d.label());
+        }
     }
 }

@@ -3,7 +3,7 @@
 use std::io::Read;
 use std::path::{Path, PathBuf};
 
-use switchyard_tui::wire;
+use switchyard_admin::wire;
 
 use super::CommandError;
 use super::args::{AccountCommand, Setting};
@@ -213,7 +213,7 @@ pub(super) async fn account_with(
                     CommandError::Usage(format!("--max-concurrency {n} is too large"))
                 })?)),
             };
-            let change = crate::fleet::settings::AccountChange {
+            let patch = wire::AccountPatch {
                 label: args.label,
                 priority: args.priority,
                 max_concurrency,
@@ -222,13 +222,13 @@ pub(super) async fn account_with(
                     Setting::Clear => None,
                 }),
             };
-            if change == crate::fleet::settings::AccountChange::default() {
+            if patch.is_empty() {
                 return Err(CommandError::Usage(
                     "nothing to change: give --label, --priority, --max-concurrency or --proxy"
                         .into(),
                 ));
             }
-            let a = backend.set_account(&args.id, change).await?;
+            let a = backend.set_account(&args.id, patch).await?;
             println!(
                 "{} · priority {} · max concurrency {} · proxy {}",
                 describe_account(&a),
@@ -273,7 +273,7 @@ pub(super) fn account_table(accounts: &[wire::Account]) -> String {
             .map(|a| {
                 let state = match &a.reason {
                     Some(reason) => format!("{} ({reason})", a.state),
-                    None => a.state.clone(),
+                    None => a.state.to_string(),
                 };
                 vec![
                     a.id.clone(),
@@ -319,7 +319,7 @@ mod tests {
             enabled: true,
             state: state.into(),
             created_at: "2026-11-30T00:00:00Z".into(),
-            reason: reason.map(str::to_string),
+            reason: reason.map(wire::Class::from_name),
             detail: detail.map(str::to_string),
             cooldown_until: None,
             cooldown_remaining_s: None,

@@ -4,12 +4,12 @@
 
 use std::sync::Arc;
 
-use axum::http::Method;
-use switchyard_tui::wire;
+use switchyard_admin::AdminClient;
+use switchyard_admin::wire;
+use switchyard_admin::wire::AccountAction;
 
 use super::CommandError;
 use super::{admin_socket, state_dir};
-use crate::admin_client::{AdminClient, ClientError};
 use crate::api::view;
 use crate::base::clock;
 use crate::config::Config;
@@ -65,7 +65,7 @@ impl Backend {
 
     pub(super) async fn list_accounts(&self) -> Result<Vec<wire::Account>, CommandError> {
         match self {
-            Backend::Daemon(c) => Ok(c.call(Method::GET, "/api/admin/accounts", None).await?),
+            Backend::Daemon(c) => Ok(c.accounts().await?),
             Backend::Direct { fleet, store, .. } => {
                 // The error rates a daemon would show, from the stored records.
                 let now = clock::system().now_ms();
@@ -87,16 +87,7 @@ impl Backend {
     /// One account by its id, chatgpt_account_id, email or label.
     pub(super) async fn get_account(&self, selector: &str) -> Result<wire::Account, CommandError> {
         match self {
-            Backend::Daemon(c) => Ok(c
-                .call(
-                    Method::GET,
-                    &format!(
-                        "/api/admin/accounts/{}",
-                        crate::base::urlcode::encode(selector)
-                    ),
-                    None,
-                )
-                .await?),
+            Backend::Daemon(c) => Ok(c.account(selector).await?),
             Backend::Direct { fleet, .. } => {
                 let id = fleet.resolve(selector)?;
                 Ok(view::account(
@@ -111,9 +102,7 @@ impl Backend {
         raw: &[u8],
     ) -> Result<wire::ImportedAccount, CommandError> {
         match self {
-            Backend::Daemon(c) => Ok(c
-                .call(Method::POST, "/api/admin/accounts", Some(raw.to_vec()))
-                .await?),
+            Backend::Daemon(c) => Ok(c.import_account(raw).await?),
             Backend::Direct { fleet, .. } => {
                 Ok(view::imported(&fleet.import(fleet.parse_auth(raw)?).await?))
             }
@@ -127,16 +116,11 @@ impl Backend {
     ) -> Result<wire::Account, CommandError> {
         match self {
             Backend::Daemon(c) => {
-                let verb = if enabled { "enable" } else { "disable" };
-                Ok(c.call(
-                    Method::POST,
-                    &format!(
-                        "/api/admin/accounts/{}/{verb}",
-                        crate::base::urlcode::encode(id)
-                    ),
-                    None,
-                )
-                .await?)
+                let action = match enabled {
+                    true => AccountAction::Enable,
+                    false => AccountAction::Disable,
+                };
+                Ok(c.account_action(id, action).await?)
             }
             Backend::Direct { fleet, .. } => {
                 Ok(view::account(&fleet.set_enabled(id, enabled).await?))
@@ -146,13 +130,7 @@ impl Backend {
 
     pub(super) async fn remove_account(&self, id: &str) -> Result<wire::Account, CommandError> {
         match self {
-            Backend::Daemon(c) => Ok(c
-                .call(
-                    Method::DELETE,
-                    &format!("/api/admin/accounts/{}", crate::base::urlcode::encode(id)),
-                    None,
-                )
-                .await?),
+            Backend::Daemon(c) => Ok(c.remove_account(id).await?),
             Backend::Direct { fleet, .. } => Ok(view::account(&fleet.remove(id).await?)),
         }
     }
@@ -160,33 +138,13 @@ impl Backend {
     pub(super) async fn set_account(
         &self,
         id: &str,
-        change: crate::fleet::settings::AccountChange,
+        patch: wire::AccountPatch,
     ) -> Result<wire::Account, CommandError> {
         match self {
-            Backend::Daemon(c) => {
-                let mut body = serde_json::Map::new();
-                if let Some(l) = &change.label {
-                    body.insert("label".into(), l.clone().into());
-                }
-                if let Some(p) = change.priority {
-                    body.insert("priority".into(), p.into());
-                }
-                if let Some(m) = change.max_concurrency {
-                    body.insert("max_concurrency".into(), serde_json::json!(m));
-                }
-                if let Some(p) = &change.proxy {
-                    body.insert("proxy".into(), serde_json::json!(p));
-                }
-                Ok(c.call(
-                    Method::PUT,
-                    &format!("/api/admin/accounts/{}", crate::base::urlcode::encode(id)),
-                    Some(serde_json::Value::Object(body).to_string().into_bytes()),
-                )
-                .await?)
-            }
-            Backend::Direct { fleet, .. } => {
-                Ok(view::account(&fleet.set_account(id, change).await?))
-            }
+            Backend::Daemon(c) => Ok(c.update_account(id, &patch).await?),
+            Backend::Direct { fleet, .. } => Ok(view::account(
+                &fleet.set_account(id, view::account_change(patch)).await?,
+            )),
         }
     }
 
@@ -198,16 +156,7 @@ impl Backend {
         id: &str,
     ) -> Result<wire::Account, CommandError> {
         match self {
-            Backend::Daemon(c) => Ok(c
-                .call(
-                    Method::POST,
-                    &format!(
-                        "/api/admin/accounts/{}/refresh",
-                        crate::base::urlcode::encode(id)
-                    ),
-                    None,
-                )
-                .await?),
+            Backend::Daemon(c) => Ok(c.account_action(id, AccountAction::Refresh).await?),
             Backend::Direct { fleet, .. } => {
                 crate::upstream::install_crypto_provider();
                 let upstream = crate::upstream::Upstream::new(&config.upstream)
@@ -223,16 +172,7 @@ impl Backend {
         keep: bool,
     ) -> Result<wire::ExportedAccount, CommandError> {
         match self {
-            Backend::Daemon(c) => Ok(c
-                .call(
-                    Method::POST,
-                    &format!(
-                        "/api/admin/accounts/{}/export?keep={keep}",
-                        crate::base::urlcode::encode(id)
-                    ),
-                    None,
-                )
-                .await?),
+            Backend::Daemon(c) => Ok(c.export_account(id, keep).await?),
             Backend::Direct { fleet, .. } => Ok(view::exported(&fleet.export(id, keep).await?)),
         }
     }
@@ -244,12 +184,11 @@ impl Backend {
     ) -> Result<wire::CreatedKey, CommandError> {
         match self {
             Backend::Daemon(c) => {
-                let body = serde_json::to_vec(&wire::CreateKey {
+                let key = wire::CreateKey {
                     name: name.to_string(),
                     policy,
-                })
-                .map_err(|e| ClientError::Decode(e.to_string()))?;
-                Ok(c.call(Method::POST, "/api/admin/keys", Some(body)).await?)
+                };
+                Ok(c.create_key(&key).await?)
             }
             Backend::Direct { keys, .. } => Ok(view::created_key(
                 &keys.create(name, &view::policy_patch(policy)).await?,
@@ -263,16 +202,7 @@ impl Backend {
         patch: wire::KeyPolicyPatch,
     ) -> Result<wire::Key, CommandError> {
         match self {
-            Backend::Daemon(c) => {
-                let body =
-                    serde_json::to_vec(&patch).map_err(|e| ClientError::Decode(e.to_string()))?;
-                Ok(c.call(
-                    Method::PATCH,
-                    &format!("/api/admin/keys/{}", crate::base::urlcode::encode(id)),
-                    Some(body),
-                )
-                .await?)
-            }
+            Backend::Daemon(c) => Ok(c.update_key(id, &patch).await?),
             Backend::Direct { keys, .. } => Ok(view::key(
                 &keys.update(id, &view::policy_patch(patch)).await?,
             )),
@@ -281,13 +211,7 @@ impl Backend {
 
     pub(super) async fn show_key(&self, id: &str) -> Result<wire::Key, CommandError> {
         match self {
-            Backend::Daemon(c) => Ok(c
-                .call(
-                    Method::GET,
-                    &format!("/api/admin/keys/{}", crate::base::urlcode::encode(id)),
-                    None,
-                )
-                .await?),
+            Backend::Daemon(c) => Ok(c.key(id).await?),
             Backend::Direct { keys, .. } => Ok(view::key(&keys.resolve(id)?)),
         }
     }
@@ -299,13 +223,7 @@ impl Backend {
         to: u64,
     ) -> Result<Vec<wire::UsageBucket>, CommandError> {
         match self {
-            Backend::Daemon(c) => Ok(c
-                .call(
-                    Method::GET,
-                    &format!("/api/admin/usage?from={from}&to={to}"),
-                    None,
-                )
-                .await?),
+            Backend::Daemon(c) => Ok(c.usage(from, to).await?),
             Backend::Direct { store, keys, .. } => {
                 let names = keys.names();
                 Ok(store
@@ -321,18 +239,9 @@ impl Backend {
         &self,
         windows: Vec<u64>,
         slow_ms: u64,
-    ) -> Result<switchyard_tui::report::Report, CommandError> {
+    ) -> Result<switchyard_admin::report::Report, CommandError> {
         match self {
-            Backend::Daemon(c) => {
-                let mut q: Vec<String> = windows.iter().map(|w| format!("window={w}")).collect();
-                q.push(format!("slow_ms={slow_ms}"));
-                Ok(c.call(
-                    Method::GET,
-                    &format!("/api/admin/report?{}", q.join("&")),
-                    None,
-                )
-                .await?)
-            }
+            Backend::Daemon(c) => Ok(c.report(&windows, Some(slow_ms)).await?),
             Backend::Direct { store, fleet, .. } => {
                 let names = crate::telemetry::report::names(&fleet.list());
                 let scope = crate::telemetry::report::Scope {
@@ -352,20 +261,14 @@ impl Backend {
 
     pub(super) async fn list_keys(&self) -> Result<Vec<wire::Key>, CommandError> {
         match self {
-            Backend::Daemon(c) => Ok(c.call(Method::GET, "/api/admin/keys", None).await?),
+            Backend::Daemon(c) => Ok(c.keys().await?),
             Backend::Direct { keys, .. } => Ok(view::keys(&keys.list())),
         }
     }
 
     pub(super) async fn revoke_key(&self, id: &str) -> Result<wire::Key, CommandError> {
         match self {
-            Backend::Daemon(c) => Ok(c
-                .call(
-                    Method::DELETE,
-                    &format!("/api/admin/keys/{}", crate::base::urlcode::encode(id)),
-                    None,
-                )
-                .await?),
+            Backend::Daemon(c) => Ok(c.revoke_key(id).await?),
             Backend::Direct { keys, .. } => Ok(view::key(&keys.revoke(id).await?)),
         }
     }

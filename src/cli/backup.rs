@@ -8,11 +8,10 @@ use std::io::Write;
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
-use axum::http::Method;
+use switchyard_admin::AdminClient;
 
 use super::args::{BackupArgs, RestoreArgs};
 use super::{CommandError, admin_socket, state_dir};
-use crate::admin_client::AdminClient;
 use crate::config::Config;
 use crate::store::backup::{self, Manifest};
 use crate::store::schema::SCHEMA_VERSION;
@@ -97,8 +96,7 @@ async fn take(config: &Config, args: &BackupArgs, tmp: &Path) -> Result<(), Comm
     let socket = admin_socket(config);
     if let Ok(client) = AdminClient::connect(&socket).await {
         let mut out = create_private(tmp)?;
-        let path = format!("/api/admin/backup?include_key={}", args.include_key);
-        client.download(Method::GET, &path, &mut out).await?;
+        client.backup(args.include_key, &mut out).await?;
         return out.sync_all().map_err(write_err(tmp));
     }
     let dir = state_dir(config);

@@ -183,8 +183,7 @@ pub async fn run(opts: DemoOptions) -> Result<(), DemoError> {
         }
     };
     let why = if opts.console {
-        let console =
-            switchyard_tui::run(switchyard_tui::admin::Target::Socket(demo.socket.clone()));
+        let console = switchyard_tui::run(switchyard_admin::Target::Socket(demo.socket.clone()));
         tokio::select! {
             r = console => Why::Console(r),
             kind = &mut signals => Why::Signal(kind),

@@ -6,12 +6,11 @@
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
-use axum::http::Method;
 use serde::Serialize;
-use switchyard_tui::wire;
+use switchyard_admin::AdminClient;
+use switchyard_admin::wire;
 
 use super::args::DoctorArgs;
-use crate::admin_client::AdminClient;
 use crate::api::view;
 use crate::config::{Config, ConfigError};
 use crate::fleet::Fleet;
@@ -132,10 +131,7 @@ async fn checks(config: &Config, args: &DoctorArgs, r: &mut Report) {
     let socket = config.admin_socket(&crate::config::process_env);
     let daemon =
         match AdminClient::connect(&socket).await {
-            Ok(c) => match c
-                .call::<wire::Status>(Method::GET, "/api/admin/status", None)
-                .await
-            {
+            Ok(c) => match c.status().await {
                 Ok(status) => {
                     daemon_version(&status, r);
                     Some(c)
@@ -248,10 +244,7 @@ fn files(dir: &Path, r: &mut Report) {
 
 /// The store through the daemon: its scan and quarantine, and its accounts.
 async fn through_daemon(c: &AdminClient, r: &mut Report) -> Option<Vec<wire::Account>> {
-    match c
-        .call::<wire::StoreReport>(Method::GET, "/api/admin/doctor", None)
-        .await
-    {
+    match c.doctor().await {
         Ok(report) => {
             r.ok(
                 "store integrity",
@@ -269,7 +262,7 @@ async fn through_daemon(c: &AdminClient, r: &mut Report) -> Option<Vec<wire::Acc
             "see the daemon's log (`journalctl -u switchyard`)",
         ),
     }
-    c.call(Method::GET, "/api/admin/accounts", None).await.ok()
+    c.accounts().await.ok()
 }
 
 /// The store read directly (read-only), its integrity checked on a copy.
@@ -391,7 +384,7 @@ fn store_findings(report: &wire::StoreReport, r: &mut Report) {
 fn logins(accounts: &[wire::Account], r: &mut Report) {
     let dead: Vec<&wire::Account> = accounts
         .iter()
-        .filter(|a| a.state == "needs_reauth")
+        .filter(|a| a.state == wire::AccountState::NeedsReauth)
         .collect();
     if dead.is_empty() {
         r.ok(

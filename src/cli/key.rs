@@ -1,6 +1,6 @@
 //! `switchyard key …`: create, update, show, list, revoke; the policy flags as a change.
 
-use switchyard_tui::wire;
+use switchyard_admin::wire;
 
 use super::CommandError;
 use super::args::{KeyCommand, PolicyArgs, Setting};

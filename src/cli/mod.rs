@@ -18,12 +18,10 @@ pub mod usage_report;
 
 use std::path::PathBuf;
 
-use axum::http::Method;
-use switchyard_tui::wire;
+use switchyard_admin::{AdminClient, ClientError, Target};
 
 pub use self::args::Cli;
 use self::args::{Command, ConfigCommand};
-use crate::admin_client::{AdminClient, ClientError, Target};
 use crate::base::clock::{self, SharedClock};
 use crate::config::{self, Config, ConfigError};
 use crate::daemon::systemd::Notifier;
@@ -237,9 +235,7 @@ async fn reload(config: &Config, source: &config::Source) -> Result<(), CommandE
         })?,
         None => String::new(),
     };
-    let r: wire::Reloaded = client
-        .call(Method::POST, "/api/admin/reload", Some(text.into_bytes()))
-        .await?;
+    let r = client.reload(&text).await?;
     if r.applied.is_empty() {
         println!("reloaded: nothing changed that applies live");
     } else {
@@ -306,9 +302,7 @@ async fn console(args: args::ConsoleArgs, config: &Config) -> Result<(), Command
 async fn locked(path: PathBuf, config: &Config) -> CommandError {
     let socket = admin_socket(config);
     if let Ok(client) = AdminClient::connect(&socket).await
-        && let Ok(status) = client
-            .call::<wire::Status>(Method::GET, "/api/admin/status", None)
-            .await
+        && let Ok(status) = client.status().await
     {
         return CommandError::AlreadyServing {
             pid: status.pid,

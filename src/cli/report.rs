@@ -16,7 +16,7 @@ pub(super) async fn report(config: &Config, args: ReportArgs) -> Result<(), Comm
     if args.format == "json" {
         println!("{}", to_json(&r));
     } else {
-        print!("{}", switchyard_tui::report::render_text(&r));
+        print!("{}", switchyard_admin::report::render_text(&r));
     }
     Ok(())
 }

@@ -13,7 +13,7 @@ use std::collections::BTreeMap;
 
 use serde::ser::{SerializeMap, Serializer};
 use serde::{Deserialize, Serialize};
-use switchyard_tui::wire::UsageBucket;
+use switchyard_admin::wire::UsageBucket;
 
 /// One dimension a report groups by.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]

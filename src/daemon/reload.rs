@@ -9,7 +9,7 @@
 
 use std::sync::{Arc, RwLock};
 
-use switchyard_tui::wire;
+use switchyard_admin::wire;
 
 use super::systemd::Notifier;
 use crate::api::{AppState, Reloader};

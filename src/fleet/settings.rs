@@ -1,5 +1,5 @@
 //! Scheduling settings: from the config's `[scheduling]`, overridden live by
-//! `PUT /api/admin/settings` (persisted in redb as a patch over the config, so a value changed
+//! the admin API's `PUT settings` (persisted in redb as a patch over the config, so a value changed
 //! by an operator survives a restart and `null` hands a key back to the config).
 
 use std::time::Duration;
@@ -46,7 +46,7 @@ impl Strategy {
     }
 }
 
-/// The effective scheduling settings (config `[scheduling]`, and `GET /api/admin/settings`).
+/// The effective scheduling settings (config `[scheduling]`, and the admin API's `GET settings`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Settings {
@@ -354,7 +354,7 @@ impl super::Fleet {
         }
     }
 
-    /// `PUT /api/admin/accounts/{id}` and `account set`: the account's label, its priority,
+    /// The admin API's `PUT accounts/{id}` and `account set`: the account's label, its priority,
     /// its own concurrency cap (`Some(None)` removes the cap) and its egress proxy.
     pub async fn set_account(
         &self,

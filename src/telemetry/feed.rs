@@ -9,7 +9,7 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use switchyard_tui::wire::{self, FeedBody, FeedMessage};
+use switchyard_admin::wire::{self, FeedBody, FeedMessage};
 use tokio::sync::mpsc;
 
 /// Messages a subscriber may have queued before it counts as too slow.

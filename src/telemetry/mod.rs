@@ -3,11 +3,10 @@
 use std::io::IsTerminal;
 use std::sync::OnceLock;
 
+use serde::{Deserialize, Serialize};
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::{EnvFilter, Registry, fmt, reload};
-
-use serde::{Deserialize, Serialize};
 
 /// The installed filter, which a reload of the config may replace.
 static FILTER: OnceLock<reload::Handle<EnvFilter, Registry>> = OnceLock::new();

@@ -1,13 +1,14 @@
 //! The error report (`switchyard report`): read off request records, per window, with the
 //! definitions of [`super::windows`] — and what an operator would conclude from them. The wire
-//! shape and its text live in `switchyard_tui::report`.
+//! shape and its text live in `switchyard_admin::report`.
 
 use std::collections::BTreeMap;
 
-use switchyard_tui::report::{
+use switchyard_admin::report::{
     AccountFailures, Chain, FailureGroup, ModelMiss, PostCommit, Report, SlowFailure, Suggestion,
-    WindowReport,
+    SuggestionKind, WindowReport,
 };
+use switchyard_admin::wire::Class;
 
 use super::records::{Outcome, RequestRecord};
 use super::windows::{counts, finished_ms, is_upstream_error, tally};
@@ -222,7 +223,7 @@ fn window(
             let mut failures: Vec<FailureGroup> = groups
                 .into_iter()
                 .map(|((class, status, message, rule), count)| FailureGroup {
-                    class,
+                    class: class.as_str().into(),
                     status,
                     message,
                     count,
@@ -321,7 +322,7 @@ fn suggest(w: &WindowReport, names: &Names) -> Vec<Suggestion> {
                 let (id, priority) =
                     by_label(label).map_or((label.clone(), 0), |(id, _, p)| (id.clone(), *p));
                 out.push(Suggestion {
-                    kind: "lower_priority".into(),
+                    kind: SuggestionKind::LowerPriority,
                     text: format!(
                         "{label} had {n} of the {total} overload errors: lower its priority so \
                          steadier accounts carry the load first (one change at a time, then \
@@ -333,7 +334,7 @@ fn suggest(w: &WindowReport, names: &Names) -> Vec<Suggestion> {
         }
     }
     // Frequent messages that no rule judges.
-    let mut frequent: BTreeMap<(Option<u16>, String), (u64, String)> = BTreeMap::new();
+    let mut frequent: BTreeMap<(Option<u16>, String), (u64, Class)> = BTreeMap::new();
     for a in &w.accounts {
         for g in a.failures.iter().filter(|g| g.rule.is_none()) {
             let e = frequent
@@ -375,7 +376,7 @@ fn suggest(w: &WindowReport, names: &Names) -> Vec<Suggestion> {
         }
         toml.push_str(&format!("class = \"{class}\"\ncooldown = \"1m\"\n"));
         out.push(Suggestion {
-            kind: "add_rule".into(),
+            kind: SuggestionKind::AddRule,
             text: format!(
                 "\"{message}\" came {count} times and no rule judges it: a rule to consider"
             ),

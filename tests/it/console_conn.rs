@@ -6,9 +6,9 @@
 use std::time::Duration;
 
 use futures_util::SinkExt;
-use switchyard_tui::admin::{AdminClient, Target};
+use switchyard_admin::wire::{FeedBody, PROTOCOL_VERSION};
+use switchyard_admin::{AdminClient, Target};
 use switchyard_tui::conn::{self, BACKOFF_BASE, ConnEvent};
-use switchyard_tui::wire::{FeedBody, PROTOCOL_VERSION};
 use tokio::net::TcpListener;
 use tokio::sync::mpsc;
 use tokio_tungstenite::tungstenite::Message;

@@ -5,7 +5,7 @@ use crate::common;
 use crate::common::gw::{Gw, body_plain};
 use futures_util::StreamExt;
 use switchyard::sim::FaultKind;
-use switchyard_tui::wire::{FeedBody, FeedMessage, PROTOCOL_VERSION};
+use switchyard_admin::wire::{FeedBody, FeedMessage, PROTOCOL_VERSION};
 use tokio_tungstenite::tungstenite::Message;
 
 async fn subscribe(gw: &Gw) -> tokio_tungstenite::WebSocketStream<tokio::net::UnixStream> {
@@ -60,14 +60,15 @@ async fn snapshot_then_updates_show_requests_and_an_account_going_to_cooling() {
             panic!("a second snapshot")
         };
         assert!(m.seq > 0);
-        saw_request |= u
-            .requests
-            .iter()
-            .any(|r| r.attempts.first().is_some_and(|a| a.class == "quota"));
+        saw_request |= u.requests.iter().any(|r| {
+            r.attempts
+                .first()
+                .is_some_and(|a| a.class.as_str() == "quota")
+        });
         saw_cooling |= u.accounts.iter().any(|a| {
             a.chatgpt_account_id == order[0]
-                && a.state == "cooling"
-                && a.reason.as_deref() == Some("quota")
+                && a.state.as_str() == "cooling"
+                && a.reason.as_ref().map(|r| r.as_str()) == Some("quota")
         });
     }
 }

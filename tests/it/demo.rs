@@ -10,8 +10,8 @@ use std::time::Duration;
 
 use crate::common::{BIN, SIGNAL_DEADLINE, clean_env};
 use axum::http::Method;
-use switchyard::admin_client::AdminClient;
-use switchyard_tui::wire::{Account, RequestRecord};
+use switchyard_admin::AdminClient;
+use switchyard_admin::wire::{Account, RequestRecord};
 
 /// How long the demo gets to show everything (it takes a few seconds; the margin is for a
 /// loaded machine).
@@ -171,18 +171,21 @@ impl Shown {
 
     fn take(&mut self, records: &[RequestRecord], accounts: &[Account]) {
         for r in records {
-            self.sse |= !r.ws && r.transport == "http";
+            self.sse |= !r.ws && r.transport.as_str() == "http";
             self.ws |= r.ws;
-            self.reused |= r.affinity == "reused";
-            self.queue_wait |= r.queue.as_ref().is_some_and(|q| q.outcome == "acquired");
-            self.stream_drop |= r.outcome == "stream_error";
+            self.reused |= r.affinity.name() == "reused";
+            self.queue_wait |= r
+                .queue
+                .as_ref()
+                .is_some_and(|q| q.outcome.as_str() == "acquired");
+            self.stream_drop |= r.outcome.as_str() == "stream_error";
             for a in &r.attempts {
-                self.quota |= a.class == "quota";
-                self.rate_limited |= a.class == "rate_limited";
-                self.stream_drop |= a.phase.as_deref() == Some("mid_stream");
+                self.quota |= a.class.as_str() == "quota";
+                self.rate_limited |= a.class.as_str() == "rate_limited";
+                self.stream_drop |= a.phase.as_ref().map(|p| p.as_str()) == Some("mid_stream");
             }
         }
-        self.cooling |= accounts.iter().any(|a| a.state == "cooling");
+        self.cooling |= accounts.iter().any(|a| a.state.as_str() == "cooling");
     }
 }
 

@@ -13,12 +13,12 @@ use std::sync::Arc;
 use crate::common;
 use axum::http::Method;
 use serde_json::Value;
-use switchyard::admin_client::AdminClient;
 use switchyard::base::clock::{ManualClock, SharedClock};
 use switchyard::config::Config;
 use switchyard::daemon::systemd::Notifier;
 use switchyard::daemon::{self, ShutdownKind};
 use switchyard::store::Store;
+use switchyard_admin::AdminClient;
 
 fn fixture(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))

@@ -4,14 +4,13 @@
 use std::time::{Duration, Instant};
 
 use crossterm::event::KeyEvent;
-use hyper::Method;
+use switchyard_admin::AdminClient;
+use switchyard_admin::wire::{self, AccountAction};
 use tokio::sync::mpsc;
 
-use crate::admin::AdminClient;
 use crate::conn::{self, ConnEvent};
 use crate::input::{self, Intent};
 use crate::state::{Link, State};
-use crate::wire;
 
 /// The panes, in tab order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -51,34 +50,16 @@ impl Pane {
     }
 }
 
-/// An operator action on one account, sent through the admin API.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum AccountAction {
-    Enable,
-    Disable,
-    Drain,
-    Undrain,
-    ClearCooldown,
-    Refresh,
-    Probe,
+/// How the console speaks of an operator action on an account.
+pub trait ActionWords {
+    /// How the confirmation asks, `"Disable"` in "Disable sim-acct-1?".
+    fn verb(self) -> &'static str;
+    /// What the footer says once it is done.
+    fn done(self) -> &'static str;
 }
 
-impl AccountAction {
-    /// The admin API path segment: `POST /api/admin/accounts/{id}/{segment}`.
-    pub fn segment(self) -> &'static str {
-        match self {
-            AccountAction::Enable => "enable",
-            AccountAction::Disable => "disable",
-            AccountAction::Drain => "drain",
-            AccountAction::Undrain => "undrain",
-            AccountAction::ClearCooldown => "clear-cooldown",
-            AccountAction::Refresh => "refresh",
-            AccountAction::Probe => "probe",
-        }
-    }
-
-    /// How the confirmation asks, `"Disable"` in "Disable sim-acct-1?".
-    pub fn verb(self) -> &'static str {
+impl ActionWords for AccountAction {
+    fn verb(self) -> &'static str {
         match self {
             AccountAction::Enable => "Enable",
             AccountAction::Disable => "Disable",
@@ -90,8 +71,7 @@ impl AccountAction {
         }
     }
 
-    /// What the footer says once it is done.
-    pub fn done(self) -> &'static str {
+    fn done(self) -> &'static str {
         match self {
             AccountAction::Enable => "enabled",
             AccountAction::Disable => "disabled",
@@ -386,13 +366,13 @@ impl App {
 
 impl App {
     /// The report arrived (or could not be had): shown if its overlay is still open.
-    pub fn on_report(&mut self, result: Result<crate::report::Report, String>) {
+    pub fn on_report(&mut self, result: Result<switchyard_admin::report::Report, String>) {
         if !matches!(self.overlay, Overlay::Report(_)) {
             return;
         }
         self.overlay = Overlay::Report(match result {
             Ok(r) => ReportView::Text {
-                text: crate::report::render_text(&r),
+                text: switchyard_admin::report::render_text(&r),
                 scroll: 0,
             },
             Err(e) => ReportView::Failed(e),
@@ -417,7 +397,8 @@ pub async fn run(client: AdminClient) -> Result<(), Error> {
     let feed = tokio::spawn(conn::run(client.clone(), conn_tx));
     let mut keys = crate::term::keys();
     let (done_tx, mut done_rx) = mpsc::channel::<(Pending, Result<wire::Account, String>)>(16);
-    let (report_tx, mut report_rx) = mpsc::channel::<Result<crate::report::Report, String>>(4);
+    let (report_tx, mut report_rx) =
+        mpsc::channel::<Result<switchyard_admin::report::Report, String>>(4);
     let mut tick = tokio::time::interval(Duration::from_millis(250));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
     let mut reconnect_at: Option<Instant> = None;
@@ -436,13 +417,8 @@ pub async fn run(client: AdminClient) -> Result<(), Error> {
                         let client = client.clone();
                         let done = done_tx.clone();
                         tokio::spawn(async move {
-                            let path = format!(
-                                "/api/admin/accounts/{}/{}",
-                                pending.account,
-                                pending.action.segment()
-                            );
                             let result = client
-                                .call::<wire::Account>(Method::POST, &path, None)
+                                .account_action(&pending.account, pending.action)
                                 .await
                                 .map_err(|e| e.to_string());
                             let _ = done.send((pending, result)).await;
@@ -453,7 +429,7 @@ pub async fn run(client: AdminClient) -> Result<(), Error> {
                         let done = report_tx.clone();
                         tokio::spawn(async move {
                             let result = client
-                                .call::<crate::report::Report>(Method::GET, "/api/admin/report", None)
+                                .report(&[], None)
                                 .await
                                 .map_err(|e| e.to_string());
                             let _ = done.send(result).await;

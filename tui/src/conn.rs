@@ -4,11 +4,10 @@
 use std::time::Duration;
 
 use futures_util::StreamExt;
+use switchyard_admin::AdminClient;
+use switchyard_admin::wire::{FeedMessage, PROTOCOL_VERSION};
 use tokio::sync::mpsc;
 use tokio_tungstenite::tungstenite::Message;
-
-use crate::admin::AdminClient;
-use crate::wire::{FeedMessage, PROTOCOL_VERSION};
 
 /// First retry delay.
 pub const BACKOFF_BASE: Duration = Duration::from_millis(500);

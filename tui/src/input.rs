@@ -2,8 +2,9 @@
 //! (see `App::on_key`).
 
 use crossterm::event::{KeyCode, KeyEvent, KeyEventKind, KeyModifiers};
+use switchyard_admin::wire::AccountAction;
 
-use crate::app::{AccountAction, Pane};
+use crate::app::Pane;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Intent {

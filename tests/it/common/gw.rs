@@ -9,7 +9,6 @@ use std::sync::Arc;
 
 use axum::http::Method;
 use serde_json::{Value, json};
-use switchyard::admin_client::AdminClient;
 use switchyard::base::clock::{self, SharedClock};
 use switchyard::config::Config;
 use switchyard::daemon::systemd::Notifier;
@@ -18,6 +17,7 @@ use switchyard::fleet::Fleet;
 use switchyard::keys::KeyRing;
 use switchyard::sim::{Fault, FaultKind, Sim, SimHandle, SimOptions};
 use switchyard::store::Store;
+use switchyard_admin::AdminClient;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 

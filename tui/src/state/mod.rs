@@ -6,8 +6,9 @@ pub mod stats;
 use std::collections::{BTreeMap, VecDeque};
 
 pub use stats::{AccountStats, AffinityStats, Percentiles, QueueStats, TransportStats};
-
-use crate::wire::{Account, Feed, FeedBody, FeedMessage, KeyLive, RequestRecord, Status};
+use switchyard_admin::wire::{
+    Account, BreakerState, Feed, FeedBody, FeedMessage, KeyLive, RequestRecord, Status,
+};
 
 /// Requests kept for the tail and the windows.
 pub const KEEP_REQUESTS: usize = 5000;
@@ -47,7 +48,7 @@ pub struct State {
     pub sessions: BTreeMap<String, usize>,
     pub ws_pool_idle: usize,
     pub ws_pool: BTreeMap<String, usize>,
-    pub breaker: String,
+    pub breaker: BreakerState,
     pub pool_waiting: usize,
     pub pool_oldest_wait_ms: Option<u64>,
     /// The client keys, live, as the last message listed them (every message has them all).

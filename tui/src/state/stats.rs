@@ -3,8 +3,9 @@
 use std::collections::BTreeMap;
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use switchyard_admin::wire::{Affinity, Class, QueueOutcome, RequestRecord, Transport};
+
 use super::{Finished, State};
-use crate::wire::RequestRecord;
 
 pub(crate) fn wall_ms() -> u64 {
     SystemTime::now()
@@ -76,8 +77,7 @@ pub struct AffinityStats {
 /// Slot waits over the window.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct QueueStats {
-    /// `acquired | timeout | queue_full | client_left` -> count.
-    pub outcomes: BTreeMap<String, usize>,
+    pub outcomes: BTreeMap<QueueOutcome, usize>,
     pub wait: Option<Percentiles>,
 }
 
@@ -85,12 +85,12 @@ pub struct QueueStats {
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct TransportStats {
     /// Decision -> count per minute, the current minute last.
-    pub per_minute: BTreeMap<String, Vec<usize>>,
+    pub per_minute: BTreeMap<Transport, Vec<usize>>,
     pub minutes: usize,
 }
 
 impl TransportStats {
-    pub fn total(&self, kind: &str) -> usize {
+    pub fn total(&self, kind: &Transport) -> usize {
         self.per_minute.get(kind).map_or(0, |v| v.iter().sum())
     }
 }
@@ -102,11 +102,11 @@ impl State {
         let mut ttft = Vec::new();
         for f in self.recent() {
             for a in f.record.attempts.iter().filter(|a| a.account == chatgpt_id) {
-                if a.class == "client_cancelled" {
+                if a.class == Class::ClientCancelled {
                     continue;
                 }
                 s.attempts += 1;
-                s.successes += usize::from(a.class == "success");
+                s.successes += usize::from(a.class == Class::Success);
             }
             if f.record.account.as_deref() == Some(chatgpt_id)
                 && let Some(t) = f.record.ttft_ms
@@ -168,14 +168,9 @@ impl State {
             if age >= minutes {
                 continue;
             }
-            let kind = if f.record.transport.is_empty() {
-                "http"
-            } else {
-                f.record.transport.as_str()
-            };
             let v = s
                 .per_minute
-                .entry(kind.to_string())
+                .entry(transport(&f.record))
                 .or_insert_with(|| vec![0; minutes]);
             v[minutes - 1 - age] += 1;
         }
@@ -209,11 +204,23 @@ pub fn is_failure(r: &RequestRecord) -> bool {
 }
 
 /// `rebound(quota)` -> `rebound`.
-pub fn affinity_kind(affinity: &str) -> &str {
-    match affinity.find('(') {
-        Some(i) => &affinity[..i],
-        None if affinity.is_empty() => "none",
-        None => affinity,
+/// How a request's turn reached the backend; records written before the transport was kept
+/// were all HTTP.
+pub fn transport(r: &RequestRecord) -> Transport {
+    match &r.transport {
+        Transport::Unknown(name) if name.is_empty() => Transport::Http,
+        t => t.clone(),
+    }
+}
+
+pub fn affinity_kind(affinity: &Affinity) -> &str {
+    match affinity {
+        Affinity::Reused => "reused",
+        Affinity::NewBind => "new_bind",
+        Affinity::Rebound(_) => "rebound",
+        Affinity::None => "none",
+        Affinity::Unknown(name) if name.is_empty() => "none",
+        Affinity::Unknown(name) => name,
     }
 }
 
@@ -236,8 +243,9 @@ mod tests {
 
     #[test]
     fn affinity_kinds_drop_the_reason() {
-        assert_eq!(affinity_kind("rebound(quota)"), "rebound");
-        assert_eq!(affinity_kind("reused"), "reused");
-        assert_eq!(affinity_kind(""), "none");
+        let kind = |name: &str| affinity_kind(&Affinity::from_name(name)).to_string();
+        assert_eq!(kind("rebound(quota)"), "rebound");
+        assert_eq!(kind("reused"), "reused");
+        assert_eq!(kind(""), "none");
     }
 }

@@ -6,20 +6,20 @@ use ratatui::layout::{Constraint, Layout, Rect};
 use ratatui::style::{Color, Modifier, Style};
 use ratatui::text::{Line, Span};
 use ratatui::widgets::{Cell, Paragraph, Row, Table, TableState};
+use switchyard_admin::wire::{Account, AccountState, ErrorRates};
 
 use super::{bar, colored, human_ms, human_secs, pane_block, state_color};
 use crate::app::{App, Pane};
 use crate::state::stats::parse_ms;
-use crate::wire::{Account, ErrorRates};
 
 /// `cooling quota 41m`, `half-open`, `needs re-login`, `disabled`, `ready`, plus `draining`.
 pub fn state_text(a: &Account) -> String {
-    let mut s = match a.state.as_str() {
-        "cooling" => {
+    let mut s = match &a.state {
+        AccountState::Cooling => {
             let mut s = "cooling".to_string();
             if let Some(r) = &a.reason {
                 s.push(' ');
-                s.push_str(r);
+                s.push_str(r.as_str());
             }
             if let Some(left) = a.cooldown_remaining_s {
                 s.push(' ');
@@ -27,8 +27,8 @@ pub fn state_text(a: &Account) -> String {
             }
             s
         }
-        "half_open" => "half-open".to_string(),
-        "needs_reauth" => "needs re-login".to_string(),
+        AccountState::HalfOpen => "half-open".to_string(),
+        AccountState::NeedsReauth => "needs re-login".to_string(),
         other => other.to_string(),
     };
     if a.draining {

@@ -6,10 +6,10 @@ use ratatui::layout::Rect;
 use ratatui::style::{Color, Modifier, Style};
 use ratatui::text::{Line, Span};
 use ratatui::widgets::Paragraph;
+use switchyard_admin::wire::Affinity;
 
 use super::{colored, pane_block};
 use crate::app::{App, Pane};
-use crate::state::stats::affinity_kind;
 
 pub fn render(frame: &mut Frame, area: Rect, app: &App) {
     let s = &app.state;
@@ -51,10 +51,10 @@ pub fn render(frame: &mut Frame, area: Rect, app: &App) {
         let r = &f.record;
         let session = r.session.as_deref().unwrap_or("");
         let account = r.account.as_deref().map_or("–", |a| s.account_name(a));
-        let color = match affinity_kind(&r.affinity) {
-            "reused" => Color::Green,
-            "new_bind" => Color::Cyan,
-            "rebound" => Color::Yellow,
+        let color = match &r.affinity {
+            Affinity::Reused => Color::Green,
+            Affinity::NewBind => Color::Cyan,
+            Affinity::Rebound(_) => Color::Yellow,
             _ => Color::DarkGray,
         };
         lines.push(Line::from(vec![
@@ -64,7 +64,7 @@ pub fn render(frame: &mut Frame, area: Rect, app: &App) {
                 truncate(session, 8),
                 truncate(account, 12)
             )),
-            colored(r.affinity.clone(), color),
+            colored(r.affinity.to_string(), color),
         ]));
     }
     frame.render_widget(Paragraph::new(lines), inner);

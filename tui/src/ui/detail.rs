@@ -5,6 +5,7 @@ use ratatui::layout::Rect;
 use ratatui::style::{Color, Modifier, Style};
 use ratatui::text::{Line, Span};
 use ratatui::widgets::{Block, Clear, Paragraph, Wrap};
+use switchyard_admin::wire::{Affinity, Class, Phase, TerminalSource};
 
 use super::{centered, colored, human_ms};
 use crate::app::App;
@@ -64,10 +65,12 @@ pub fn render(frame: &mut Frame, area: Rect, app: &App, id: &str) {
         ),
         field(
             "terminal",
-            match r.terminal_source.as_deref() {
-                Some("upstream") => "upstream: the backend's own answer".to_string(),
-                Some("synthetic") => "synthetic: made by the gateway".to_string(),
-                Some("none") => "none: the client left or stopped reading first".to_string(),
+            match &r.terminal_source {
+                Some(TerminalSource::Upstream) => "upstream: the backend's own answer".to_string(),
+                Some(TerminalSource::Synthetic) => "synthetic: made by the gateway".to_string(),
+                Some(TerminalSource::Nothing) => {
+                    "none: the client left or stopped reading first".to_string()
+                }
                 Some(other) => other.to_string(),
                 None => "not recorded".to_string(),
             },
@@ -80,7 +83,7 @@ pub fn render(frame: &mut Frame, area: Rect, app: &App, id: &str) {
                     r.transport,
                     human_ms(ms)
                 ),
-                None => r.transport.clone(),
+                None => r.transport.to_string(),
             },
         ),
         field(
@@ -88,10 +91,9 @@ pub fn render(frame: &mut Frame, area: Rect, app: &App, id: &str) {
             format!(
                 "{} · affinity {}",
                 r.session.as_deref().unwrap_or("none"),
-                if r.affinity.is_empty() {
-                    "none"
-                } else {
-                    &r.affinity
+                match &r.affinity {
+                    Affinity::Unknown(name) if name.is_empty() => "none".to_string(),
+                    a => a.to_string(),
                 }
             ),
         ),
@@ -135,14 +137,17 @@ pub fn render(frame: &mut Frame, area: Rect, app: &App, id: &str) {
         )),
     ];
     for (i, a) in r.attempts.iter().enumerate() {
-        let ok = a.class == "success";
+        let ok = a.class == Class::Success;
         lines.push(Line::from(vec![
             Span::raw(format!("{}. {} ", i + 1, s.account_name(&a.account))),
-            colored(a.class.clone(), if ok { Color::Green } else { Color::Red }),
+            colored(
+                a.class.to_string(),
+                if ok { Color::Green } else { Color::Red },
+            ),
             Span::raw(format!(
                 " · status {} · {} · {}",
                 a.status.map_or("–".to_string(), |c| c.to_string()),
-                a.phase.as_deref().unwrap_or("–"),
+                a.phase.as_ref().map_or("–", Phase::as_str),
                 human_ms(a.ms)
             )),
             colored(

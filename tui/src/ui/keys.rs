@@ -7,11 +7,11 @@ use ratatui::layout::{Constraint, Layout, Rect};
 use ratatui::style::{Color, Modifier, Style};
 use ratatui::text::{Line, Span};
 use ratatui::widgets::{Cell, Paragraph, Row, Table, TableState};
+use switchyard_admin::wire::{Budget, KeyLive};
 
 use super::affinity::truncate;
 use super::{bar, colored, human_secs, pane_block};
 use crate::app::{App, Pane};
-use crate::wire::{Budget, KeyLive};
 
 /// Rows the pane needs to show every key: borders, header, one row per key (or a line that
 /// says there are none).

@@ -17,8 +17,9 @@ use ratatui::layout::{Constraint, Layout, Rect};
 use ratatui::style::{Color, Modifier, Style};
 use ratatui::text::{Line, Span};
 use ratatui::widgets::{Block, Borders, Clear, Paragraph, Tabs};
+use switchyard_admin::wire::AccountState;
 
-use crate::app::{App, Overlay, Pane};
+use crate::app::{ActionWords, App, Overlay, Pane};
 
 /// Below this size the panes collapse to tabs.
 pub const WIDE_MIN: (u16, u16) = (120, 36);
@@ -233,12 +234,12 @@ pub fn colored(text: impl Into<String>, color: Color) -> Span<'static> {
 }
 
 /// The colour of an account state.
-pub fn state_color(state: &str) -> Color {
+pub fn state_color(state: &AccountState) -> Color {
     match state {
-        "ready" => Color::Green,
-        "cooling" => Color::Yellow,
-        "half_open" | "probing" => Color::Cyan,
-        "needs_reauth" => Color::Red,
+        AccountState::Ready => Color::Green,
+        AccountState::Cooling => Color::Yellow,
+        AccountState::HalfOpen | AccountState::Probing => Color::Cyan,
+        AccountState::NeedsReauth => Color::Red,
         _ => Color::DarkGray,
     }
 }

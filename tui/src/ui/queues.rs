@@ -6,6 +6,7 @@ use ratatui::layout::Rect;
 use ratatui::style::{Color, Modifier, Style};
 use ratatui::text::{Line, Span};
 use ratatui::widgets::Paragraph;
+use switchyard_admin::wire::QueueOutcome;
 
 use super::affinity::truncate;
 use super::{colored, human_ms, pane_block};
@@ -49,17 +50,26 @@ pub fn render(frame: &mut Frame, area: Rect, app: &App) {
         });
     }
     let q = s.queue_stats();
-    let count = |k: &str| q.outcomes.get(k).copied().unwrap_or(0);
+    let count = |k: QueueOutcome| q.outcomes.get(&k).copied().unwrap_or(0);
     lines.push(Line::from("last 5 min:").style(Style::new().add_modifier(Modifier::BOLD)));
     lines.push(Line::from(vec![
-        colored(format!("acquired {}", count("acquired")), Color::Green),
+        colored(
+            format!("acquired {}", count(QueueOutcome::Acquired)),
+            Color::Green,
+        ),
         Span::raw(" · "),
-        colored(format!("timeout {}", count("timeout")), Color::Red),
+        colored(
+            format!("timeout {}", count(QueueOutcome::Timeout)),
+            Color::Red,
+        ),
     ]));
     lines.push(Line::from(vec![
-        colored(format!("full {}", count("queue_full")), Color::Red),
+        colored(
+            format!("full {}", count(QueueOutcome::QueueFull)),
+            Color::Red,
+        ),
         Span::raw(" · "),
-        Span::raw(format!("left {}", count("client_left"))),
+        Span::raw(format!("left {}", count(QueueOutcome::ClientLeft))),
     ]));
     lines.push(Line::from(match q.wait {
         Some(p) => format!(

@@ -5,13 +5,13 @@ use ratatui::Frame;
 use ratatui::layout::{Constraint, Rect};
 use ratatui::style::{Color, Modifier, Style};
 use ratatui::widgets::{Cell, Row, Table, TableState};
+use switchyard_admin::wire::{Class, RequestRecord};
 
 use super::affinity::{clock, truncate};
 use super::{human_ms, pane_block};
 use crate::app::{App, Pane};
 use crate::state::State;
-use crate::state::stats::is_failure;
-use crate::wire::RequestRecord;
+use crate::state::stats::{is_failure, transport};
 
 /// `sim-acct-1 ✗ quota → sim-acct-2 ✓`.
 pub fn chain(state: &State, r: &RequestRecord) -> String {
@@ -22,8 +22,8 @@ pub fn chain(state: &State, r: &RequestRecord) -> String {
         .iter()
         .map(|a| {
             let name = state.account_name(&a.account);
-            match a.class.as_str() {
-                "success" => format!("{name} ✓"),
+            match &a.class {
+                Class::Success => format!("{name} ✓"),
                 class => format!("{name} ✗ {class}"),
             }
         })
@@ -66,11 +66,7 @@ pub fn render(frame: &mut Frame, area: Rect, app: &App) {
             } else {
                 Color::Reset
             };
-            let transport = if r.transport.is_empty() {
-                "http"
-            } else {
-                r.transport.as_str()
-            };
+            let transport = transport(r);
             let ttft = r.ttft_ms.map_or("–".to_string(), human_ms);
             let mut cells = vec![Cell::from(clock(&r.started_at).to_string())];
             if wide {

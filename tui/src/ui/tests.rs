@@ -4,10 +4,10 @@
 use crossterm::event::{KeyCode, KeyEvent, KeyModifiers};
 use ratatui::Terminal;
 use ratatui::backend::TestBackend;
+use switchyard_admin::wire::*;
 
-use crate::app::{AccountAction, App, Command, Overlay, Pane};
+use crate::app::{App, Command, Overlay, Pane};
 use crate::state::Link;
-use crate::wire::*;
 
 /// 2026-11-30T12:00:00Z.
 const NOW_MS: u64 = 1_795_003_200_000;
@@ -53,7 +53,7 @@ fn attempt(account: &str, class: &str, status: u16) -> Attempt {
         account: account.into(),
         class: class.into(),
         status: Some(status),
-        phase: (class != "success").then(|| "pre_headers".to_string()),
+        phase: (class != "success").then_some(Phase::PreHeaders),
         ms: 40,
         error: (class != "success").then(|| format!("{class} from upstream")),
         rule: None,
@@ -820,10 +820,10 @@ fn r_opens_the_error_report_which_scrolls_and_closes() {
         Overlay::Report(crate::app::ReportView::Loading)
     );
     has(&screen(&app, 160, 48), "fetching the report…");
-    let report = crate::report::Report {
+    let report = switchyard_admin::report::Report {
         generated_at: "2026-11-30T12:00:00Z".into(),
         slow_ms: 30_000,
-        windows: vec![crate::report::WindowReport {
+        windows: vec![switchyard_admin::report::WindowReport {
             minutes: 20,
             requests: 12,
             ..Default::default()

@@ -6,19 +6,20 @@ use ratatui::layout::Rect;
 use ratatui::style::{Color, Modifier, Style};
 use ratatui::text::{Line, Span};
 use ratatui::widgets::Paragraph;
+use switchyard_admin::wire::{BreakerState, Transport};
 
 use super::affinity::truncate;
 use super::{colored, pane_block, sparkline};
 use crate::app::{App, Pane};
 
 /// The decisions, in the order they are shown.
-pub const KINDS: [&str; 6] = [
-    "ws_reused",
-    "ws_connected",
-    "http",
-    "http_ws_failed",
-    "http_ws_budget_exhausted",
-    "http_breaker_open",
+pub const KINDS: [Transport; 6] = [
+    Transport::WsReused,
+    Transport::WsConnected,
+    Transport::Http,
+    Transport::HttpWsFailed,
+    Transport::HttpWsBudgetExhausted,
+    Transport::HttpBreakerOpen,
 ];
 
 pub fn render(frame: &mut Frame, area: Rect, app: &App) {
@@ -32,8 +33,8 @@ pub fn render(frame: &mut Frame, area: Rect, app: &App) {
         format!("{:<25}{:<7}{:>6}", "decision", "5 min", "total"),
         Style::new().add_modifier(Modifier::BOLD),
     ))];
-    let others = t.per_minute.keys().filter(|k| !KINDS.contains(&k.as_str()));
-    for kind in KINDS.iter().copied().chain(others.map(String::as_str)) {
+    let others = t.per_minute.keys().filter(|k| !KINDS.contains(k));
+    for kind in KINDS.iter().chain(others) {
         let series: Vec<u64> = t
             .per_minute
             .get(kind)
@@ -41,31 +42,31 @@ pub fn render(frame: &mut Frame, area: Rect, app: &App) {
             .unwrap_or_else(|| vec![0; t.minutes]);
         let total = t.total(kind);
         let color = match kind {
-            "ws_reused" | "ws_connected" => Color::Green,
-            "http" => Color::Reset,
+            Transport::WsReused | Transport::WsConnected => Color::Green,
+            Transport::Http => Color::Reset,
             _ => Color::Yellow,
         };
         lines.push(Line::from(vec![
             colored(
-                format!("{kind:<25}"),
+                format!("{:<25}", kind.as_str()),
                 if total > 0 { color } else { Color::DarkGray },
             ),
             colored(format!("{:<7}", sparkline(&series)), Color::Cyan),
             Span::raw(format!("{total:>6}")),
         ]));
     }
-    let breaker_color = match s.breaker.as_str() {
-        "closed" => Color::Green,
-        "half_open" => Color::Yellow,
+    let breaker_color = match s.breaker {
+        BreakerState::Closed => Color::Green,
+        BreakerState::HalfOpen => Color::Yellow,
         _ => Color::Red,
     };
     lines.push(Line::from(vec![
         Span::raw("breaker "),
         colored(
-            if s.breaker.is_empty() {
+            if s.breaker.as_str().is_empty() {
                 "–".to_string()
             } else {
-                s.breaker.clone()
+                s.breaker.to_string()
             },
             breaker_color,
         ),

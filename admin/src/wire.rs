@@ -1,12 +1,246 @@
 //! The admin API's JSON shapes, shared by the daemon (which fills them) and the console and
-//! CLI (which read them), and the console feed.
+//! CLI (which read them), and the console feed. Every field that holds one of a known set of
+//! names is an enum with an `Unknown` fallback ([`crate::names`]): readers decide on values,
+//! and a newer daemon's new names reach an older reader intact.
 
 use serde::{Deserialize, Serialize};
+
+use crate::names::wire_enum;
+
+wire_enum! {
+    /// Where an account stands.
+    pub enum AccountState {
+        Ready => "ready",
+        Cooling => "cooling",
+        HalfOpen => "half_open",
+        /// Imported or logged in again, and not yet proved by one request.
+        Probing => "probing",
+        NeedsReauth => "needs_reauth",
+        Disabled => "disabled",
+    }
+}
+
+wire_enum! {
+    /// How an attempt ended, as the classifier judged it (also why an account is not ready).
+    pub enum Class {
+        Success => "success",
+        Quota => "quota",
+        RateLimited => "rate_limited",
+        AuthExpired => "auth_expired",
+        AuthDead => "auth_dead",
+        EdgeChallenge => "edge_challenge",
+        ModelUnsupported => "model_unsupported",
+        Policy => "policy",
+        Caller => "caller",
+        Transient => "transient",
+        ClientCancelled => "client_cancelled",
+        ClientStalled => "client_stalled",
+        Abandoned => "abandoned",
+    }
+}
+
+wire_enum! {
+    /// How far an attempt got before it failed.
+    pub enum Phase {
+        Connect => "connect",
+        PreHeaders => "pre_headers",
+        PreCommit => "pre_commit",
+        MidStream => "mid_stream",
+    }
+}
+
+wire_enum! {
+    /// How a request ended for its client.
+    pub enum Outcome {
+        Success => "success",
+        Incomplete => "incomplete",
+        Failed => "failed",
+        StreamError => "stream_error",
+        CallerError => "caller_error",
+        QuotaExhausted => "quota_exhausted",
+        NoAccount => "no_account",
+        ModelNotFound => "model_not_found",
+        ClientCancelled => "client_cancelled",
+        ClientStalled => "client_stalled",
+        PoolBusy => "pool_busy",
+        PreviousResponseNotFound => "previous_response_not_found",
+        PolicyRefused => "policy_refused",
+        DeadlineExceeded => "deadline_exceeded",
+        FirstOutputTimeout => "first_output_timeout",
+        ShuttingDown => "shutting_down",
+        KeyRevoked => "key_revoked",
+        KeyExpired => "key_expired",
+        ModelNotAllowed => "model_not_allowed",
+        KeyRateLimited => "key_rate_limited",
+        KeyBudgetExhausted => "key_budget_exhausted",
+        KeyConcurrencyExceeded => "key_concurrency_exceeded",
+    }
+}
+
+wire_enum! {
+    /// How a turn reached the backend.
+    pub enum Transport {
+        /// HTTP/SSE.
+        Http => "http",
+        WsReused => "ws_reused",
+        WsConnected => "ws_connected",
+        WsRejected => "ws_rejected",
+        HttpWsBudgetExhausted => "http_ws_budget_exhausted",
+        HttpBreakerOpen => "http_breaker_open",
+        HttpWsFailed => "http_ws_failed",
+    }
+}
+
+wire_enum! {
+    /// Where the answer that ended a request came from.
+    pub enum TerminalSource {
+        /// The backend's own, forwarded.
+        Upstream => "upstream",
+        /// Made by the gateway (`upstream_stream_error`, an exhaustion answer, a refusal, …).
+        Synthetic => "synthetic",
+        /// The client left or stopped reading first.
+        Nothing => "none",
+    }
+}
+
+wire_enum! {
+    /// Why an account was left out of a request's candidates.
+    pub enum SkipReason {
+        Disabled => "disabled",
+        NeedsReauth => "needs_reauth",
+        Cooling => "cooling",
+        /// Half-open, with its one probe request already running.
+        Probing => "half_open_probe",
+        /// Not yet proved.
+        Unproven => "probing",
+        ModelUnsupported => "model_unsupported",
+        NoTokens => "no_tokens",
+        QuotaCeiling => "quota_ceiling",
+        SessionExcluded => "session_excluded",
+        PolicyExcluded => "policy_excluded",
+        Full => "full",
+        Draining => "draining",
+    }
+}
+
+wire_enum! {
+    /// Which queue a request waited in.
+    pub enum QueueKind {
+        /// A sticky session waiting for its own account.
+        Account => "account",
+        Pool => "pool",
+    }
+}
+
+wire_enum! {
+    /// How a wait for a slot ended.
+    pub enum QueueOutcome {
+        Acquired => "acquired",
+        Timeout => "timeout",
+        QueueFull => "queue_full",
+        ClientLeft => "client_left",
+        Withdrawn => "withdrawn",
+    }
+}
+
+wire_enum! {
+    /// The upstream WebSocket breaker.
+    pub enum BreakerState {
+        Closed => "closed",
+        Open => "open",
+        HalfOpen => "half_open",
+    }
+}
+
+wire_enum! {
+    /// A token budget's rolling window.
+    pub enum BudgetWindow {
+        FiveHours => "5h",
+        Day => "day",
+        Week => "week",
+    }
+}
+
+/// What session affinity decided for a request: `reused`, `new_bind`, `rebound(<why>)` (the
+/// skip reason or failure class that moved the session) or `none`; empty in records written
+/// before it was kept.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Affinity {
+    /// The session's bound account served it.
+    Reused,
+    /// The session had no account; it is now bound to the one that served it.
+    NewBind,
+    /// The session moved to another account, and why.
+    Rebound(String),
+    /// No session key.
+    None,
+    /// A name this side does not know (or none), as it came.
+    Unknown(String),
+}
+
+impl Default for Affinity {
+    fn default() -> Affinity {
+        Affinity::Unknown(String::new())
+    }
+}
+
+impl Affinity {
+    /// The value a name stands for.
+    pub fn from_name(name: &str) -> Affinity {
+        match name {
+            "reused" => Affinity::Reused,
+            "new_bind" => Affinity::NewBind,
+            "none" => Affinity::None,
+            other => match other
+                .strip_prefix("rebound(")
+                .and_then(|r| r.strip_suffix(')'))
+            {
+                Some(why) => Affinity::Rebound(why.to_string()),
+                None => Affinity::Unknown(other.to_string()),
+            },
+        }
+    }
+
+    /// The name on the wire.
+    pub fn name(&self) -> std::borrow::Cow<'_, str> {
+        match self {
+            Affinity::Reused => "reused".into(),
+            Affinity::NewBind => "new_bind".into(),
+            Affinity::Rebound(why) => format!("rebound({why})").into(),
+            Affinity::None => "none".into(),
+            Affinity::Unknown(name) => name.as_str().into(),
+        }
+    }
+}
+
+impl From<&str> for Affinity {
+    fn from(name: &str) -> Affinity {
+        Affinity::from_name(name)
+    }
+}
+
+impl std::fmt::Display for Affinity {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.name())
+    }
+}
+
+impl Serialize for Affinity {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&self.name())
+    }
+}
+
+impl<'de> Deserialize<'de> for Affinity {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Affinity, D::Error> {
+        Ok(Affinity::from_name(&String::deserialize(d)?))
+    }
+}
 
 /// Version of the admin API and console feed; a console refuses a daemon of another one.
 pub const PROTOCOL_VERSION: u32 = 1;
 
-/// `POST /api/admin/reload`: what a re-read configuration changed at once, and what waits for a
+/// `POST /reload`: what a re-read configuration changed at once, and what waits for a
 /// restart (dotted keys, e.g. `scheduling`, `server.listen`).
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub struct Reloaded {
@@ -22,7 +256,7 @@ pub struct QuarantinedRow {
     pub error: String,
 }
 
-/// `GET /api/admin/doctor`: the daemon's view of its store, for `switchyard doctor`.
+/// `GET /doctor`: the daemon's view of its store, for `switchyard doctor`.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub struct StoreReport {
     pub state_dir: String,
@@ -36,7 +270,7 @@ pub struct StoreReport {
     pub key_id: String,
 }
 
-/// `GET /api/admin/status`.
+/// `GET /status`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Status {
     pub version: String,
@@ -82,13 +316,12 @@ pub struct Account {
     pub plan: Option<String>,
     pub chatgpt_account_id: String,
     pub enabled: bool,
-    /// `ready | cooling | half_open | needs_reauth | disabled`.
-    pub state: String,
+    pub state: AccountState,
     /// RFC 3339.
     pub created_at: String,
-    /// Why it is not ready (`quota`, `transient`, `auth_dead`, …).
+    /// Why it is not ready (the class of the failure that put it there).
     #[serde(default)]
-    pub reason: Option<String>,
+    pub reason: Option<Class>,
     /// What happened, in words, when that needs the operator (why it needs a new login).
     #[serde(default)]
     pub detail: Option<String>,
@@ -154,7 +387,7 @@ pub struct Quota {
     pub observed_at: Option<String>,
 }
 
-/// `POST /api/admin/accounts`: the account, and whether it was new or updated.
+/// `POST /accounts`: the account, and whether it was new or updated.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ImportedAccount {
     #[serde(flatten)]
@@ -162,12 +395,76 @@ pub struct ImportedAccount {
     pub created: bool,
 }
 
-/// `POST /api/admin/accounts/{id}/export`: the login as a Codex `auth.json`, and the account
+/// `POST /accounts/{id}/export`: the login as a Codex `auth.json`, and the account
 /// as it is now (disabled unless kept).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ExportedAccount {
     pub auth: serde_json::Value,
     pub account: Account,
+}
+
+/// `PUT /accounts/{id}`: what to change of an account; an absent field stays as it
+/// is, `null` removes the account's own value (its own concurrency cap, its own proxy). A
+/// field this side does not know is refused.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AccountPatch {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub label: Option<String>,
+    /// Lower goes first under `fill_first`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub priority: Option<i32>,
+    /// At least 1.
+    #[serde(
+        default,
+        deserialize_with = "present",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub max_concurrency: Option<Option<u32>>,
+    /// An egress proxy URL (`http://`, `https://`, `socks5://`, `socks5h://`).
+    #[serde(
+        default,
+        deserialize_with = "present",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub proxy: Option<Option<String>>,
+}
+
+impl AccountPatch {
+    /// Whether it changes nothing.
+    pub fn is_empty(&self) -> bool {
+        *self == AccountPatch::default()
+    }
+}
+
+/// An operator action on one account: `POST /accounts/{id}/{action}`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AccountAction {
+    Enable,
+    Disable,
+    /// Takes no new sessions; serves the ones bound to it.
+    Drain,
+    Undrain,
+    ClearCooldown,
+    /// Refreshes its tokens now.
+    Refresh,
+    /// Polls its usage now (and, half-open or unproven, runs its probe).
+    Probe,
+}
+
+impl AccountAction {
+    /// The action's path segment.
+    pub fn segment(self) -> &'static str {
+        match self {
+            AccountAction::Enable => "enable",
+            AccountAction::Disable => "disable",
+            AccountAction::Drain => "drain",
+            AccountAction::Undrain => "undrain",
+            AccountAction::ClearCooldown => "clear-cooldown",
+            AccountAction::Refresh => "refresh",
+            AccountAction::Probe => "probe",
+        }
+    }
 }
 
 /// One client key as listed. The key itself is shown only once, at creation.
@@ -210,7 +507,7 @@ pub struct KeyPolicy {
     pub note: Option<String>,
 }
 
-/// A change to a key's policy (`PATCH /api/admin/keys/{id}`, and the policy part of a
+/// A change to a key's policy (`PATCH /keys/{id}`, and the policy part of a
 /// creation): an absent field stays as it is, `null` removes the limit, a value sets it.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct KeyPolicyPatch {
@@ -307,8 +604,7 @@ pub struct KeyLive {
 /// A token budget over a rolling window.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Budget {
-    /// `5h`, `day` or `week`.
-    pub window: String,
+    pub window: BudgetWindow,
     pub limit: u64,
     pub used: u64,
     /// When enough of the window's tokens age out for the key to be under its limit again;
@@ -316,7 +612,7 @@ pub struct Budget {
     pub resets_in_s: Option<u64>,
 }
 
-/// One hour of one key's use of one model on one account (`GET /api/admin/usage`).
+/// One hour of one key's use of one model on one account (`GET /usage`).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct UsageBucket {
     /// The hour's start, unix seconds.
@@ -338,7 +634,7 @@ pub struct UsageBucket {
     pub duration_ms: u64,
 }
 
-/// `POST /api/admin/keys`: the new key, with its secret.
+/// `POST /keys`: the new key, with its secret.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CreatedKey {
     #[serde(flatten)]
@@ -347,7 +643,7 @@ pub struct CreatedKey {
     pub key: String,
 }
 
-/// `POST /api/admin/keys` body.
+/// `POST /keys` body.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CreateKey {
     pub name: String,
@@ -376,12 +672,9 @@ pub struct ErrorDetail {
 pub struct Attempt {
     /// The account's `chatgpt_account_id`.
     pub account: String,
-    /// `success, quota, rate_limited, auth_expired, auth_dead, edge_challenge, model_unsupported,
-    /// caller, transient, client_cancelled`.
-    pub class: String,
+    pub class: Class,
     pub status: Option<u16>,
-    /// `connect | pre_headers | pre_commit | mid_stream`.
-    pub phase: Option<String>,
+    pub phase: Option<Phase>,
     pub ms: u64,
     #[serde(default)]
     pub error: Option<String>,
@@ -399,7 +692,7 @@ pub struct Usage {
     pub reasoning_tokens: u64,
 }
 
-/// `GET /api/admin/requests`: one `/v1` request, with its attempt chain.
+/// `GET /requests`: one `/v1` request, with its attempt chain.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct RequestRecord {
     pub id: String,
@@ -409,9 +702,7 @@ pub struct RequestRecord {
     pub key: String,
     pub model: String,
     pub stream: bool,
-    /// `success | incomplete | failed | stream_error | caller_error | quota_exhausted |
-    /// no_account | model_not_found | client_cancelled`.
-    pub outcome: String,
+    pub outcome: Outcome,
     /// The HTTP status the client got (200 for a stream that later failed).
     pub status: u16,
     /// The `chatgpt_account_id` that served it, if any.
@@ -429,56 +720,48 @@ pub struct RequestRecord {
     /// (`chatgpt_account_id`s).
     #[serde(default)]
     pub candidate_pool: Vec<String>,
-    /// Accounts left out, and why (`cooling`, `needs_reauth`, `disabled`, `model_unsupported`,
-    /// `quota_ceiling`, `session_excluded`, `full`, …).
+    /// Accounts left out, and why.
     #[serde(default)]
     pub skipped: Vec<Skip>,
-    /// `reused | new_bind | rebound(reason) | none`.
     #[serde(default)]
-    pub affinity: String,
+    pub affinity: Affinity,
     /// The wait for a slot, if there was one.
     #[serde(default)]
     pub queue: Option<QueueWait>,
     /// Prompt-cache hits of the serving attempt.
     #[serde(default)]
     pub cached_tokens: Option<u64>,
-    /// How the turn reached the backend: `http` (SSE), or for WebSocket turns one of
-    /// `ws_reused | ws_connected | http | http_ws_budget_exhausted | http_breaker_open |
-    /// http_ws_failed`.
+    /// How the turn reached the backend (empty in records written before it was kept).
     #[serde(default)]
-    pub transport: String,
+    pub transport: Transport,
     /// A turn of a downstream WebSocket connection.
     #[serde(default)]
     pub ws: bool,
     /// Time to open an upstream WebSocket, when one was opened for this turn.
     #[serde(default)]
     pub ws_connect_ms: Option<u64>,
-    /// Where the answer that ended the request came from: `upstream` (the backend's own,
-    /// forwarded), `synthetic` (made by the gateway: `upstream_stream_error`, an exhaustion
-    /// answer, a key's refusal, …) or `none` (the client left or stopped reading first);
-    /// null in records written before it was kept.
+    /// Where the answer that ended the request came from; null in records written before it
+    /// was kept.
     #[serde(default)]
-    pub terminal_source: Option<String>,
+    pub terminal_source: Option<TerminalSource>,
 }
 
 /// An account left out of a request's candidates.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Skip {
     pub account: String,
-    pub reason: String,
+    pub reason: SkipReason,
 }
 
 /// A request's wait for a slot.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct QueueWait {
-    /// `account` (a sticky session waiting for its account) or `pool`.
-    pub queue: String,
-    /// `acquired | timeout | queue_full | client_left`.
-    pub outcome: String,
+    pub queue: QueueKind,
+    pub outcome: QueueOutcome,
     pub wait_ms: u64,
 }
 
-/// One message of the console feed (`GET /api/admin/console`, WebSocket). The first is always
+/// One message of the console feed (`GET /console`, WebSocket). The first is always
 /// a snapshot; then updates follow at most 10 times a second.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct FeedMessage {
@@ -531,9 +814,8 @@ pub struct Feed {
     /// countdowns against it.
     #[serde(default)]
     pub now_ms: u64,
-    /// `closed | open | half_open`.
     #[serde(default)]
-    pub breaker: String,
+    pub breaker: BreakerState,
     /// Subscribers the daemon disconnected for falling behind, since it started.
     #[serde(default)]
     pub dropped_subscribers: u64,
@@ -555,5 +837,62 @@ mod tests {
         assert_eq!(patch.max_concurrency, None);
         let back = serde_json::to_value(&patch).unwrap();
         assert_eq!(back, serde_json::json!({"rpm": null, "tokens_per_5h": 5}));
+    }
+
+    #[test]
+    fn an_account_patch_clears_with_null_and_refuses_an_unknown_field() {
+        let patch: AccountPatch =
+            serde_json::from_str(r#"{"proxy": null, "priority": 3}"#).unwrap();
+        assert_eq!(patch.proxy, Some(None));
+        assert_eq!((patch.priority, patch.max_concurrency), (Some(3), None));
+        assert_eq!(
+            serde_json::to_value(&patch).unwrap(),
+            serde_json::json!({"priority": 3, "proxy": null})
+        );
+        let err = serde_json::from_str::<AccountPatch>(r#"{"labl": "x"}"#).unwrap_err();
+        assert!(err.to_string().contains("unknown field `labl`"), "{err}");
+        assert!(AccountPatch::default().is_empty());
+    }
+
+    #[test]
+    fn affinity_names_round_trip() {
+        for name in [
+            "reused",
+            "new_bind",
+            "rebound(quota)",
+            "none",
+            "",
+            "sideways",
+        ] {
+            let a: Affinity = serde_json::from_value(serde_json::json!(name)).unwrap();
+            assert_eq!(serde_json::to_value(&a).unwrap(), serde_json::json!(name));
+        }
+        assert_eq!(
+            Affinity::from_name("rebound(half_open_probe)"),
+            Affinity::Rebound("half_open_probe".into())
+        );
+        assert_eq!(
+            Affinity::from_name("sideways"),
+            Affinity::Unknown("sideways".into())
+        );
+    }
+
+    #[test]
+    fn a_record_of_a_newer_daemon_reads_with_its_new_names_kept() {
+        let record = serde_json::json!({
+            "id": "req_1", "started_at": "2026-12-01T00:00:00.000Z", "key": "k", "model": "m",
+            "stream": true, "outcome": "some_new_outcome", "status": 200, "account": null,
+            "attempts": [{"account": "a", "class": "a_new_class", "status": 500,
+                          "phase": "mid_stream", "ms": 3}],
+            "ttft_ms": null, "duration_ms": 5, "usage": null, "transport": "h3",
+        });
+        let r: RequestRecord = serde_json::from_value(record.clone()).unwrap();
+        assert_eq!(r.outcome, Outcome::Unknown("some_new_outcome".into()));
+        assert_eq!(r.attempts[0].class, Class::Unknown("a_new_class".into()));
+        assert_eq!(r.attempts[0].phase, Some(Phase::MidStream));
+        assert_eq!(r.affinity, Affinity::default());
+        let back = serde_json::to_value(&r).unwrap();
+        assert_eq!(back["outcome"], "some_new_outcome");
+        assert_eq!(back["transport"], "h3");
     }
 }

@@ -1,6 +1,7 @@
-//! A small client for the admin API: HTTP/1.1 over the daemon's Unix socket, or over TCP with
-//! the admin token; and the console feed's WebSocket on the same transports. Used by the
-//! management commands and by the console.
+//! The admin API's client: HTTP/1.1 over the daemon's Unix socket, or over TCP with the admin
+//! token, and the console feed's WebSocket on the same transports. Its typed methods are the
+//! only place outside the daemon's router that spells a path of the API: the management
+//! commands and the console call them.
 
 use std::path::{Path, PathBuf};
 
@@ -15,7 +16,15 @@ use tokio::task::JoinHandle;
 use tokio_tungstenite::WebSocketStream;
 use tokio_tungstenite::tungstenite;
 
-use crate::wire::ErrorBody;
+use crate::report::Report;
+use crate::wire::{
+    Account, AccountAction, AccountPatch, CreateKey, CreatedKey, ErrorBody, ExportedAccount,
+    ImportedAccount, Key, KeyPolicyPatch, Reloaded, RequestRecord, Status, StoreReport,
+    UsageBucket,
+};
+
+/// The root of every path of the admin API.
+const ROOT: &str = "/api/admin";
 
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
@@ -131,6 +140,160 @@ impl AdminClient {
         })
     }
 
+    /// `GET /status`: the daemon's version, protocol, pid and pool in numbers.
+    pub async fn status(&self) -> Result<Status, ClientError> {
+        self.get(&format!("{ROOT}/status")).await
+    }
+
+    /// `GET /accounts`.
+    pub async fn accounts(&self) -> Result<Vec<Account>, ClientError> {
+        self.get(&format!("{ROOT}/accounts")).await
+    }
+
+    /// `GET /accounts/{selector}`: one account by its id, chatgpt_account_id, email or label.
+    pub async fn account(&self, selector: &str) -> Result<Account, ClientError> {
+        self.get(&account_path(selector)).await
+    }
+
+    /// `POST /accounts`: imports a Codex `auth.json` (new, or an update of a known login).
+    pub async fn import_account(&self, auth_json: &[u8]) -> Result<ImportedAccount, ClientError> {
+        let path = format!("{ROOT}/accounts");
+        self.call(Method::POST, &path, Some(auth_json.to_vec()))
+            .await
+    }
+
+    /// `PUT /accounts/{id}`.
+    pub async fn update_account(
+        &self,
+        id: &str,
+        patch: &AccountPatch,
+    ) -> Result<Account, ClientError> {
+        self.call(Method::PUT, &account_path(id), Some(to_json(patch)?))
+            .await
+    }
+
+    /// `DELETE /accounts/{id}`.
+    pub async fn remove_account(&self, id: &str) -> Result<Account, ClientError> {
+        self.call(Method::DELETE, &account_path(id), None).await
+    }
+
+    /// `POST /accounts/{id}/{action}`.
+    pub async fn account_action(
+        &self,
+        id: &str,
+        action: AccountAction,
+    ) -> Result<Account, ClientError> {
+        let path = format!("{}/{}", account_path(id), action.segment());
+        self.call(Method::POST, &path, None).await
+    }
+
+    /// `POST /accounts/{id}/export`: the login as an `auth.json`; the account is disabled in
+    /// the pool unless `keep`.
+    pub async fn export_account(
+        &self,
+        id: &str,
+        keep: bool,
+    ) -> Result<ExportedAccount, ClientError> {
+        let path = format!("{}/export?keep={keep}", account_path(id));
+        self.call(Method::POST, &path, None).await
+    }
+
+    /// `GET /settings`: the scheduling settings in force.
+    pub async fn settings(&self) -> Result<serde_json::Value, ClientError> {
+        self.get(&format!("{ROOT}/settings")).await
+    }
+
+    /// `PUT /settings`: changes some of them live (`null` returns one to the config's value).
+    pub async fn update_settings(
+        &self,
+        patch: &serde_json::Value,
+    ) -> Result<serde_json::Value, ClientError> {
+        let path = format!("{ROOT}/settings");
+        self.call(Method::PUT, &path, Some(to_json(patch)?)).await
+    }
+
+    /// `GET /requests?limit=N`: the newest request records, newest first.
+    pub async fn requests(&self, limit: usize) -> Result<Vec<RequestRecord>, ClientError> {
+        self.get(&format!("{ROOT}/requests?limit={limit}")).await
+    }
+
+    /// `GET /keys`.
+    pub async fn keys(&self) -> Result<Vec<Key>, ClientError> {
+        self.get(&format!("{ROOT}/keys")).await
+    }
+
+    /// `GET /keys/{id}`: one key by its id or name.
+    pub async fn key(&self, id: &str) -> Result<Key, ClientError> {
+        self.get(&key_path(id)).await
+    }
+
+    /// `POST /keys`: a new key, with its secret (shown this once).
+    pub async fn create_key(&self, key: &CreateKey) -> Result<CreatedKey, ClientError> {
+        let path = format!("{ROOT}/keys");
+        self.call(Method::POST, &path, Some(to_json(key)?)).await
+    }
+
+    /// `PATCH /keys/{id}`: changes a key's policy.
+    pub async fn update_key(&self, id: &str, patch: &KeyPolicyPatch) -> Result<Key, ClientError> {
+        self.call(Method::PATCH, &key_path(id), Some(to_json(patch)?))
+            .await
+    }
+
+    /// `DELETE /keys/{id}`: revokes a key (by id, or the one active key of that name).
+    pub async fn revoke_key(&self, id: &str) -> Result<Key, ClientError> {
+        self.call(Method::DELETE, &key_path(id), None).await
+    }
+
+    /// `GET /usage?from=&to=`: the hourly usage buckets of the hours starting in `[from, to)`
+    /// (unix seconds), what is not written yet included.
+    pub async fn usage(&self, from: u64, to: u64) -> Result<Vec<UsageBucket>, ClientError> {
+        self.get(&format!("{ROOT}/usage?from={from}&to={to}")).await
+    }
+
+    /// `GET /report`: the error report over `windows` (minutes; the daemon's defaults when
+    /// empty), failures slower than `slow_ms` counted as slow (the daemon's default if none).
+    pub async fn report(
+        &self,
+        windows: &[u64],
+        slow_ms: Option<u64>,
+    ) -> Result<Report, ClientError> {
+        let mut query: Vec<String> = windows.iter().map(|w| format!("window={w}")).collect();
+        query.extend(slow_ms.map(|ms| format!("slow_ms={ms}")));
+        let path = match query.is_empty() {
+            true => format!("{ROOT}/report"),
+            false => format!("{ROOT}/report?{}", query.join("&")),
+        };
+        self.get(&path).await
+    }
+
+    /// `POST /reload`: the daemon applies `config_text` (the config file's contents; empty:
+    /// it reads its own file again).
+    pub async fn reload(&self, config_text: &str) -> Result<Reloaded, ClientError> {
+        let path = format!("{ROOT}/reload");
+        self.call(Method::POST, &path, Some(config_text.as_bytes().to_vec()))
+            .await
+    }
+
+    /// `GET /doctor`: the daemon's view of its store.
+    pub async fn doctor(&self) -> Result<StoreReport, ClientError> {
+        self.get(&format!("{ROOT}/doctor")).await
+    }
+
+    /// `GET /backup`: a backup taken now, written to `out` as it arrives; `secret.key` is
+    /// appended when `include_key`. Returns the bytes written.
+    pub async fn backup(
+        &self,
+        include_key: bool,
+        out: &mut impl std::io::Write,
+    ) -> Result<u64, ClientError> {
+        let path = format!("{ROOT}/backup?include_key={include_key}");
+        self.download(Method::GET, &path, out).await
+    }
+
+    async fn get<T: DeserializeOwned>(&self, path: &str) -> Result<T, ClientError> {
+        self.call(Method::GET, path, None).await
+    }
+
     /// Sends one request on a fresh connection; returns the answer's status, its body and the
     /// connection's task (to abort once the body is read).
     async fn send(
@@ -164,7 +327,9 @@ impl AdminClient {
         Ok((resp.status(), resp.into_body(), conn))
     }
 
-    /// Sends one request; returns the decoded JSON of a 2xx answer, or the daemon's error.
+    /// Sends one request to any path; returns the decoded JSON of a 2xx answer, or the
+    /// daemon's error. The typed methods above are the API; this is for what probes it
+    /// (tests sending what no typed method would).
     pub async fn call<T: DeserializeOwned>(
         &self,
         method: Method,
@@ -183,7 +348,7 @@ impl AdminClient {
 
     /// Sends one request and writes a 2xx answer's body to `out` as it arrives (a backup);
     /// returns the bytes written, or the daemon's error.
-    pub async fn download(
+    async fn download(
         &self,
         method: Method,
         path: &str,
@@ -208,11 +373,11 @@ impl AdminClient {
         Ok(written)
     }
 
-    /// Opens the console feed (`GET /api/admin/console`, WebSocket).
+    /// Opens the console feed (`GET /console`, WebSocket).
     pub async fn feed(&self) -> Result<FeedSocket, ClientError> {
         use tungstenite::client::IntoClientRequest;
         let stream = self.stream().await?;
-        let mut req = "ws://switchyard/api/admin/console"
+        let mut req = format!("ws://switchyard{ROOT}/console")
             .into_client_request()
             .map_err(|e| ClientError::Http(e.to_string()))?;
         if let Some(token) = self.target.token() {
@@ -237,6 +402,31 @@ impl AdminClient {
             Err(e) => Err(ClientError::Http(e.to_string())),
         }
     }
+}
+
+fn account_path(id: &str) -> String {
+    format!("{ROOT}/accounts/{}", segment(id))
+}
+
+fn key_path(id: &str) -> String {
+    format!("{ROOT}/keys/{}", segment(id))
+}
+
+/// A path segment: every byte but RFC 3986's unreserved ones percent-encoded.
+fn segment(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
+            out.push(char::from(b));
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+fn to_json<T: serde::Serialize>(v: &T) -> Result<Vec<u8>, ClientError> {
+    serde_json::to_vec(v).map_err(|e| ClientError::Decode(e.to_string()))
 }
 
 /// A whole answer body.

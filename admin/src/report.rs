@@ -8,6 +8,19 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::names::wire_enum;
+use crate::wire::{Class, Outcome};
+
+wire_enum! {
+    /// What a suggestion proposes.
+    pub enum SuggestionKind {
+        /// Put an account behind the others (`account set --priority`).
+        LowerPriority => "lower_priority",
+        /// An operator rule for failures the classification leaves as they are.
+        AddRule => "add_rule",
+    }
+}
+
 /// The whole report.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Report {
@@ -71,7 +84,7 @@ pub struct ModelMiss {
 pub struct PostCommit {
     pub request: String,
     pub account: Option<String>,
-    pub outcome: String,
+    pub outcome: Outcome,
     pub error: Option<String>,
 }
 
@@ -79,7 +92,7 @@ pub struct PostCommit {
 pub struct SlowFailure {
     pub request: String,
     pub account: String,
-    pub class: String,
+    pub class: Class,
     pub ms: u64,
     /// Whether another attempt followed (the time was lost before failing over).
     pub failed_over: bool,
@@ -95,7 +108,7 @@ pub struct AccountFailures {
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct FailureGroup {
-    pub class: String,
+    pub class: Class,
     pub status: Option<u16>,
     /// The message with numbers and ids taken out, so repeats group together.
     pub message: String,
@@ -107,8 +120,7 @@ pub struct FailureGroup {
 /// Something the numbers suggest doing.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Suggestion {
-    /// `lower_priority` or `add_rule`.
-    pub kind: String,
+    pub kind: SuggestionKind,
     pub text: String,
     /// A command to run, or a rule to consider (TOML).
     pub action: String,
@@ -262,13 +274,13 @@ mod tests {
                 post_commit_failures: vec![PostCommit {
                     request: "req_2".into(),
                     account: Some("a".into()),
-                    outcome: "stream_error".into(),
+                    outcome: Outcome::StreamError,
                     error: Some("reset".into()),
                 }],
                 slow_failures: vec![SlowFailure {
                     request: "req_3".into(),
                     account: "a".into(),
-                    class: "transient".into(),
+                    class: Class::Transient,
                     ms: 31_500,
                     failed_over: true,
                 }],
@@ -276,7 +288,7 @@ mod tests {
                     account: "a".into(),
                     attempts: 5,
                     failures: vec![FailureGroup {
-                        class: "transient".into(),
+                        class: Class::Transient,
                         status: Some(503),
                         message: "overloaded".into(),
                         count: 3,
@@ -285,7 +297,7 @@ mod tests {
                 }],
             }],
             suggestions: vec![Suggestion {
-                kind: "add_rule".into(),
+                kind: SuggestionKind::AddRule,
                 text: "a rule to consider".into(),
                 action: "[[rules]]\nname = \"x\"".into(),
             }],
