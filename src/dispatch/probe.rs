@@ -31,8 +31,9 @@ use crate::upstream::{MAX_ERROR_BODY, Overflow};
 pub enum PollError {
     /// No usable token (the refresh failure was already applied to the account).
     Token(TokenError),
-    /// The usage endpoint's answer, or the transport's failure.
-    Upstream(Facts),
+    /// The usage endpoint's answer, or the transport's failure (boxed: facts are large, and a
+    /// failed poll is rare).
+    Upstream(Box<Facts>),
 }
 
 impl PollError {
@@ -66,7 +67,7 @@ impl Dispatcher {
             .upstream
             .usage(&identity)
             .await
-            .map_err(PollError::Upstream)?;
+            .map_err(|f| PollError::Upstream(Box::new(f)))?;
         let snap = QuotaSnapshot::from_usage(&v, self.fleet.clock().now_ms());
         self.fleet.update_quota(id, snap.clone());
         Ok(snap)

@@ -99,11 +99,21 @@ impl Class {
     }
 }
 
-const QUOTA_CODES: [&str; 3] = [
+const QUOTA_CODES: [&str; 5] = [
     "usage_limit_reached",
     "insufficient_quota",
     "usage_not_included",
+    "organization_usage_limit_exceeded",
+    "organization_spend_limit_exceeded",
 ];
+/// Refusals of the prompt's content by a policy: the backend's verdict on the prompt, the same
+/// on every account.
+const POLICY_CODES: [&str; 2] = ["cyber_policy", "bio_policy"];
+/// Rate limits by another name.
+const RATE_CODES: [&str; 2] = ["rate_limit_exceeded", "slow_down"];
+/// What the request asked for is not available now on any account (the flex service tier
+/// has no capacity): the client's to hear and decide, not the account's fault.
+const UNAVAILABLE_CODES: [&str; 1] = ["flex_unavailable"];
 /// Codes that mean the login itself is dead, wherever they come from.
 const DEAD_AUTH_CODES: [&str; 6] = [
     "token_invalidated",
@@ -117,7 +127,7 @@ const DEAD_AUTH_CODES: [&str; 6] = [
 /// The prompt's own problem, in whatever carrier (a 400, or a `response.failed` in a 200).
 const CALLER_CODES: [&str; 2] = ["context_length_exceeded", "invalid_prompt"];
 /// Failure events whose meaning is known: the backend is overloaded or failed.
-const KNOWN_TRANSIENT_CODES: [&str; 3] = ["server_is_overloaded", "slow_down", "server_error"];
+const KNOWN_TRANSIENT_CODES: [&str; 2] = ["server_is_overloaded", "server_error"];
 
 fn is_any(v: Option<&str>, set: &[&str]) -> bool {
     v.is_some_and(|v| set.contains(&v))
@@ -141,16 +151,16 @@ pub fn classify(f: &Facts, model: &str) -> Class {
     if either(&QUOTA_CODES) {
         return Class::Quota;
     }
-    if either(&["cyber_policy"]) {
+    if either(&POLICY_CODES) {
         return Class::Policy;
     }
-    if either(&CALLER_CODES) {
+    if either(&CALLER_CODES) || either(&UNAVAILABLE_CODES) {
         return Class::Caller;
     }
     if either(&["token_expired"]) {
         return Class::AuthExpired;
     }
-    if either(&["rate_limit_exceeded"]) {
+    if either(&RATE_CODES) {
         return Class::RateLimited;
     }
     if is_unsupported_model(f.message.as_deref(), model) {
@@ -711,7 +721,15 @@ fn quota_reset_ms(facts: Option<&Facts>, now_ms: u64) -> u64 {
                 .or_else(|| f.resets_at.map(|at| at.saturating_sub(now_s)))
         })
         .filter(|s| *s > 0)
-        .map_or(QUOTA_DEFAULT, Duration::from_secs)
+        .map(Duration::from_secs)
+        // Without a reset time the limit lasts at most its window (when the answer says it).
+        .unwrap_or_else(|| {
+            facts
+                .and_then(|f| f.limit_window_minutes)
+                .map_or(QUOTA_DEFAULT, |m| {
+                    QUOTA_DEFAULT.min(Duration::from_secs(m.saturating_mul(60)))
+                })
+        })
         .min(QUOTA_CAP);
     now_ms.saturating_add(ms(secs))
 }
@@ -728,6 +746,41 @@ mod tests {
             error_code: (!code.is_empty()).then(|| code.to_string()),
             ..Facts::default()
         }
+    }
+
+    #[test]
+    fn the_codes_codex_0_171_knows_are_classified() {
+        for (status, code, class) in [
+            (503, "slow_down", Class::RateLimited),
+            (200, "slow_down", Class::RateLimited),
+            (400, "bio_policy", Class::Policy),
+            (429, "organization_usage_limit_exceeded", Class::Quota),
+            (429, "organization_spend_limit_exceeded", Class::Quota),
+            (503, "flex_unavailable", Class::Caller),
+            (200, "flex_unavailable", Class::Caller),
+        ] {
+            assert_eq!(classify(&facts(status, code), ""), class, "{status} {code}");
+        }
+    }
+
+    #[test]
+    fn a_quota_without_a_reset_time_lasts_at_most_its_window() {
+        let windowed = Facts {
+            error_type: Some("usage_limit_reached".into()),
+            limit_window_minutes: Some(15),
+            ..facts(429, "")
+        };
+        assert_eq!(quota_reset_ms(Some(&windowed), 1_000), 1_000 + 15 * 60_000);
+        let long = Facts {
+            limit_window_minutes: Some(300),
+            ..windowed.clone()
+        };
+        assert_eq!(quota_reset_ms(Some(&long), 0), ms(QUOTA_DEFAULT));
+        let told = Facts {
+            resets_in_seconds: Some(120),
+            ..windowed
+        };
+        assert_eq!(quota_reset_ms(Some(&told), 0), 120_000);
     }
 
     #[test]

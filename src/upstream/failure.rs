@@ -55,6 +55,8 @@ pub struct Facts {
     /// Unix seconds at which a quota window resets.
     pub resets_at: Option<u64>,
     pub resets_in_seconds: Option<u64>,
+    /// The length of the usage window a limit is over, when the answer says it (minutes).
+    pub limit_window_minutes: Option<u64>,
     /// A Cloudflare challenge (header `cf-mitigated` or an HTML body on a 403).
     pub cloudflare: bool,
     /// A transport failure (connect error, reset, timeout, EOF) described for the operator.
@@ -151,6 +153,15 @@ impl Facts {
         } else {
             f.absorb_error_json(event);
         }
+        // A streamed error may carry its answer's headers (a WebSocket error frame does).
+        if let Some(headers) = event["headers"].as_object()
+            && let Some(secs) = headers
+                .iter()
+                .find(|(k, _)| k.eq_ignore_ascii_case("retry-after"))
+                .and_then(|(_, v)| seconds(v))
+        {
+            f.retry_after = Some(Duration::from_secs(secs).min(MAX_RETRY_AFTER));
+        }
         f
     }
 
@@ -186,8 +197,14 @@ impl Facts {
         self.message = s(&e["message"]).or(self.message.take());
         self.resets_at = e["resets_at"].as_u64().or(self.resets_at);
         self.resets_in_seconds = e["resets_in_seconds"].as_u64().or(self.resets_in_seconds);
+        self.limit_window_minutes = e["limit_window_minutes"]
+            .as_u64()
+            .or(self.limit_window_minutes);
         if self.retry_after.is_none()
-            && let Some(secs) = self.message.as_deref().and_then(retry_hint)
+            && let Some(secs) = ["retry_after", "retry_after_seconds"]
+                .iter()
+                .find_map(|k| seconds(&e[*k]))
+                .or_else(|| self.message.as_deref().and_then(retry_hint))
         {
             self.retry_after = Some(Duration::from_secs(secs).min(MAX_RETRY_AFTER));
         }
@@ -223,6 +240,16 @@ impl Facts {
         }
         parts.join(" ")
     }
+}
+
+/// Whole seconds from a JSON number or numeric string (rounded up).
+fn seconds(v: &Value) -> Option<u64> {
+    let n = match v {
+        Value::Number(n) => n.as_f64()?,
+        Value::String(s) => s.trim().parse::<f64>().ok()?,
+        _ => return None,
+    };
+    (n.is_finite() && n >= 0.0).then(|| n.ceil() as u64)
 }
 
 /// "try again in 20s" / "Please try again in 1.5s" -> seconds (rounded up).
@@ -264,6 +291,21 @@ mod tests {
         assert_eq!(f.error_type.as_deref(), Some("usage_limit_reached"));
         assert_eq!(f.resets_in_seconds, Some(14400));
         assert_eq!(f.resets_at, Some(1_767_225_600));
+    }
+
+    #[test]
+    fn a_streamed_error_carries_its_retry_after_and_window() {
+        let frame = serde_json::json!({"type": "error", "status": 429,
+            "error": {"type": "usage_limit_reached", "limit_window_minutes": 300},
+            "headers": {"Retry-After": "40", "x-codex-primary-used-percent": "100"}});
+        let f = Facts::from_event(Phase::PreHeaders, &frame);
+        assert_eq!(f.status, Some(429));
+        assert_eq!(f.retry_after, Some(Duration::from_secs(40)));
+        assert_eq!(f.limit_window_minutes, Some(300));
+        let failed = serde_json::json!({"type": "response.failed", "response": {"error":
+            {"code": "rate_limit_exceeded", "message": "slow", "retry_after": 2.5}}});
+        let f = Facts::from_event(Phase::PreCommit, &failed);
+        assert_eq!(f.retry_after, Some(Duration::from_secs(3)));
     }
 
     #[test]
