@@ -2,6 +2,7 @@
 //! handlers call the fleet, the key ring and (for health) the store's ping.
 
 pub mod admin;
+pub mod encoding;
 pub mod error;
 pub mod health;
 pub mod models;
@@ -347,6 +348,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/responses", post(responses::create).get(ws::upgrade))
         .route("/v1/responses/compact", post(responses::compact))
         .route("/v1/models", get(models::list))
+        .route("/v1/models/{id}", get(models::retrieve))
         .route("/v1/usage", get(usage::usage))
         // The handlers read the body themselves, with the cap and a JSON 413.
         .layer(DefaultBodyLimit::disable());

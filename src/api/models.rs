@@ -1,11 +1,13 @@
 //! `GET /v1/models`: the upstream catalog (cached), merged with configured aliases. The OpenAI
 //! list shape by default; the Codex shape `{"models": [...]}` when `client_version` is given.
+//! `GET /v1/models/{id}`: one model of it in the OpenAI shape (`models.retrieve`), 404
+//! `model_not_found` for a model neither the catalog nor an alias names.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
 use axum::Json;
-use axum::extract::{Query, State};
+use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
@@ -22,13 +24,52 @@ pub async fn list(
     headers: HeaderMap,
     Query(query): Query<HashMap<String, String>>,
 ) -> Response {
-    if let Err(e) = authenticate(&state, &headers) {
-        return e.into_response();
-    }
-    let catalog = match catalog(&state).await {
-        Ok(c) => c,
+    let models = match models(&state, &headers).await {
+        Ok(m) => m,
         Err(e) => return e.into_response(),
     };
+    if query.contains_key("client_version") {
+        return Json(json!({ "models": models })).into_response();
+    }
+    let data: Vec<Value> = models
+        .iter()
+        .filter_map(|m| m["slug"].as_str())
+        .map(openai_model)
+        .collect();
+    Json(json!({"object": "list", "data": data})).into_response()
+}
+
+/// `GET /v1/models/{id}`.
+pub async fn retrieve(
+    State(state): State<Arc<AppState>>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Response {
+    let models = match models(&state, &headers).await {
+        Ok(m) => m,
+        Err(e) => return e.into_response(),
+    };
+    match models.iter().find(|m| m["slug"] == id.as_str()) {
+        Some(_) => Json(openai_model(&id)).into_response(),
+        None => ApiError::new(
+            StatusCode::NOT_FOUND,
+            "invalid_request_error",
+            Some("model_not_found"),
+            format!("The model `{id}` does not exist or you do not have access to it."),
+        )
+        .into_response(),
+    }
+}
+
+/// One model in the OpenAI shape.
+fn openai_model(id: &str) -> Value {
+    json!({"id": id, "object": "model", "created": 0, "owned_by": "openai"})
+}
+
+/// The catalog's models with the configured aliases, for a client with a key.
+async fn models(state: &AppState, headers: &HeaderMap) -> Result<Vec<Value>, ApiError> {
+    authenticate(state, headers)?;
+    let catalog = catalog(state).await?;
     let mut models: Vec<Value> = catalog["models"].as_array().cloned().unwrap_or_default();
     let config = state.dispatcher.current();
     for (alias, target) in &config.aliases {
@@ -44,15 +85,7 @@ pub async fn list(
         entry["display_name"] = json!(alias);
         models.push(entry);
     }
-    if query.contains_key("client_version") {
-        return Json(json!({ "models": models })).into_response();
-    }
-    let data: Vec<Value> = models
-        .iter()
-        .filter_map(|m| m["slug"].as_str())
-        .map(|id| json!({"id": id, "object": "model", "created": 0, "owned_by": "openai"}))
-        .collect();
-    Json(json!({"object": "list", "data": data})).into_response()
+    Ok(models)
 }
 
 async fn catalog(state: &AppState) -> Result<Value, ApiError> {

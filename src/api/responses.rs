@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use axum::body::{Body, Bytes};
 use axum::extract::State;
-use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use bytes::BytesMut;
 use futures_util::stream;
@@ -20,8 +20,9 @@ use super::error::ApiError;
 use super::server::ClientConn;
 use crate::dispatch::{ErrorReply, Frame, Mode, RequestCtx};
 use crate::keys::KeyIdentity;
-use crate::upstream::PASS_THROUGH;
+use crate::upstream::SESSION_HEADERS;
 use crate::upstream::event::Event;
+use crate::upstream::{headers, identity};
 
 /// Interval of `: keep-alive` comments while an SSE client waits.
 const KEEPALIVE_EVERY: Duration = Duration::from_secs(10);
@@ -48,8 +49,46 @@ pub fn authenticate(state: &AppState, headers: &HeaderMap) -> Result<KeyIdentity
     })
 }
 
-/// Reads the body up to the configured cap (413 beyond it).
-pub async fn read_body(state: &AppState, body: Body) -> Result<Bytes, ApiError> {
+/// Reads the body up to the configured cap (413 beyond it), and decodes it as its
+/// `Content-Encoding` says (the cap applies to the decoded bytes too).
+pub async fn read_body(
+    state: &AppState,
+    headers: &HeaderMap,
+    body: Body,
+) -> Result<Bytes, ApiError> {
+    let raw = read_raw(state, body).await?;
+    let encoding = headers
+        .get(header::CONTENT_ENCODING)
+        .and_then(|v| v.to_str().ok());
+    if encoding.is_none() {
+        return Ok(raw);
+    }
+    let cap = state.max_body_bytes;
+    super::encoding::decode(encoding, raw, cap).map_err(|e| match e {
+        super::encoding::DecodeError::TooLarge(_) => too_large(cap),
+        super::encoding::DecodeError::Unsupported(_) => ApiError::new(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "invalid_request_error",
+            Some("unsupported_content_encoding"),
+            e.to_string(),
+        ),
+        super::encoding::DecodeError::Invalid { .. } => {
+            ApiError::bad_request("invalid_body", e.to_string())
+        }
+    })
+}
+
+fn too_large(cap: usize) -> ApiError {
+    ApiError::new(
+        StatusCode::PAYLOAD_TOO_LARGE,
+        "invalid_request_error",
+        Some("request_too_large"),
+        format!("the request body exceeds {cap} bytes"),
+    )
+}
+
+/// The body's bytes as sent, up to the cap.
+async fn read_raw(state: &AppState, body: Body) -> Result<Bytes, ApiError> {
     axum::body::to_bytes(body, state.max_body_bytes)
         .await
         .map_err(|e| {
@@ -57,12 +96,7 @@ pub async fn read_body(state: &AppState, body: Body) -> Result<Bytes, ApiError> 
                 .is_some_and(|s| s.to_string().contains("length limit"))
                 || e.to_string().contains("length limit");
             if too_large {
-                ApiError::new(
-                    StatusCode::PAYLOAD_TOO_LARGE,
-                    "invalid_request_error",
-                    Some("request_too_large"),
-                    format!("the request body exceeds {} bytes", state.max_body_bytes),
-                )
+                self::too_large(state.max_body_bytes)
             } else {
                 ApiError::bad_request("invalid_body", format!("cannot read the request body: {e}"))
             }
@@ -126,7 +160,7 @@ async fn handle(
         Ok(k) => k,
         Err(e) => return e.into_response(),
     };
-    let bytes = match read_body(&state, body).await {
+    let bytes = match read_body(&state, &headers, body).await {
         Ok(b) => b,
         Err(e) => return e.into_response(),
     };
@@ -167,6 +201,41 @@ struct Peek<'a> {
     prompt_cache_key: Option<std::borrow::Cow<'a, str>>,
     #[serde(borrow, default)]
     previous_response_id: Option<std::borrow::Cow<'a, str>>,
+    #[serde(borrow, default)]
+    client_metadata: Option<PeekMetadata<'a>>,
+}
+
+/// The device ids of `client_metadata`, borrowed.
+#[derive(serde::Deserialize)]
+struct PeekMetadata<'a> {
+    #[serde(borrow, default, rename = "x-codex-installation-id")]
+    installation_id: Option<std::borrow::Cow<'a, str>>,
+    #[serde(borrow, default, rename = "x-codex-turn-metadata")]
+    turn_metadata: Option<std::borrow::Cow<'a, str>>,
+}
+
+impl PeekMetadata<'_> {
+    fn ids(&self) -> Vec<String> {
+        let mut ids: Vec<String> = self.installation_id.iter().map(|i| i.to_string()).collect();
+        ids.extend(
+            self.turn_metadata
+                .as_deref()
+                .and_then(identity::turn_metadata_id),
+        );
+        ids
+    }
+}
+
+/// The device ids a request's headers carry: `x-codex-installation-id` and the one inside the
+/// turn-metadata header.
+fn header_ids(h: &HeaderMap) -> Vec<String> {
+    let text = |name: &str| h.get(name).and_then(|v| v.to_str().ok());
+    let mut ids: Vec<String> = text(identity::INSTALLATION_FIELD)
+        .map(str::to_string)
+        .into_iter()
+        .collect();
+    ids.extend(text(identity::TURN_METADATA_FIELD).and_then(identity::turn_metadata_id));
+    ids
 }
 
 /// The dispatcher's view of a request from its body as received. When the body needs no change
@@ -185,6 +254,11 @@ pub fn request_ctx_from_bytes(
         && let Some(model) = peek.model.as_deref().filter(|m| !m.is_empty())
         && !state.dispatcher.current().aliases.contains_key(model)
         && (turn == Turn::Compact || peek.stream == Some(true))
+        && let ids = client_ids(
+            headers,
+            peek.client_metadata.map(|m| m.ids()).unwrap_or_default(),
+        )
+        && ids.all_searchable()
     {
         let mode = match turn {
             Turn::Compact => Mode::Compact,
@@ -203,15 +277,21 @@ pub fn request_ctx_from_bytes(
             headers,
             (model, mode, turn),
             (session, previous_response_id),
-            bytes.clone(),
+            (bytes.clone(), ids),
             received,
         ));
     }
     request_ctx(state, key, headers, parse_object(&bytes)?, turn, received)
 }
 
+/// The device ids of a request, from its headers and its body's `client_metadata`.
+fn client_ids(h: &HeaderMap, body: Vec<String>) -> identity::ClientIds {
+    let ids = header_ids(h);
+    identity::ClientIds::of(ids.iter().chain(&body).map(String::as_str))
+}
+
 fn session_from_headers(headers: &HeaderMap) -> Option<String> {
-    PASS_THROUGH[..4]
+    SESSION_HEADERS
         .iter()
         .find_map(|h| {
             headers
@@ -255,6 +335,19 @@ pub fn request_ctx(
         // The backend streams; a JSON client gets the final response assembled from it.
         obj.insert("stream".into(), Value::Bool(true));
     }
+    let mut ids = client_ids(headers, identity::body_ids(&obj));
+    let normalised = !ids.all_searchable();
+    if normalised {
+        // Replaced in the tree by an id that can be replaced per account in bytes.
+        identity::normalise(&mut obj);
+        ids = identity::ClientIds::of(
+            header_ids(headers)
+                .iter()
+                .map(String::as_str)
+                .filter(|id| identity::searchable(id))
+                .chain([identity::PLACEHOLDER]),
+        );
+    }
     let session = session_key(headers, &obj);
     let previous_response_id = obj
         .get("previous_response_id")
@@ -264,14 +357,18 @@ pub fn request_ctx(
     let body = serde_json::to_vec(&obj)
         .map(Bytes::from)
         .map_err(|e| ApiError::internal(format!("cannot encode the request: {e}")))?;
-    Ok(ctx_of(
+    let mut ctx = ctx_of(
         key,
         headers,
         (upstream_model, mode, turn),
         (session, previous_response_id),
-        body,
+        (body, ids),
         received,
-    ))
+    );
+    if normalised {
+        normalise_headers(&mut ctx.pass_headers);
+    }
+    Ok(ctx)
 }
 
 /// The context of a request whose upstream body is ready.
@@ -280,19 +377,17 @@ fn ctx_of(
     headers: &HeaderMap,
     (model, mode, turn): (String, Mode, Turn),
     (session, previous_response_id): (Option<String>, Option<String>),
-    body: Bytes,
+    (body, client_ids): (Bytes, identity::ClientIds),
     received: Instant,
 ) -> RequestCtx {
-    let pass_headers = PASS_THROUGH
-        .iter()
-        .filter_map(|name| headers.get(name).map(|v| (name.clone(), v.clone())))
-        .collect();
+    let pass_headers = headers::forwarded(headers);
     RequestCtx {
         key_id: key.id.clone(),
         key_name: key.name.clone(),
         model,
         mode,
         body,
+        client_ids,
         pass_headers,
         turn_state: headers
             .get(&crate::upstream::TURN_STATE)
@@ -308,6 +403,19 @@ fn ctx_of(
             Turn::Http | Turn::WebSocket => "/v1/responses",
         },
         received,
+    }
+}
+
+/// The turn-metadata header with its device id replaced by the placeholder, for ids that
+/// cannot be replaced in bytes.
+fn normalise_headers(h: &mut [(HeaderName, HeaderValue)]) {
+    for (k, v) in h.iter_mut() {
+        if k.as_str() == identity::TURN_METADATA_FIELD
+            && let Some(text) = v.to_str().ok().and_then(identity::normalise_turn_metadata)
+            && let Ok(new) = HeaderValue::from_str(&text)
+        {
+            *v = new;
+        }
     }
 }
 

@@ -29,6 +29,7 @@ use super::responses::{Turn, authenticate, request_ctx};
 use crate::dispatch::{Frame, WsTurn};
 use crate::keys::KeyIdentity;
 use crate::upstream::event::Event;
+use crate::upstream::identity;
 use crate::upstream::ws::{MAX_FRAME, SOCKET_BUFFER};
 
 /// Bytes of history remembered per connection for continuations (the newest response is
@@ -84,7 +85,8 @@ pub async fn upgrade(
         )
         .into_response();
     };
-    ws.max_message_size(MAX_FRAME)
+    let mut resp = ws
+        .max_message_size(MAX_FRAME)
         .max_frame_size(MAX_FRAME)
         // Small buffers keep idle connections cheap; they grow only for large messages.
         .read_buffer_size(SOCKET_BUFFER)
@@ -95,7 +97,14 @@ pub async fn upgrade(
             Connection::new(state, key, headers, stalled)
                 .run(socket)
                 .await;
-        })
+        });
+    // What the backend says on its own upgrade, said of this hop: the largest message the
+    // gateway takes.
+    resp.headers_mut().insert(
+        "x-codex-websocket-max-message-bytes",
+        axum::http::HeaderValue::from(MAX_FRAME),
+    );
+    resp
 }
 
 /// The responses a connection produced: each one's full input (its request's input plus its
@@ -161,6 +170,15 @@ struct Connection {
     /// Requests that arrived while a turn ran (a client may send its next request the moment
     /// it has read `response.completed`, before the turn has ended here).
     queued: std::collections::VecDeque<axum::extract::ws::Utf8Bytes>,
+    /// This connection's number: the upstream sockets it uses are its own while it lasts.
+    id: u64,
+}
+
+impl Drop for Connection {
+    fn drop(&mut self) {
+        // Its idle upstream sockets may serve another connection of the session now.
+        self.state.dispatcher.ws_pool.disown(self.id);
+    }
 }
 
 /// Why a connection ends.
@@ -206,6 +224,7 @@ impl Connection {
             stalled,
             history: History::new(MAX_HISTORY_BYTES),
             queued: std::collections::VecDeque::new(),
+            id: n,
         }
     }
 
@@ -284,9 +303,22 @@ impl Connection {
         match obj.remove("type").as_ref().and_then(Value::as_str) {
             Some("response.create") => {}
             other => {
-                let e = json!({"type": "invalid_request_error", "code": "unsupported_message", "message": format!("unsupported message type {other:?}; send response.create"), "param": "type"});
+                let message = match other {
+                    Some(kind) => format!(
+                        "the message type `{kind}` is not supported here; send `response.create`"
+                    ),
+                    None => "a message needs a `type`; send `response.create`".to_string(),
+                };
+                let e = json!({"type": "invalid_request_error", "code": "unsupported_message", "message": message, "param": "type"});
                 return self.send(socket, error_frame(400, e)).await;
             }
+        }
+        // A device id that cannot be replaced in bytes is replaced in the tree first, in the
+        // frame as sent and in the expanded body alike.
+        if !identity::ClientIds::of(identity::body_ids(&obj).iter().map(String::as_str))
+            .all_searchable()
+        {
+            identity::normalise(&mut obj);
         }
         // The frame as sent, for an upstream socket that holds its previous response.
         let mut frame = obj.clone();
@@ -349,6 +381,7 @@ impl Connection {
                 .unwrap_or_default(),
             previous_response_id: previous,
             warmup,
+            connection: self.id,
         });
         let (tx, mut rx) = mpsc::channel(64);
         self.state.dispatcher.spawn(ctx, tx);

@@ -248,10 +248,26 @@ impl<'a> Attempt<'a> {
         };
     }
 
-    /// The client's pass-through headers, and the turn-state token only when this account
-    /// issued it.
+    /// `bytes` as this account sends them: the client's device ids replaced by the account's.
+    fn own(&self, bytes: &bytes::Bytes) -> bytes::Bytes {
+        self.ctx
+            .client_ids
+            .rewrite(bytes, &self.identity.installation_id)
+    }
+
+    /// The client's pass-through headers (the device ids in them the account's), and the
+    /// turn-state token only when this account issued it.
     fn headers(&self) -> Vec<(HeaderName, HeaderValue)> {
-        let mut h = self.ctx.pass_headers.clone();
+        let mut h: Vec<(HeaderName, HeaderValue)> = if self.ctx.client_ids.is_empty() {
+            self.ctx.pass_headers.clone()
+        } else {
+            let account = &self.identity.installation_id;
+            self.ctx
+                .pass_headers
+                .iter()
+                .map(|(k, v)| (k.clone(), self.ctx.client_ids.rewrite_header(v, account)))
+                .collect()
+        };
         if let Some(ts) = &self.ctx.turn_state {
             let same_account = self
                 .d
@@ -292,7 +308,7 @@ impl<'a> Attempt<'a> {
             path,
             &self.identity,
             headers,
-            self.ctx.body.clone(),
+            self.own(&self.ctx.body),
             !compact,
         );
         let resp = tokio::select! {
@@ -341,8 +357,9 @@ impl<'a> Attempt<'a> {
             .ws_turn
             .as_ref()
             .and_then(|t| t.previous_response_id.as_deref());
+        let owner = self.ctx.ws_turn.as_ref().map(|t| t.connection);
         let pooled = match &self.ctx.session {
-            Some(s) => d.ws_pool.checkout(&self.lease.id, s, want).await,
+            Some(s) => d.ws_pool.checkout(&self.lease.id, s, want, owner).await,
             None => None,
         };
         let socket = match pooled {
@@ -399,18 +416,21 @@ impl<'a> Attempt<'a> {
                     .as_deref()
                     .is_some_and(|p| socket.holds(p)) =>
             {
-                t.frame.clone()
+                self.own(&t.frame)
             }
-            Some(t) if t.warmup => {
-                with_field(&self.ctx.body, "generate", serde_json::Value::Bool(false))
-            }
-            _ => self.ctx.body.clone(),
+            Some(t) if t.warmup => with_field(
+                &self.own(&self.ctx.body),
+                "generate",
+                serde_json::Value::Bool(false),
+            ),
+            _ => self.own(&self.ctx.body),
         };
         let t = TurnSocket {
             socket,
             pool: d.ws_pool.clone(),
             account: self.lease.id.clone(),
             session: self.ctx.session.clone(),
+            owner,
         };
         match turn(t, &body).await {
             Ok(frames) => Ok(Sent::End(self.pump(EventStream::ws(frames), relay).await)),

@@ -101,7 +101,9 @@ pub struct RequestCtx {
     pub mode: Mode,
     /// The body to send upstream (serialized once).
     pub body: Bytes,
-    /// Client headers passed through to the backend.
+    /// The client's device ids, replaced by the account's in what each attempt sends.
+    pub client_ids: crate::upstream::identity::ClientIds,
+    /// Client headers passed through to the backend (`upstream::headers`).
     pub pass_headers: Vec<(HeaderName, HeaderValue)>,
     /// `x-codex-turn-state` from the client, forwarded only to the account that issued it.
     pub turn_state: Option<String>,
@@ -129,6 +131,9 @@ pub struct WsTurn {
     pub previous_response_id: Option<String>,
     /// `generate: false`: prime the upstream socket, produce nothing.
     pub warmup: bool,
+    /// The downstream connection it came on: an upstream socket carries one connection's
+    /// chain at a time.
+    pub connection: u64,
 }
 
 /// An error for the client, renderable as an HTTP answer or as a `response.failed` event.

@@ -256,6 +256,7 @@ pub(crate) fn decide(account: &mut Account, req: &TurnRequest<'_>, ctx: &Ctx<'_>
     let mut fail_code = None;
     let mut fail_after = None;
     let mut answer_bytes = None;
+    let mut incomplete = None;
     match fault {
         None => {}
         Some(FaultKind::Quota { resets_in_seconds }) => {
@@ -291,6 +292,20 @@ pub(crate) fn decide(account: &mut Account, req: &TurnRequest<'_>, ctx: &Ctx<'_>
         Some(FaultKind::WsErrorFrame { status, code }) => {
             return refuse(faults::ws_error(status, &code));
         }
+        Some(FaultKind::Error {
+            status,
+            code,
+            fields,
+        }) => {
+            let answer = faults::error(status, &code, &fields);
+            // A request's own error leaves a WebSocket open; a limit or a server error not.
+            return if status == 429 || status >= 500 {
+                refuse(answer)
+            } else {
+                reject(answer)
+            };
+        }
+        Some(FaultKind::Incomplete { reason }) => incomplete = Some(reason),
         Some(FaultKind::FailedEvent { code }) => fail_code = Some(code),
         Some(FaultKind::FailedMidStream { code, after_deltas }) => {
             fail_code = Some(code);
@@ -363,6 +378,7 @@ pub(crate) fn decide(account: &mut Account, req: &TurnRequest<'_>, ctx: &Ctx<'_>
         generate: req.generate,
         previous_response_id: req.previous_response_id.map(str::to_string),
         answer_bytes,
+        incomplete,
     };
     let plan = if req.compact {
         Plan::Compaction
@@ -449,6 +465,21 @@ fn responses_route(
         &turn_state(ctx.nonce, account.id(), session),
     );
     set_header(&mut r, "openai-model", model);
+    // Whether reasoning items are in the answer (Codex reads it), and a header no client
+    // knows, as the backend adds new ones: both must reach the client.
+    let reasoning = body["include"]
+        .as_array()
+        .is_some_and(|i| i.iter().any(|v| v == "reasoning.encrypted_content"));
+    set_header(
+        &mut r,
+        "x-reasoning-included",
+        if reasoning { "true" } else { "false" },
+    );
+    set_header(
+        &mut r,
+        "x-codex-sim-request-id",
+        &format!("simreq_{:x}", ctx.id),
+    );
     if !unary {
         set_header(&mut r, "cache-control", "no-cache");
     }

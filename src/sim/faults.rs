@@ -76,6 +76,20 @@ pub enum FaultKind {
     WsCloseMidTurn { after_deltas: u32 },
     /// A WebSocket error frame with this status and `error.code`, then the server closes.
     WsErrorFrame { status: u16, code: String },
+    /// An error answer with this status and `error.code` (over WebSocket, an error frame):
+    /// `{"error": {"type": …, "code": code, "message": …}}` with `fields` merged into the
+    /// error object (`type`, `message`, `resets_in_seconds`, `limit_window_minutes`, …). For
+    /// the codes a newer Codex knows (`slow_down`, `bio_policy`, `flex_unavailable`, the
+    /// organization limits) and any other.
+    Error {
+        status: u16,
+        code: String,
+        #[serde(default)]
+        fields: serde_json::Map<String, Value>,
+    },
+    /// A normal stream that ends with `response.incomplete` for `reason` (`content_filter`,
+    /// `max_output_tokens`) instead of `response.completed`.
+    Incomplete { reason: String },
 }
 
 /// A fault queued on an account. Faults are consumed in FIFO order by the requests they apply
@@ -406,6 +420,23 @@ pub(crate) fn previous_response_not_found(id: &str) -> ErrorAnswer {
             "param": "previous_response_id",
         }}),
     )
+}
+
+/// The answer of [`FaultKind::Error`].
+pub(crate) fn error(
+    status: u16,
+    code: &str,
+    fields: &serde_json::Map<String, Value>,
+) -> ErrorAnswer {
+    let mut error = json!({
+        "type": if status == 429 { "rate_limit_error" } else if status >= 500 { "server_error" } else { "invalid_request_error" },
+        "code": code,
+        "message": format!("simulated {code}"),
+    });
+    for (k, v) in fields {
+        error[k] = v.clone();
+    }
+    ErrorAnswer::json(status, json!({"error": error}))
 }
 
 /// The error object of `WsErrorFrame`.

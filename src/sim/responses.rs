@@ -96,6 +96,8 @@ pub(crate) struct TurnSpec<'a> {
     /// The message is this many bytes of text instead of the greeting (a compaction: its
     /// encrypted content).
     pub answer_bytes: Option<usize>,
+    /// The answer ends with `response.incomplete` for this reason.
+    pub incomplete: Option<String>,
 }
 
 /// A generated event: its `type` and full JSON (with `sequence_number`).
@@ -306,6 +308,15 @@ pub(crate) fn build(spec: &TurnSpec<'_>, plan: &Plan) -> Turn {
         return Turn {
             events: b.events,
             response: failed,
+        };
+    }
+    if let Some(reason) = &spec.incomplete {
+        response["status"] = json!("incomplete");
+        response["incomplete_details"] = json!({"reason": reason});
+        b.push("response.incomplete", json!({"response": response}));
+        return Turn {
+            events: b.events,
+            response,
         };
     }
     b.push("response.completed", json!({"response": response}));

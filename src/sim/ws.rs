@@ -17,10 +17,10 @@
 //! not speak frames). Every turn re-checks the handshake's access token, so a token that
 //! expires (or an account deactivated) while the socket is open gets a 401 error frame.
 //!
-//! Connection-local state, as with `store:false` on the real backend: the responses this
-//! socket produced, each remembered with its context (its request's input followed by its
-//! output), so that a `previous_response_id` continues it with only the new items — and is
-//! unknown on any other socket.
+//! Connection-local state, as with `store:false` on the real backend: the last response this
+//! socket produced, remembered with its context (its request's input followed by its output),
+//! so that a `previous_response_id` continues it with only the new items — and is unknown on
+//! any other socket, and once another response followed it on this one.
 //!
 //! A connection is two halves in one task: the reader (frames in, turns decided at once, pings
 //! answered by tungstenite as it reads) and the writer, which plays what the reader queued
@@ -55,8 +55,9 @@ use super::{RecordedRequest, Sim};
 pub(crate) const BETA: &str = "responses_websockets=2026-02-06";
 /// The only path that upgrades.
 const PATH: &str = "/backend-api/codex/responses";
-/// Responses remembered per socket for `previous_response_id` (oldest forgotten first).
-const MAX_CONTEXTS: usize = 32;
+/// Responses remembered per socket for `previous_response_id`: the backend keeps one, its
+/// last (codex-protocol §K8), so a continuation of any earlier one is not found.
+const MAX_CONTEXTS: usize = 1;
 /// How long a server-initiated close waits for the client's close frame.
 const CLOSE_GRACE: Duration = Duration::from_secs(5);
 
@@ -108,8 +109,17 @@ fn switching_protocols(key: &str) -> Response<SimBody> {
         "sec-websocket-accept",
         &derive_accept_key(key.as_bytes()),
     );
+    // The largest message the backend takes (Codex 0.171 reads it).
+    set_header(
+        &mut r,
+        "x-codex-websocket-max-message-bytes",
+        &MAX_MESSAGE_BYTES.to_string(),
+    );
     r
 }
+
+/// What the upgrade answer says of the largest message.
+const MAX_MESSAGE_BYTES: usize = 16 * 1024 * 1024;
 
 /// Answers an upgrade request: a refusal as a plain HTTP response, or a 101 after which the
 /// connection is served on its own task (until the client leaves or `shutdown`).

@@ -5,6 +5,8 @@ pub mod config;
 pub mod egress;
 pub mod event;
 pub mod failure;
+pub mod headers;
+pub mod identity;
 pub mod login;
 pub mod quota;
 pub mod sse;
@@ -17,7 +19,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use futures_util::StreamExt;
-use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
+use reqwest::header::{HeaderName, HeaderValue};
 use serde_json::{Value, json};
 
 use self::config::UpstreamConfig;
@@ -26,38 +28,18 @@ use crate::base::names::named;
 use self::egress::{EgressError, ProxyUrl, TunnelConnector};
 use self::failure::{Endpoint, Facts, Phase};
 
-/// Client headers passed through to the backend (session topology, telemetry, routing); the
-/// first four name the session. Looked up by name, not by text, on every request.
-pub static PASS_THROUGH: [HeaderName; 14] = [
+/// The headers that name a session, in the order they are looked at.
+pub static SESSION_HEADERS: [HeaderName; 4] = [
     HeaderName::from_static("session-id"),
     HeaderName::from_static("session_id"),
     HeaderName::from_static("thread-id"),
     HeaderName::from_static("conversation_id"),
-    HeaderName::from_static("x-client-request-id"),
-    HeaderName::from_static("originator"),
-    HeaderName::from_static("user-agent"),
-    HeaderName::from_static("version"),
-    HeaderName::from_static("x-codex-window-id"),
-    HeaderName::from_static("x-codex-turn-metadata"),
-    HeaderName::from_static("x-codex-beta-features"),
-    HeaderName::from_static("x-openai-subagent"),
-    HeaderName::from_static("x-codex-parent-thread-id"),
-    HeaderName::from_static("openai-beta"),
 ];
 
 /// The sticky-routing token a turn's answer carries and its next request sends back.
 pub static TURN_STATE: HeaderName = HeaderName::from_static("x-codex-turn-state");
 
-/// The backend's answer headers relayed to the client (rate limits, turn state, model).
-pub fn relayed(h: &HeaderMap) -> Vec<(HeaderName, HeaderValue)> {
-    h.iter()
-        .filter(|(k, _)| {
-            let k = k.as_str();
-            k.starts_with("x-codex-") || k == "openai-model" || k == "x-models-etag"
-        })
-        .map(|(k, v)| (k.clone(), v.clone()))
-        .collect()
-}
+pub use self::headers::relayed;
 
 named! {
     /// How a turn reached the backend.

@@ -66,13 +66,17 @@ pub struct UpstreamSocket {
     last_used_ms: u64,
     /// The handshake's answer headers (turn state, rate limits).
     pub headers: HeaderMap,
-    /// Responses this socket produced (the backend keeps their state on the socket).
-    pub produced: Vec<String>,
+    /// The last response this socket produced: the backend keeps one response's state per
+    /// socket, so only that one can be continued on it.
+    last_response: Option<String>,
+    /// The client connection whose turns it carries (`None`: none now; it may go to any).
+    owner: Option<u64>,
 }
 
 impl UpstreamSocket {
+    /// Whether a continuation of `response_id` can go on this socket as sent.
     pub fn holds(&self, response_id: &str) -> bool {
-        self.produced.iter().any(|r| r == response_id)
+        self.last_response.as_deref() == Some(response_id)
     }
 }
 
@@ -176,30 +180,41 @@ impl WsPool {
         dropped
     }
 
-    /// An idle socket, the one holding `want` if there is one.
-    fn take(&self, account: &str, session: &str, want: Option<&str>) -> Option<UpstreamSocket> {
+    /// An idle socket for the client connection `owner`: its own one holding `want`, else
+    /// its own, else one no connection holds. A socket another connection holds is never
+    /// handed out: its chain is that connection's.
+    fn take(
+        &self,
+        account: &str,
+        session: &str,
+        want: Option<&str>,
+        owner: Option<u64>,
+    ) -> Option<UpstreamSocket> {
         let mut idle = self.lock();
         let key = (account.to_string(), session.to_string());
         let v = idle.get_mut(&key)?;
-        let s = match want.and_then(|w| v.iter().position(|s| s.holds(w))) {
-            Some(i) => Some(v.remove(i)),
-            None => v.pop(),
-        };
+        let own = |s: &UpstreamSocket| owner.is_some() && s.owner == owner;
+        let pick = want
+            .and_then(|w| v.iter().position(|s| own(s) && s.holds(w)))
+            .or_else(|| v.iter().rposition(own))
+            .or_else(|| v.iter().rposition(|s| s.owner.is_none()));
+        let s = pick.map(|i| v.remove(i));
         if v.is_empty() {
             idle.remove(&key);
         }
         s
     }
 
-    /// An idle socket for this account and session that is still alive, preferring the one
-    /// that produced `want`.
+    /// An idle socket for this account and session that is still alive, for the client
+    /// connection `owner` (see [`WsPool::take`]), preferring the one that produced `want`.
     pub async fn checkout(
         &self,
         account: &str,
         session: &str,
         want: Option<&str>,
+        owner: Option<u64>,
     ) -> Option<UpstreamSocket> {
-        while let Some(mut s) = self.take(account, session, want) {
+        while let Some(mut s) = self.take(account, session, want, owner) {
             let now = self.clock.now_ms();
             if self.expired(&s, now) {
                 continue;
@@ -227,6 +242,16 @@ impl WsPool {
 
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+
+    /// A client connection ended: its idle sockets may serve any connection of their session
+    /// now (their next turn goes with its full input).
+    pub fn disown(&self, owner: u64) {
+        for s in self.lock().values_mut().flatten() {
+            if s.owner == Some(owner) {
+                s.owner = None;
+            }
+        }
     }
 
     /// Drops every idle socket of an account (it was found bad).
@@ -492,7 +517,8 @@ fn socket_of(r: Connected) -> Result<UpstreamSocket, DialError> {
             opened: Instant::now(),
             last_used_ms: 0,
             headers: resp.headers().clone(),
-            produced: Vec::new(),
+            last_response: None,
+            owner: None,
         }),
         Err(Err(egress)) => Err(transport(egress)),
         Err(Ok(tokio_tungstenite::tungstenite::Error::Http(resp))) => {
@@ -522,6 +548,7 @@ impl std::fmt::Debug for LateDial {
 impl LateDial {
     /// Puts the socket, if it comes within the connect timeout, in the pool for the session's
     /// next turn; gives up without a session (nothing could take it).
+    /// It carries no chain yet, so any client connection of the session may take it.
     pub fn pool_when_open(self, pool: WsPool, account: String, session: Option<String>) {
         let Some(session) = session else {
             self.0.abort();
@@ -548,6 +575,8 @@ pub struct TurnSocket {
     pub pool: WsPool,
     pub account: String,
     pub session: Option<String>,
+    /// The client connection the turn is for: the socket is its own from now on.
+    pub owner: Option<u64>,
 }
 
 /// The frames of one turn, read as events. At a completed (or incomplete) terminal the socket
@@ -559,6 +588,7 @@ pub struct WsTurn {
 
 /// Sends `response.create` with `body` and returns the turn's frames.
 pub async fn turn(mut t: TurnSocket, body: &[u8]) -> Result<WsTurn, Facts> {
+    t.socket.owner = t.owner;
     let failed = |what: String| Facts::transport(Phase::PreHeaders, what).at(Endpoint::WebSocket);
     let mut v: serde_json::Value =
         serde_json::from_slice(body).map_err(|e| failed(format!("bad request body: {e}")))?;
@@ -596,11 +626,7 @@ impl WsTurn {
                                 .json()
                                 .and_then(|v| v["response"]["id"].as_str().map(str::to_string))
                             {
-                                let produced = &mut t.socket.produced;
-                                produced.push(id);
-                                if produced.len() > 16 {
-                                    produced.remove(0);
-                                }
+                                t.socket.last_response = Some(id);
                             }
                         }
                         "response.completed" | "response.incomplete" => {

@@ -31,6 +31,7 @@ mod sim;
 mod sim_login;
 mod sim_ws;
 mod upgrade;
+mod upstream_face;
 mod usage;
 mod windows;
 mod ws;
