@@ -393,3 +393,138 @@ async fn openai_python_sdk_meets_a_keys_limits_over_http_and_websocket() {
     let served: usize = gw.ids.keys().map(|a| gw.served(a)).sum();
     assert_eq!(served, 4);
 }
+
+/// The names on Codex's wire, as the backend saw them through the gateway: request header
+/// names, body keys, `client_metadata` keys and the turn metadata's keys.
+#[derive(Debug, Default, serde::Serialize, serde::Deserialize, PartialEq)]
+struct Wire {
+    headers: std::collections::BTreeSet<String>,
+    body: std::collections::BTreeSet<String>,
+    client_metadata: std::collections::BTreeSet<String>,
+    turn_metadata: std::collections::BTreeSet<String>,
+}
+
+impl Wire {
+    fn of(recorded: &[switchyard::sim::RecordedRequest]) -> Wire {
+        let mut w = Wire::default();
+        let keys = |v: &Value| -> Vec<String> {
+            v.as_object()
+                .map(|o| o.keys().cloned().collect())
+                .unwrap_or_default()
+        };
+        let turn = |text: &str| serde_json::from_str::<Value>(text).unwrap_or(Value::Null);
+        for r in recorded.iter().filter(|r| r.path.contains("/responses")) {
+            w.headers.extend(r.headers.keys().cloned());
+            w.body.extend(keys(&r.body));
+            let meta = &r.body["client_metadata"];
+            w.client_metadata.extend(keys(meta));
+            for text in [
+                meta["x-codex-turn-metadata"].as_str(),
+                r.headers.get("x-codex-turn-metadata").map(String::as_str),
+            ]
+            .into_iter()
+            .flatten()
+            {
+                w.turn_metadata.extend(keys(&turn(text)));
+            }
+        }
+        w
+    }
+
+    /// What this one has that `known` has not, named by where it is.
+    fn new_against(&self, known: &Wire) -> Vec<String> {
+        let mut out = Vec::new();
+        for (what, mine, theirs) in [
+            ("header", &self.headers, &known.headers),
+            ("body key", &self.body, &known.body),
+            (
+                "client_metadata key",
+                &self.client_metadata,
+                &known.client_metadata,
+            ),
+            (
+                "turn metadata key",
+                &self.turn_metadata,
+                &known.turn_metadata,
+            ),
+        ] {
+            out.extend(mine.difference(theirs).map(|n| format!("{what} `{n}`")));
+        }
+        out
+    }
+}
+
+/// The pinned Codex CLI through the gateway, over HTTP and the WebSocket, a tool turn each and
+/// a compaction: every name the backend saw is on the committed list for the pinned version
+/// (`tests/fixtures/codex-wire-0.171.json`; `scripts/codex-drift.sh` runs this with the newest
+/// release and prints what changed), and the CLI's own device id reached the backend nowhere.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn codex_cli_reaches_the_backend_with_the_committed_wire_names_and_no_device_id() {
+    let gw = Gw::start(1).await;
+    let tmp = tempfile::tempdir().unwrap();
+    let mut homes = Vec::new();
+    // A tool turn over each transport, and one more over the WebSocket with an auto-compaction
+    // limit its first answer passes: Codex compacts on a second connection of the session.
+    for (name, websockets, compact) in [
+        ("http", false, false),
+        ("ws", true, false),
+        ("compact", true, true),
+    ] {
+        let dir = tmp.path().join(name);
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut cmd = codex_exec_ws(
+            &gw,
+            &dir,
+            &format!("please run: echo wire-{name}-ok"),
+            websockets,
+        );
+        if compact {
+            cmd.args(["-c", "model_auto_compact_token_limit=2000"]);
+        }
+        let out = run(cmd).await;
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "codex ({name}) failed:\n{stdout}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        if !compact {
+            assert!(stdout.contains(&format!("wire-{name}-ok")), "{stdout}");
+        }
+        homes.push(dir.join("codex-home"));
+    }
+    let recorded = gw.sim.sim.all_requests();
+    // The device id each CLI keeps in its home, found nowhere upstream.
+    for home in &homes {
+        let id = std::fs::read_to_string(home.join("installation_id")).unwrap();
+        let id = id.trim();
+        assert_eq!(id.len(), 36, "{id}");
+        for r in &recorded {
+            let text = format!("{:?} {}", r.headers, r.body);
+            assert!(
+                !text.contains(id),
+                "the CLI's device id reached the backend: {text}"
+            );
+        }
+    }
+    let seen = Wire::of(&recorded);
+    if let Ok(path) = std::env::var("SWITCHYARD_WIRE_OUT") {
+        std::fs::write(&path, serde_json::to_string_pretty(&seen).unwrap()).unwrap();
+    }
+    let fixture = std::env::var("SWITCHYARD_WIRE_FIXTURE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|_| repo().join("tests/fixtures/codex-wire-0.171.json"));
+    let known: Wire = serde_json::from_slice(&std::fs::read(&fixture).unwrap()).unwrap();
+    let new = seen.new_against(&known);
+    if std::env::var_os("SWITCHYARD_WIRE_ALLOW_NEW").is_none() {
+        assert!(
+            new.is_empty(),
+            "names on the wire not in {}: {}",
+            fixture.display(),
+            new.join(", ")
+        );
+    }
+    // The compaction came, on a second connection of the session.
+    let upgrades = recorded.iter().filter(|r| r.method == "GET").count();
+    assert!(upgrades >= 2, "{upgrades} WebSocket connections");
+}
