@@ -1,6 +1,7 @@
 //! Compressed request bodies (`Content-Encoding: zstd`, `gzip` or `deflate`), decoded with the
 //! body cap applied to the decoded bytes: a small body that inflates past the cap is refused as
-//! soon as it passes it, having held at most the cap. Pure functions over bytes.
+//! soon as it passes it, having held nothing but the decoder's window. Pure functions over
+//! bytes.
 
 use std::io::Read;
 
@@ -26,6 +27,10 @@ const MAX_ZSTD_WINDOW: u64 = 8 * 1024 * 1024;
 
 /// The body as sent (`encoding`: the `Content-Encoding` header, if any), decoded, at most
 /// `cap` bytes long. An unencoded body is returned as it is.
+///
+/// Each encoding is read twice: once to count what it decodes to, holding nothing but the
+/// decoder's own window, and once into a buffer of exactly that size. So a body that inflates
+/// past the cap is refused having held almost nothing, and one that fits is held once.
 pub fn decode(
     encoding: Option<&str>,
     body: bytes::Bytes,
@@ -40,64 +45,104 @@ pub fn decode(
         .filter(|c| !c.is_empty() && c != "identity")
         .collect();
     for coding in codings.iter().rev() {
-        body = match coding.as_str() {
-            "zstd" => zstd(&body, cap)?,
-            "gzip" | "x-gzip" => {
-                read_capped(flate2::read::MultiGzDecoder::new(&body[..]), cap, "gzip")?
-            }
-            "deflate" => read_capped(flate2::read::ZlibDecoder::new(&body[..]), cap, "deflate")?,
+        let name = match coding.as_str() {
+            "zstd" => "zstd",
+            "gzip" | "x-gzip" => "gzip",
+            "deflate" => "deflate",
             other => return Err(DecodeError::Unsupported(other.to_string())),
         };
+        let len = drain(decoder(name, &body, cap)?, cap, name)?;
+        let decoded = read_exact(decoder(name, &body, cap)?, len, name)?;
+        body = decoded;
     }
     Ok(body)
 }
 
-fn zstd(body: &[u8], cap: usize) -> Result<bytes::Bytes, DecodeError> {
-    let invalid = |e: &dyn std::fmt::Display| DecodeError::Invalid {
-        encoding: "zstd",
-        message: e.to_string(),
-    };
+/// A decoder of `body` in `encoding`.
+fn decoder<'a>(
+    encoding: &'static str,
+    body: &'a [u8],
+    cap: usize,
+) -> Result<Box<dyn Read + 'a>, DecodeError> {
+    Ok(match encoding {
+        "zstd" => Box::new(zstd(body, cap)?),
+        "gzip" => Box::new(flate2::read::MultiGzDecoder::new(body)),
+        _ => Box::new(flate2::read::ZlibDecoder::new(body)),
+    })
+}
+
+fn zstd(body: &[u8], cap: usize) -> Result<impl Read + '_, DecodeError> {
     use ruzstd::decoding::StreamingDecoder;
     use ruzstd::decoding::errors::FrameDecoderError;
     let decoder =
         StreamingDecoder::new_with_max_window_size(body, MAX_ZSTD_WINDOW).map_err(|e| match e {
             // More memory than a body is given: too large, like a body past the cap.
             FrameDecoderError::WindowSizeTooBig { .. } => DecodeError::TooLarge(cap),
-            e => invalid(&e),
+            e => DecodeError::Invalid {
+                encoding: "zstd",
+                message: e.to_string(),
+            },
         })?;
     // A frame that says its size says whether it fits before anything is decoded.
     if usize::try_from(decoder.decoder.content_size()).map_or(true, |n| n > cap) {
         return Err(DecodeError::TooLarge(cap));
     }
-    read_capped(decoder, cap, "zstd")
+    Ok(decoder)
 }
 
-/// Everything `r` yields, refused once past `cap`.
-fn read_capped(
-    mut r: impl Read,
-    cap: usize,
-    encoding: &'static str,
-) -> Result<bytes::Bytes, DecodeError> {
-    let mut out: Vec<u8> = Vec::new();
+/// Reads `r` to its end, keeping nothing: how many bytes it yields, refused once past `cap`.
+fn drain(mut r: impl Read, cap: usize, encoding: &'static str) -> Result<usize, DecodeError> {
     let mut chunk = vec![0u8; CHUNK];
-    loop {
-        let n = match r.read(&mut chunk) {
-            Ok(0) => break,
-            Ok(n) => n,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-            Err(e) => {
-                return Err(DecodeError::Invalid {
-                    encoding,
-                    message: e.to_string(),
-                });
-            }
-        };
-        if out.len() + n > cap {
+    let mut total = 0usize;
+    while let Some(n) = read_some(&mut r, &mut chunk, encoding)? {
+        total += n;
+        if total > cap {
             return Err(DecodeError::TooLarge(cap));
         }
-        out.extend_from_slice(&chunk[..n]);
+    }
+    Ok(total)
+}
+
+/// The `len` bytes `r` yields (as counted by [`drain`]).
+fn read_exact(
+    mut r: impl Read,
+    len: usize,
+    encoding: &'static str,
+) -> Result<bytes::Bytes, DecodeError> {
+    let mut out = vec![0u8; len];
+    let mut at = 0;
+    while at < len {
+        match read_some(&mut r, &mut out[at..], encoding)? {
+            Some(n) => at += n,
+            None => break,
+        }
+    }
+    if at != len {
+        return Err(DecodeError::Invalid {
+            encoding,
+            message: "it decoded differently the second time".into(),
+        });
     }
     Ok(bytes::Bytes::from(out))
+}
+
+/// One read: `None` at the end.
+fn read_some(
+    r: &mut impl Read,
+    buf: &mut [u8],
+    encoding: &'static str,
+) -> Result<Option<usize>, DecodeError> {
+    loop {
+        return match r.read(buf) {
+            Ok(0) => Ok(None),
+            Ok(n) => Ok(Some(n)),
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => Err(DecodeError::Invalid {
+                encoding,
+                message: e.to_string(),
+            }),
+        };
+    }
 }
 
 /// zstd frames made without an encoder, for tests and load programs.
