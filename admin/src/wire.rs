@@ -153,6 +153,16 @@ wire_enum! {
 }
 
 wire_enum! {
+    /// What kind of login an account has.
+    pub enum Login {
+        /// A ChatGPT login: refreshed before its access token expires.
+        Chatgpt => "chatgpt",
+        /// A workspace access token: used until it expires, never refreshed.
+        AccessToken => "access_token",
+    }
+}
+
+wire_enum! {
     /// A token budget's rolling window.
     pub enum BudgetWindow {
         FiveHours => "5h",
@@ -369,6 +379,12 @@ pub struct Account {
     /// Its own egress proxy, password hidden (`socks5h://user:***@host:1080`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub proxy: Option<String>,
+    /// The kind of login (empty from a daemon that did not say).
+    #[serde(default)]
+    pub login: Login,
+    /// When its access token expires (RFC 3339), when known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token_expires_at: Option<String>,
     /// Its error rates over the last 20 and 60 minutes (empty where the daemon did not say).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub error_rates: Vec<ErrorRates>,

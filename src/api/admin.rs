@@ -177,8 +177,10 @@ async fn import_account(
     State(state): State<Arc<AppState>>,
     body: Bytes,
 ) -> Result<Response, ApiError> {
-    let parsed = state.fleet.parse_auth(&body)?;
-    let imported = state.fleet.import(parsed).await?;
+    let imported = state
+        .fleet
+        .import_auth(&body, state.dispatcher.upstream.as_ref())
+        .await?;
     // Prove it before it takes requests, now rather than at the poller's next round.
     state.dispatcher.wake_prober();
     tracing::info!(account = %imported.account.id, created = imported.created, "account imported");

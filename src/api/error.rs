@@ -118,6 +118,15 @@ impl From<FleetError> for ApiError {
                 Some("refresh_failed"),
                 e.to_string(),
             ),
+            FleetError::AccessToken { refused: true, .. } => {
+                ApiError::bad_request("invalid_access_token", e.to_string())
+            }
+            FleetError::AccessToken { refused: false, .. } => ApiError::new(
+                StatusCode::BAD_GATEWAY,
+                "server_error",
+                Some("whoami_failed"),
+                e.to_string(),
+            ),
         }
     }
 }

@@ -30,7 +30,7 @@ pub fn account(a: &AccountView) -> wire::Account {
         state: a.state.as_str().into(),
         created_at: clock::rfc3339(a.created_at),
         reason: a.reason.map(|c| c.as_str().into()),
-        detail: a.reauth.map(|r| r.advice(&a.id)),
+        detail: a.reauth.map(|r| r.advice_for(&a.id, a.access_token_only)),
         cooldown_until: rfc(a.cooldown_until_ms.map(|ms| ms.div_ceil(1000))),
         cooldown_remaining_s: a
             .cooldown_until_ms
@@ -55,6 +55,12 @@ pub fn account(a: &AccountView) -> wire::Account {
             observed_at: Some(clock::rfc3339(q.observed_ms / 1000)),
         }),
         proxy: a.proxy.clone(),
+        login: if a.access_token_only {
+            wire::Login::AccessToken
+        } else {
+            wire::Login::Chatgpt
+        },
+        token_expires_at: a.token_expires_at.map(clock::rfc3339),
         error_rates: Vec::new(),
     }
 }

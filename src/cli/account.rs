@@ -34,6 +34,31 @@ pub(super) fn write_private(path: &Path, bytes: &[u8]) -> Result<(), CommandErro
     f.write_all(bytes).map_err(err)
 }
 
+/// An auth.json holding only a workspace access token (`-`: read from stdin).
+fn access_token_auth(token: &str) -> Result<Vec<u8>, CommandError> {
+    let token = if token == "-" {
+        let mut line = String::new();
+        std::io::stdin()
+            .read_line(&mut line)
+            .map_err(|source| CommandError::Read {
+                path: "stdin".into(),
+                source,
+            })?;
+        line
+    } else {
+        token.to_string()
+    };
+    let token = token.trim();
+    if token.is_empty() {
+        return Err(CommandError::Usage(
+            "--access-token: the token is empty".into(),
+        ));
+    }
+    Ok(serde_json::json!({"tokens": {"access_token": token}})
+        .to_string()
+        .into_bytes())
+}
+
 /// Reads every file first and checks it, so a bad file among several imports nothing.
 pub(super) fn read_auth_files(files: &[PathBuf]) -> Result<Vec<(String, Vec<u8>)>, CommandError> {
     let mut out = Vec::new();
@@ -60,10 +85,16 @@ pub(super) fn read_auth_files(files: &[PathBuf]) -> Result<Vec<(String, Vec<u8>)
             })?;
             (name, bytes)
         };
-        crate::fleet::auth_file::parse(&bytes, 0).map_err(|source| CommandError::AuthFile {
-            path: name.clone(),
-            source,
-        })?;
+        match crate::fleet::auth_file::parse(&bytes, 0) {
+            // Validated by the auth server at import.
+            Ok(_) | Err(crate::fleet::auth_file::AuthFileError::AccessTokenOnly(_)) => {}
+            Err(source) => {
+                return Err(CommandError::AuthFile {
+                    path: name.clone(),
+                    source,
+                });
+            }
+        }
         out.push((name, bytes));
     }
     Ok(out)
@@ -71,7 +102,17 @@ pub(super) fn read_auth_files(files: &[PathBuf]) -> Result<Vec<(String, Vec<u8>)
 
 pub(super) async fn account(config: &Config, cmd: AccountCommand) -> Result<(), CommandError> {
     let files = match &cmd {
-        AccountCommand::Import { files, .. } => read_auth_files(files)?,
+        AccountCommand::Import {
+            files,
+            access_token,
+            ..
+        } => {
+            let mut all = read_auth_files(files)?;
+            if let Some(token) = access_token {
+                all.push(("the access token".into(), access_token_auth(token)?));
+            }
+            all
+        }
         _ => Vec::new(),
     };
     let access = match cmd {
@@ -93,13 +134,24 @@ pub(super) async fn account_with(
     match cmd {
         AccountCommand::Import { no_refresh, .. } => {
             for (_, bytes) in files {
-                let imported = backend.import_account(&bytes).await?;
+                let imported = backend.import_account(config, &bytes).await?;
                 let verb = if imported.created {
                     "imported"
                 } else {
                     "updated"
                 };
                 println!("{verb} {}", describe_account(&imported.account));
+                if imported.account.login == wire::Login::AccessToken {
+                    eprintln!(
+                        "a workspace access token: used until it expires ({}), never refreshed",
+                        imported
+                            .account
+                            .token_expires_at
+                            .as_deref()
+                            .unwrap_or("the backend says when")
+                    );
+                    continue;
+                }
                 if no_refresh {
                     eprintln!(
                         "not refreshed (--no-refresh): whichever of Switchyard and the Codex CLI this \
@@ -157,7 +209,9 @@ pub(super) async fn account_with(
                     )));
                 }
             }
-            let imported = backend.import_account(auth.to_string().as_bytes()).await?;
+            let imported = backend
+                .import_account(config, auth.to_string().as_bytes())
+                .await?;
             let verb = match (&expected, imported.created) {
                 (Some(_), _) => "logged in again",
                 (None, true) => "logged in",
@@ -300,6 +354,16 @@ pub(super) fn account_table(accounts: &[wire::Account]) -> String {
         if let Some(proxy) = &a.proxy {
             out.push_str(&format!("{}: goes out through {proxy}\n", a.id));
         }
+        if a.login == wire::Login::AccessToken {
+            let until = a
+                .token_expires_at
+                .as_deref()
+                .unwrap_or("when the backend says");
+            out.push_str(&format!(
+                "{}: a workspace access token, never refreshed; it ends {until}\n",
+                a.id
+            ));
+        }
     }
     out
 }
@@ -337,6 +401,8 @@ mod tests {
             quota: None,
             proxy: None,
             error_rates: Vec::new(),
+            login: Default::default(),
+            token_expires_at: None,
         };
         let t = account_table(&[
             a("a1", "ready", None, None),

@@ -321,9 +321,17 @@ pub enum AccountCommand {
     /// its tokens.
     /// The login then belongs to Switchyard: it refreshes the tokens once to take ownership,
     /// and the Codex CLI they came from must log in again (or use the gateway).
+    ///
+    /// A Business or Enterprise workspace's access token (`at-…`, no refresh token) is
+    /// imported with `--access-token TOKEN` (`-` reads it from stdin), or as an auth.json
+    /// that holds only `tokens.access_token`: the auth server is asked whose it is, and it is
+    /// used until it expires, never refreshed.
     Import {
-        #[arg(required = true, value_name = "FILE")]
+        #[arg(required_unless_present = "access_token", value_name = "FILE")]
         files: Vec<PathBuf>,
+        /// A workspace access token to import instead of a file (`-`: read it from stdin).
+        #[arg(long, value_name = "TOKEN", env = "SWITCHYARD_ACCESS_TOKEN")]
+        access_token: Option<String>,
         /// Do not refresh at import (the source keeps working until either side refreshes).
         #[arg(long, env = "SWITCHYARD_IMPORT_NO_REFRESH")]
         no_refresh: bool,

@@ -99,12 +99,14 @@ impl Backend {
 
     pub(super) async fn import_account(
         &self,
+        config: &Config,
         raw: &[u8],
     ) -> Result<wire::ImportedAccount, CommandError> {
         match self {
             Backend::Daemon(c) => Ok(c.import_account(raw).await?),
             Backend::Direct { fleet, .. } => {
-                Ok(view::imported(&fleet.import(fleet.parse_auth(raw)?).await?))
+                let upstream = upstream_of(config)?;
+                Ok(view::imported(&fleet.import_auth(raw, &upstream).await?))
             }
         }
     }
@@ -158,9 +160,7 @@ impl Backend {
         match self {
             Backend::Daemon(c) => Ok(c.account_action(id, AccountAction::Refresh).await?),
             Backend::Direct { fleet, .. } => {
-                crate::upstream::install_crypto_provider();
-                let upstream = crate::upstream::Upstream::new(&config.upstream)
-                    .map_err(CommandError::Usage)?;
+                let upstream = upstream_of(config)?;
                 Ok(view::account(&fleet.refresh_account(id, &upstream).await?))
             }
         }
@@ -272,4 +272,10 @@ impl Backend {
             Backend::Direct { keys, .. } => Ok(view::key(&keys.revoke(id).await?)),
         }
     }
+}
+
+/// An upstream client made from the config, for work done without a daemon.
+fn upstream_of(config: &Config) -> Result<crate::upstream::Upstream, CommandError> {
+    crate::upstream::install_crypto_provider();
+    crate::upstream::Upstream::new(&config.upstream).map_err(CommandError::Usage)
 }

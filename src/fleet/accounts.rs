@@ -48,6 +48,10 @@ pub struct AccountView {
     pub quota: Option<QuotaSnapshot>,
     /// Its own egress proxy, password hidden.
     pub proxy: Option<String>,
+    /// A workspace access token (never refreshed) rather than a refreshable login.
+    pub access_token_only: bool,
+    /// When its access token expires, when known (unix seconds).
+    pub token_expires_at: Option<u64>,
     /// The clock when the view was taken (unix ms).
     pub at_ms: u64,
 }
@@ -117,6 +121,8 @@ impl Fleet {
             },
             quota: e.quota.clone(),
             proxy: e.proxy.as_ref().map(|p| p.redacted()),
+            access_token_only: e.secrets.as_ref().is_some_and(|s| !s.refreshable()),
+            token_expires_at: e.secrets.as_ref().and_then(|s| s.access_expires_at),
             at_ms: now_ms,
         }
     }
@@ -170,6 +176,30 @@ impl Fleet {
     /// Parses an auth.json (nothing is written if it is bad).
     pub fn parse_auth(&self, bytes: &[u8]) -> Result<ParsedAuth, FleetError> {
         Ok(auth_file::parse(bytes, self.clock.now_secs())?)
+    }
+
+    /// Imports an auth.json (see [`Fleet::import`]). One that holds only an access token (a
+    /// workspace's `at-…`) is validated first with the auth server's whoami, which names its
+    /// account.
+    pub async fn import_auth(
+        &self,
+        bytes: &[u8],
+        refresher: &dyn super::refresh::Refresher,
+    ) -> Result<Imported, FleetError> {
+        let now = self.clock.now_secs();
+        let parsed = match auth_file::parse(bytes, now) {
+            Err(auth_file::AuthFileError::AccessTokenOnly(token)) => {
+                let who = refresher.whoami(token.expose(), None).await.map_err(|f| {
+                    FleetError::AccessToken {
+                        refused: f.status.is_some_and(|s| (400..500).contains(&s)),
+                        why: f.summary(),
+                    }
+                })?;
+                auth_file::from_whoami(token, &who, now)?
+            }
+            other => other?,
+        };
+        self.import(parsed).await
     }
 
     /// Adds the account of an auth.json, or updates the tokens (and claims) of the account it

@@ -29,6 +29,11 @@ pub enum AuthFileError {
         "no ChatGPT account id (neither `tokens.account_id` nor the id_token's chatgpt_account_id)"
     )]
     NoAccountId,
+    /// Only an access token (a workspace's `at-…` token): whose it is, the auth server says.
+    #[error("holds only an access token; it must be validated with the auth server")]
+    AccessTokenOnly(Secret),
+    #[error("the access token is a FedRAMP workspace's, which is not supported")]
+    FedRamp,
 }
 
 /// What an auth.json says about its account.
@@ -101,6 +106,11 @@ pub fn parse(bytes: &[u8], now: u64) -> Result<ParsedAuth, AuthFileError> {
             .ok_or(AuthFileError::MissingToken(name))
     };
     let access = need(tokens.access_token, "access_token")?;
+    let no_refresh = tokens.refresh_token.as_deref().is_none_or(str::is_empty);
+    let no_id = tokens.id_token.as_deref().is_none_or(str::is_empty);
+    if no_refresh && no_id {
+        return Err(AuthFileError::AccessTokenOnly(Secret::new(access)));
+    }
     let refresh = need(tokens.refresh_token, "refresh_token")?;
     let id_token = need(tokens.id_token, "id_token")?;
     let claims = decode_claims(&id_token).map_err(AuthFileError::BadIdToken)?;
@@ -124,6 +134,35 @@ pub fn parse(bytes: &[u8], now: u64) -> Result<ParsedAuth, AuthFileError> {
             refresh_token: Secret::new(refresh),
             id_token: Secret::new(id_token),
             access_expires_at: access_claims.and_then(|c| c.exp),
+            refreshed_at: now,
+        },
+    })
+}
+
+/// The login of a workspace access token, with the account its auth server's whoami named:
+/// no refresh token and no id token (it is never refreshed), its expiry when the token says it.
+pub fn from_whoami(
+    access: Secret,
+    who: &crate::upstream::Whoami,
+    now: u64,
+) -> Result<ParsedAuth, AuthFileError> {
+    if who.chatgpt_account_is_fedramp {
+        return Err(AuthFileError::FedRamp);
+    }
+    if who.chatgpt_account_id.is_empty() {
+        return Err(AuthFileError::NoAccountId);
+    }
+    let exp = decode_claims(access.expose()).ok().and_then(|c| c.exp);
+    Ok(ParsedAuth {
+        chatgpt_account_id: who.chatgpt_account_id.clone(),
+        chatgpt_user_id: who.chatgpt_user_id.clone().filter(|u| !u.is_empty()),
+        email: who.email.clone().filter(|e| !e.is_empty()),
+        plan: who.chatgpt_plan_type.clone().filter(|p| !p.is_empty()),
+        secrets: AccountSecrets {
+            access_token: access,
+            refresh_token: Secret::new(String::new()),
+            id_token: Secret::new(String::new()),
+            access_expires_at: exp,
             refreshed_at: now,
         },
     })

@@ -43,6 +43,9 @@ named! {
         InvalidGrant => "invalid_grant",
         TokenInvalidated => "token_invalidated",
         AccountDeactivated => "account_deactivated",
+        /// A workspace access token (never refreshed) expired, or the backend stopped
+        /// accepting it.
+        AccessTokenExpired => "access_token_expired",
         /// The token endpoint answered 401 without one of the codes above.
         Refused => "refused",
         /// Written before the reason was kept.
@@ -68,8 +71,23 @@ impl Reauth {
             Reauth::TokenInvalidated => "the backend invalidated this login's tokens",
             Reauth::AccountDeactivated => "the ChatGPT account behind this login was deactivated",
             Reauth::Refused => "the token endpoint refused this login's refresh token",
+            Reauth::AccessTokenExpired => {
+                "the access token expired (a workspace access token is never refreshed)"
+            }
             Reauth::Unknown => "this login stopped working",
         }
+    }
+
+    /// What happened and what to do about it, for a login of this kind (a workspace access
+    /// token is imported again, never logged in).
+    pub fn advice_for(self, account_id: &str, access_token_only: bool) -> String {
+        if access_token_only && self != Reauth::AccessTokenExpired {
+            return format!(
+                "{} — import a new access token with `switchyard account import --access-token`",
+                self.describe()
+            );
+        }
+        self.advice(account_id)
     }
 
     /// What happened and what to do about it.
@@ -77,6 +95,10 @@ impl Reauth {
         match self {
             // A new login cannot bring a deactivated account back.
             Reauth::AccountDeactivated => self.describe().to_string(),
+            Reauth::AccessTokenExpired => format!(
+                "{} — import a new one with `switchyard account import --access-token`",
+                self.describe()
+            ),
             _ => format!(
                 "{} — run `switchyard account login --account {account_id}`",
                 self.describe()
@@ -115,7 +137,8 @@ const RATE_CODES: [&str; 2] = ["rate_limit_exceeded", "slow_down"];
 /// has no capacity): the client's to hear and decide, not the account's fault.
 const UNAVAILABLE_CODES: [&str; 1] = ["flex_unavailable"];
 /// Codes that mean the login itself is dead, wherever they come from.
-const DEAD_AUTH_CODES: [&str; 6] = [
+const DEAD_AUTH_CODES: [&str; 7] = [
+    "access_token_expired",
     "token_invalidated",
     "account_deactivated",
     "refresh_token_reused",

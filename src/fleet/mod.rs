@@ -55,6 +55,10 @@ pub enum FleetError {
     Refresh(String),
     #[error("invalid {0}")]
     Invalid(String),
+    /// The auth server did not say whose an access token is: `refused` when it answered that
+    /// the token is not valid.
+    #[error("the auth server {}: {why}", if *refused { "refused the access token" } else { "could not validate the access token" })]
+    AccessToken { refused: bool, why: String },
 }
 
 /// The attempt a failure came from: the model it asked for ("" for none) and when it began

@@ -17,13 +17,13 @@ use std::time::Duration;
 
 use futures_util::future::BoxFuture;
 
-use super::health::{Class, State, classify};
+use super::health::{Class, Reauth, State, classify};
 use super::{AccountView, Fleet, FleetError};
 use crate::store::records::AccountSecrets;
 use crate::store::secrets::Secret;
 use crate::upstream::egress::ProxyUrl;
-use crate::upstream::failure::Facts;
-use crate::upstream::{Identity, TokenSet, Upstream};
+use crate::upstream::failure::{Endpoint, Facts};
+use crate::upstream::{Identity, TokenSet, Upstream, Whoami};
 
 /// Refresh this long before the access token's `exp`.
 pub const REFRESH_SKEW: Duration = Duration::from_secs(300);
@@ -37,6 +37,13 @@ pub trait Refresher: Send + Sync {
         refresh_token: &'a str,
         proxy: Option<&'a Arc<ProxyUrl>>,
     ) -> BoxFuture<'a, Result<TokenSet, Facts>>;
+
+    /// Whose a workspace access token is (the auth server's whoami).
+    fn whoami<'a>(
+        &'a self,
+        access_token: &'a str,
+        proxy: Option<&'a Arc<ProxyUrl>>,
+    ) -> BoxFuture<'a, Result<Whoami, Facts>>;
 }
 
 impl Refresher for Upstream {
@@ -46,6 +53,14 @@ impl Refresher for Upstream {
         proxy: Option<&'a Arc<ProxyUrl>>,
     ) -> BoxFuture<'a, Result<TokenSet, Facts>> {
         Box::pin(Upstream::refresh(self, refresh_token, proxy))
+    }
+
+    fn whoami<'a>(
+        &'a self,
+        access_token: &'a str,
+        proxy: Option<&'a Arc<ProxyUrl>>,
+    ) -> BoxFuture<'a, Result<Whoami, Facts>> {
+        Box::pin(Upstream::whoami(self, access_token, proxy))
     }
 }
 
@@ -126,6 +141,9 @@ impl Fleet {
         rejected: Option<&str>,
         refresher: &dyn Refresher,
     ) -> Result<Identity, TokenError> {
+        if let Some(dead) = self.unrefreshable_end(id, rejected) {
+            return dead;
+        }
         let due = |fleet: &Fleet| -> Result<bool, TokenError> {
             let inner = fleet.read();
             let e = inner.accounts.get(id).ok_or(TokenError::Missing)?;
@@ -149,6 +167,44 @@ impl Fleet {
         self.refresh_now(id, rejected, refresher)
             .await
             .map(|(identity, _)| identity)
+    }
+
+    /// For a login that cannot be refreshed (a workspace access token): `None` while its
+    /// token is usable; once it has expired, or the backend refused it (`rejected`), the
+    /// account needs a new token — the end of such a login, said once.
+    fn unrefreshable_end(
+        &self,
+        id: &str,
+        rejected: Option<&str>,
+    ) -> Option<Result<Identity, TokenError>> {
+        let expired = {
+            let inner = self.read();
+            let e = inner.accounts.get(id)?;
+            let s = e.secrets.as_ref()?;
+            if s.refreshable() {
+                return None;
+            }
+            rejected == Some(s.access_token.expose())
+                || !Self::token_valid(s, self.clock.now_secs())
+        };
+        if !expired {
+            return None;
+        }
+        let facts = Facts {
+            endpoint: Endpoint::Token,
+            status: Some(401),
+            error_code: Some(Reauth::AccessTokenExpired.as_str().into()),
+            message: Some(Reauth::AccessTokenExpired.describe().into()),
+            ..Facts::default()
+        };
+        if self.get(id).is_some_and(|a| a.reauth.is_none()) {
+            tracing::warn!(account = %id, "the access token expired; the account needs a new one");
+            self.report(id, Class::AuthDead, Some(&facts), "");
+        }
+        Some(Err(TokenError::Failed {
+            class: Class::AuthDead,
+            why: Reauth::AccessTokenExpired.advice(id),
+        }))
     }
 
     /// Refreshes the account's tokens unconditionally (the caller holds the single-flight
@@ -261,6 +317,20 @@ impl Fleet {
         refresher: &dyn Refresher,
     ) -> Result<AccountView, FleetError> {
         let id = self.resolve(selector)?;
+        let refreshable = {
+            let inner = self.read();
+            let e = inner
+                .accounts
+                .get(&id)
+                .ok_or(FleetError::NotFound(id.clone()))?;
+            e.secrets.as_ref().is_none_or(AccountSecrets::refreshable)
+        };
+        if !refreshable {
+            return Err(FleetError::Refresh(
+                "an access-token login has nothing to refresh: import a new token when it expires"
+                    .into(),
+            ));
+        }
         let lock = self.refresh.lock_for(&id);
         let _single_flight = lock.lock().await;
         match self.refresh_now(&id, None, refresher).await {
@@ -286,7 +356,7 @@ impl Fleet {
             .filter(|e| {
                 e.secrets
                     .as_ref()
-                    .is_some_and(|s| Self::needs_refresh(s, now))
+                    .is_some_and(|s| s.refreshable() && Self::needs_refresh(s, now))
             })
             .map(|e| e.record.id.clone())
             .collect()
@@ -318,6 +388,29 @@ mod tests {
                 self.calls.fetch_add(1, Ordering::SeqCst);
                 let _permit = self.gate.acquire().await;
                 self.answer.lock().unwrap().clone()
+            })
+        }
+
+        fn whoami<'a>(
+            &'a self,
+            token: &'a str,
+            _proxy: Option<&'a Arc<ProxyUrl>>,
+        ) -> BoxFuture<'a, Result<Whoami, Facts>> {
+            Box::pin(async move {
+                match token.strip_prefix("at-") {
+                    Some(account) => Ok(Whoami {
+                        chatgpt_account_id: account.to_string(),
+                        chatgpt_user_id: Some("u".into()),
+                        email: Some("ws@example.com".into()),
+                        chatgpt_plan_type: Some("business".into()),
+                        chatgpt_account_is_fedramp: false,
+                    }),
+                    None => Err(Facts {
+                        status: Some(401),
+                        error_code: Some("invalid_token".into()),
+                        ..Facts::default()
+                    }),
+                }
             })
         }
     }
@@ -367,6 +460,58 @@ mod tests {
             answer: Mutex::new(answer),
             gate: tokio::sync::Semaphore::new(permits),
         }
+    }
+
+    #[tokio::test]
+    async fn a_workspace_access_token_is_validated_never_refreshed_and_ends_as_a_new_token_needed()
+    {
+        let store = Store::open_in_memory().unwrap();
+        let clock = ManualClock::new(NOW_S * 1000);
+        let f = Fleet::load(store, Arc::new(clock.clone())).unwrap();
+        let up = fake(Ok(new_tokens()), 10);
+        // Not one of the auth server's: refused, nothing imported.
+        let bad = serde_json::json!({"tokens": {"access_token": "not-a-workspace-token"}});
+        let err = f
+            .import_auth(bad.to_string().as_bytes(), &up)
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(err, FleetError::AccessToken { refused: true, .. }),
+            "{err}"
+        );
+        assert!(f.list().is_empty());
+        let auth = serde_json::json!({"tokens": {"access_token": "at-acc-ws"}});
+        let imported = f
+            .import_auth(auth.to_string().as_bytes(), &up)
+            .await
+            .unwrap();
+        let id = imported.account.id.clone();
+        assert!(imported.account.access_token_only);
+        assert_eq!(imported.account.chatgpt_account_id, "acc-ws");
+        assert_eq!(imported.account.email.as_deref(), Some("ws@example.com"));
+        f.proven(&id);
+        // Used as it is, never refreshed, never due.
+        let identity = f.ensure_fresh(&id, None, &up).await.unwrap();
+        assert_eq!(identity.access_token, "at-acc-ws");
+        assert!(f.due_for_refresh().is_empty());
+        assert!(matches!(
+            f.refresh_account(&id, &up).await,
+            Err(FleetError::Refresh(_))
+        ));
+        assert_eq!(up.calls.load(Ordering::SeqCst), 0);
+        // The backend refused it: the account needs a new token, and says so.
+        let end = f.ensure_fresh(&id, Some("at-acc-ws"), &up).await;
+        assert!(matches!(
+            end,
+            Err(TokenError::Failed {
+                class: Class::AuthDead,
+                ..
+            })
+        ));
+        let a = f.get(&id).unwrap();
+        assert_eq!(a.state, AccountState::NeedsReauth);
+        assert_eq!(a.reauth, Some(Reauth::AccessTokenExpired));
+        assert_eq!(up.calls.load(Ordering::SeqCst), 0);
     }
 
     fn new_tokens() -> TokenSet {

@@ -219,6 +219,17 @@ impl Sim {
         self.lock().account(account_id).map(|a| a.auth_json(now))
     }
 
+    /// A workspace access token (`at-…`) for the account, valid for `ttl` by the sim clock:
+    /// what a Business or Enterprise workspace hands out instead of a login. The whoami
+    /// endpoint names its account; the backend accepts it until it expires.
+    pub fn workspace_token(&self, account_id: &str, ttl: Duration) -> Option<String> {
+        let now = self.now_secs();
+        let nonce = self.nonce().to_string();
+        self.lock()
+            .account_mut(account_id)
+            .map(|a| a.issue_workspace_token(now, ttl.as_secs(), &nonce))
+    }
+
     /// Writes `<account_id>.json` (mode 0600) per account into `dir` (created if missing).
     pub fn write_auth_files(&self, dir: &Path) -> std::io::Result<Vec<PathBuf>> {
         use std::io::Write;
@@ -285,8 +296,8 @@ impl Sim {
         self.lock().requests.iter().cloned().collect()
     }
 
-    /// The current access token (of the auth.json family) becomes expired: its next use
-    /// answers 401 `token_expired`.
+    /// The current access token (of the auth.json family) and every workspace access token of
+    /// the account become expired: their next use answers 401 `token_expired`.
     pub fn expire_access_token(&self, account_id: &str) -> bool {
         self.with_account(account_id, Account::expire_current_access)
     }

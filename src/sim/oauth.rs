@@ -21,6 +21,46 @@ fn error(status: u16, code: &str, message: &str) -> Outcome {
     .into()
 }
 
+/// `GET /api/accounts/v1/user-auth-credential/whoami` with an access token as the bearer: the
+/// account it belongs to, as Codex validates a workspace's access token.
+pub(crate) fn whoami(sim: &Sim, req: &SimRequest) -> Outcome {
+    if req.method != Method::GET {
+        return json(405, &json!({"detail": "Method Not Allowed"})).into();
+    }
+    let Some(token) = super::backend::bearer(req) else {
+        return error(401, "missing_authorization", "Missing bearer token.");
+    };
+    let now = sim.now_secs();
+    let st = sim.lock();
+    let Some(account) = st.accounts.iter().find(|a| a.owns_access(token)) else {
+        return error(401, "invalid_token", "The access token is not valid.");
+    };
+    if let Err(failure) = account.check_access(token, now) {
+        return match failure {
+            super::state::AuthFailure::Expired => {
+                error(401, "token_expired", "The access token has expired.")
+            }
+            _ => error(
+                401,
+                "token_invalidated",
+                "The access token is no longer valid.",
+            ),
+        };
+    }
+    let spec = &account.spec;
+    json(
+        200,
+        &json!({
+            "email": spec.email,
+            "chatgpt_user_id": spec.chatgpt_user_id,
+            "chatgpt_account_id": spec.chatgpt_account_id,
+            "chatgpt_plan_type": spec.plan,
+            "chatgpt_account_is_fedramp": false,
+        }),
+    )
+    .into()
+}
+
 pub(crate) fn handle(sim: &Sim, req: &SimRequest) -> Outcome {
     if req.method != Method::POST {
         return json(405, &json!({"detail": "Method Not Allowed"})).into();

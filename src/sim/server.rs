@@ -247,7 +247,7 @@ async fn handle(
     };
     let recorded = req.path.starts_with("/backend-api/")
         || matches!(req.path.as_str(), "/oauth/token" | "/oauth/authorize")
-        || req.path.starts_with("/api/accounts/deviceauth/");
+        || req.path.starts_with("/api/accounts/");
     let outcome = if let Some(on_upgrade) = upgrade {
         ws::handshake(&sim, &req, on_upgrade, &shutdown)
     } else if req.path == "/sim" || req.path.starts_with("/sim/") {
@@ -256,6 +256,8 @@ async fn handle(
         oauth::handle(&sim, &req)
     } else if req.path == "/oauth/authorize" {
         login::authorize(&sim, &req)
+    } else if req.path == WHOAMI {
+        oauth::whoami(&sim, &req)
     } else if req.path == "/api/accounts/deviceauth/usercode" {
         login::usercode(&sim, &req)
     } else if req.path == "/api/accounts/deviceauth/token" {
@@ -280,6 +282,9 @@ async fn handle(
         Reply::Reset => Err(Dropped),
     }
 }
+
+/// Where an access token is validated.
+const WHOAMI: &str = "/api/accounts/v1/user-auth-credential/whoami";
 
 fn record_of(req: SimRequest, at_ms: u64, status: u16) -> RecordedRequest {
     let headers = recorded_headers(&req.headers);

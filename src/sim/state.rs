@@ -88,6 +88,9 @@ struct IssuedAccess {
     family: u32,
 }
 
+/// The family of workspace access tokens: none of them comes with a refresh token.
+const WORKSPACE_FAMILY: u32 = u32::MAX;
+
 /// One login's chain of rotating refresh tokens.
 #[derive(Debug)]
 struct Family {
@@ -269,10 +272,35 @@ impl Account {
         true
     }
 
-    /// Expires the auth.json family's current access token (a login's stay as they are).
+    /// A workspace access token (`at-…`) for this account, valid for `ttl_secs`: no refresh
+    /// token comes with it, and it never rotates.
+    pub fn issue_workspace_token(&mut self, now: u64, ttl_secs: u64, nonce: &str) -> String {
+        self.generation += 1;
+        let token = format!(
+            "at-{nonce}{:04x}-{}",
+            self.generation, self.spec.chatgpt_account_id
+        );
+        self.access.push(IssuedAccess {
+            token: token.clone(),
+            exp: now + ttl_secs,
+            forced_expired: false,
+            family: WORKSPACE_FAMILY,
+        });
+        token
+    }
+
+    /// Expires the auth.json family's current access token (a login's stay as they are), and
+    /// every workspace access token of the account.
     pub fn expire_current_access(&mut self) {
         let main = self.main_family;
         if let Some(a) = self.access.iter_mut().rev().find(|a| a.family == main) {
+            a.forced_expired = true;
+        }
+        for a in self
+            .access
+            .iter_mut()
+            .filter(|a| a.family == WORKSPACE_FAMILY)
+        {
             a.forced_expired = true;
         }
     }

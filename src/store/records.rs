@@ -62,6 +62,14 @@ pub struct AccountSecrets {
     pub refreshed_at: u64,
 }
 
+impl AccountSecrets {
+    /// Whether the login can be refreshed: a workspace access token comes without a refresh
+    /// token and is used until it expires.
+    pub fn refreshable(&self) -> bool {
+        !self.refresh_token.expose().is_empty()
+    }
+}
+
 /// A client key: only its SHA-256 is kept.
 ///
 /// Version 2 (0.3.0): its policy. Version 1 (0.1.0): no policy.

@@ -73,6 +73,20 @@ pub struct Identity {
     pub proxy: Option<Arc<ProxyUrl>>,
 }
 
+/// The account an access token belongs to, as the auth server's whoami says.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Deserialize)]
+pub struct Whoami {
+    pub chatgpt_account_id: String,
+    #[serde(default)]
+    pub chatgpt_user_id: Option<String>,
+    #[serde(default)]
+    pub email: Option<String>,
+    #[serde(default)]
+    pub chatgpt_plan_type: Option<String>,
+    #[serde(default)]
+    pub chatgpt_account_is_fedramp: bool,
+}
+
 /// New tokens from the OAuth endpoint.
 #[derive(Debug, Clone)]
 pub struct TokenSet {
@@ -330,6 +344,42 @@ impl Upstream {
         self.json_answer(req, id.proxy.as_ref())
             .await
             .map_err(|f| f.at(Endpoint::Usage))
+    }
+
+    /// Asks the auth server whose an access token is (`GET {auth_base_url}/api/accounts/v1/
+    /// user-auth-credential/whoami`, the token as the bearer): how Codex validates a
+    /// workspace's access token, which comes without a refresh token.
+    pub async fn whoami(
+        &self,
+        access_token: &str,
+        proxy: Option<&Arc<ProxyUrl>>,
+    ) -> Result<Whoami, Facts> {
+        let url = format!(
+            "{}/api/accounts/v1/user-auth-credential/whoami",
+            self.config.auth_base_url
+        );
+        let at_token = |f: Facts| f.at(Endpoint::Token);
+        let resp = self
+            .send(self.http.get(url).bearer_auth(access_token), proxy)
+            .await
+            .map_err(at_token)?;
+        let status = resp.status().as_u16();
+        let headers = resp.headers().clone();
+        let bytes = self
+            .read_body(resp, MAX_ERROR_BODY, Overflow::Truncate)
+            .await
+            .map_err(at_token)?;
+        if !(200..300).contains(&status) {
+            return Err(Facts::from_response(status, &headers, bytes).at(Endpoint::Token));
+        }
+        serde_json::from_slice::<Whoami>(&bytes).map_err(|e| {
+            Facts {
+                status: Some(status),
+                message: Some(format!("the whoami answer is not one: {e}")),
+                ..Facts::default()
+            }
+            .at(Endpoint::Token)
+        })
     }
 
     /// Exchanges a refresh token for new tokens (the refresh token rotates), on the account's

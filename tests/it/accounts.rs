@@ -165,6 +165,72 @@ mod ownership {
         (resp.status().as_u16(), resp.json().await.unwrap())
     }
 
+    /// A workspace access token, imported with `--access-token`: the auth server names its
+    /// account, nothing is refreshed, and the list says it is one and when it ends.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_workspace_access_token_is_imported_validated_and_never_refreshed() {
+        let gw = Gw::start(1).await;
+        let tmp = tempfile::tempdir().unwrap();
+        let cfg = tmp.path().join("switchyard.toml");
+        std::fs::write(
+            &cfg,
+            format!(
+                "[upstream]\nbase_url = \"{}\"\nusage_url = \"{}\"\noauth_token_url = \"{}\"\nauth_base_url = \"{}\"\n",
+                gw.sim.base_url(),
+                gw.sim.usage_url(),
+                gw.sim.oauth_token_url(),
+                gw.sim.url()
+            ),
+        )
+        .unwrap();
+        let acct = gw.ids.keys().next().unwrap().clone();
+        let token = gw
+            .sim
+            .sim
+            .workspace_token(&acct, std::time::Duration::from_secs(3600))
+            .unwrap();
+        let state = tmp.path().join("ws-state");
+        let refreshes = gw.sim.sim.refresh_count(&acct);
+        let out = run(args(
+            Some(&cfg),
+            &state,
+            &["account", "import", "--access-token", &token],
+        ))
+        .await;
+        assert!(out.status.success(), "{}", stderr(&out));
+        assert!(stdout(&out).starts_with("imported "), "{}", stdout(&out));
+        assert!(stdout(&out).contains(&acct), "{}", stdout(&out));
+        assert!(stderr(&out).contains("never refreshed"), "{}", stderr(&out));
+        assert_eq!(
+            gw.sim.sim.refresh_count(&acct),
+            refreshes,
+            "nothing was refreshed"
+        );
+        let list = run(args(Some(&cfg), &state, &["account", "list", "--json"])).await;
+        let v: serde_json::Value = serde_json::from_slice(&list.stdout).unwrap();
+        assert_eq!(v[0]["login"], "access_token", "{v}");
+        assert_eq!(v[0]["chatgpt_account_id"], acct.as_str());
+        let table = run(args(Some(&cfg), &state, &["account", "list"])).await;
+        assert!(
+            stdout(&table).contains("a workspace access token, never refreshed"),
+            "{}",
+            stdout(&table)
+        );
+        // A token the auth server does not know is refused, and nothing is stored.
+        let bad = run(args(
+            Some(&cfg),
+            &tmp.path().join("bad-state"),
+            &["account", "import", "--access-token", "at-nobody"],
+        ))
+        .await;
+        assert!(!bad.status.success());
+        assert!(
+            stderr(&bad).contains("refused the access token"),
+            "{}",
+            stderr(&bad)
+        );
+    }
+
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn import_takes_the_login_and_the_source_finds_its_refresh_token_used() {
         let gw = Gw::start(1).await;

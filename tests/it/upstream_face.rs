@@ -593,3 +593,59 @@ async fn an_unknown_websocket_message_type_gets_a_plain_error() {
     let events = ws_turn(&mut ws, body("gpt-5.5", "hello", true)).await;
     assert_eq!(events.last().unwrap()["type"], "response.completed");
 }
+
+/// A workspace access token in the pool: validated at import through the daemon, serving
+/// with the backend's own token, and when it expires the account needs a new one — said in
+/// words — while the request goes on to another account.
+#[tokio::test]
+async fn a_workspace_access_token_serves_until_the_backend_refuses_it() {
+    let gw = Gw::start(2).await;
+    let order = gw.rr_order();
+    let token = gw
+        .sim
+        .sim
+        .workspace_token(&order[0], std::time::Duration::from_secs(3600))
+        .unwrap();
+    let admin = gw.admin().await;
+    let auth = json!({"tokens": {"access_token": token}});
+    let imported = admin
+        .import_account(auth.to_string().as_bytes())
+        .await
+        .unwrap();
+    assert_eq!(imported.account.chatgpt_account_id, order[0]);
+    assert_eq!(imported.account.login.as_str(), "access_token");
+    let refused = admin
+        .import_account(
+            json!({"tokens": {"access_token": "at-unknown"}})
+                .to_string()
+                .as_bytes(),
+        )
+        .await
+        .unwrap_err();
+    assert!(
+        refused.to_string().contains("refused the access token"),
+        "{refused}"
+    );
+    // The pool now serves that account with the workspace token.
+    gw.until_proven(&order[0]).await;
+    let sse = gw.stream(&body("gpt-5.5", "hello", true), &[]).await;
+    assert_eq!(sse.status, 200);
+    let last = gw.sim.sim.requests(&order[0]);
+    let served = last.iter().rev().find(|r| r.method == "POST").unwrap();
+    assert_eq!(served.headers["authorization"], format!("Bearer {token}"));
+    // It expires: the next request fails over, and the account says why.
+    gw.sim.sim.expire_access_token(&order[0]);
+    for _ in 0..2 {
+        let sse = gw.stream(&body("gpt-5.5", "hello", true), &[]).await;
+        assert_eq!(sse.status, 200);
+    }
+    let a = gw.account(&order[0]).await;
+    assert_eq!(a["state"], "needs_reauth", "{a}");
+    assert!(
+        a["detail"]
+            .as_str()
+            .unwrap()
+            .contains("the access token expired"),
+        "{a}"
+    );
+}

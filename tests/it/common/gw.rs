@@ -212,6 +212,7 @@ impl Gw {
         c.upstream.base_url = self.origin.clone().unwrap_or_else(|| self.sim.base_url());
         c.upstream.usage_url = self.sim.usage_url();
         c.upstream.oauth_token_url = self.sim.oauth_token_url();
+        c.upstream.auth_base_url = self.sim.url();
         c.server.shutdown_grace = std::time::Duration::from_secs(5);
         (self.configure)(&mut c);
         c

@@ -6,7 +6,7 @@ use ratatui::layout::{Constraint, Layout, Rect};
 use ratatui::style::{Color, Modifier, Style};
 use ratatui::text::{Line, Span};
 use ratatui::widgets::{Cell, Paragraph, Row, Table, TableState};
-use switchyard_admin::wire::{Account, AccountState, ErrorRates};
+use switchyard_admin::wire::{Account, AccountState, ErrorRates, Login};
 
 use super::{bar, colored, human_ms, human_secs, pane_block, state_color};
 use crate::app::{App, Pane};
@@ -234,6 +234,13 @@ pub fn render(frame: &mut Frame, area: Rect, app: &App) {
                 spans.push(colored(
                     format!("{} · ", rates_text(&a.error_rates)),
                     Color::DarkGray,
+                ));
+            }
+            if a.login == Login::AccessToken {
+                let until = a.token_expires_at.as_deref().unwrap_or("unknown");
+                spans.push(colored(
+                    format!("access token until {until} · "),
+                    Color::Yellow,
                 ));
             }
             match (&a.detail, &a.last_error) {

@@ -45,6 +45,8 @@ fn account(n: u32, state: &str) -> Account {
         quota: None,
         proxy: None,
         error_rates: Vec::new(),
+        login: Default::default(),
+        token_expires_at: None,
     }
 }
 
