@@ -385,6 +385,13 @@ pub struct Account {
     /// When its access token expires (RFC 3339), when known.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub token_expires_at: Option<String>,
+    /// Its data-residency workspace's own backend origin, when it has one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub origin: Option<String>,
+    /// Why workspace routing could not be discovered, when it could not (the configured
+    /// origin is used meanwhile).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub routing_error: Option<String>,
     /// Its error rates over the last 20 and 60 minutes (empty where the daemon did not say).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub error_rates: Vec<ErrorRates>,

@@ -61,6 +61,8 @@ pub fn account(a: &AccountView) -> wire::Account {
             wire::Login::Chatgpt
         },
         token_expires_at: a.token_expires_at.map(clock::rfc3339),
+        origin: a.origin.clone(),
+        routing_error: a.routing_error.clone(),
         error_rates: Vec::new(),
     }
 }

@@ -354,6 +354,15 @@ pub(super) fn account_table(accounts: &[wire::Account]) -> String {
         if let Some(proxy) = &a.proxy {
             out.push_str(&format!("{}: goes out through {proxy}\n", a.id));
         }
+        if let Some(origin) = &a.origin {
+            out.push_str(&format!("{}: its workspace is served at {origin}\n", a.id));
+        }
+        if let Some(why) = &a.routing_error {
+            out.push_str(&format!(
+                "{}: workspace routing unknown ({why}); the configured origin is used\n",
+                a.id
+            ));
+        }
         if a.login == wire::Login::AccessToken {
             let until = a
                 .token_expires_at
@@ -403,6 +412,8 @@ mod tests {
             error_rates: Vec::new(),
             login: Default::default(),
             token_expires_at: None,
+            origin: None,
+            routing_error: None,
         };
         let t = account_table(&[
             a("a1", "ready", None, None),

@@ -58,11 +58,19 @@ fn jittered(base: Duration) -> Duration {
 impl Dispatcher {
     /// Fetches an account's usage and records it.
     pub async fn poll_usage(&self, id: &str) -> Result<QuotaSnapshot, PollError> {
-        let identity = self
+        let mut identity = self
             .fleet
             .ensure_fresh(id, None, self.upstream.as_ref())
             .await
             .map_err(PollError::Token)?;
+        // Where the account's requests go, first, while that is not known: after a start, an
+        // import, a login or a refresh.
+        if self.fleet.routing_unknown(id) {
+            self.discover_route(id, &identity).await;
+            if let Some(routed) = self.fleet.identity(id) {
+                identity = routed;
+            }
+        }
         let v = self
             .upstream
             .usage(&identity)
@@ -254,6 +262,19 @@ impl Dispatcher {
         }
         let (d, id) = (self.clone(), id.to_string());
         tokio::spawn(async move { d.prove(&id).await });
+    }
+
+    /// Asks where the account's requests go (workspace routing) and keeps the answer. An
+    /// answer that refuses or cannot be followed is kept as such, shown on the account; a
+    /// transport failure leaves it unknown, asked again at the next poll (the account's own
+    /// failures say the backend is unreachable).
+    async fn discover_route(&self, id: &str, identity: &crate::upstream::Identity) {
+        match self.upstream.discover_route(identity).await {
+            Err(f) if f.transport.is_some() => {
+                tracing::debug!(account = %id, error = %f.summary(), "workspace routing not asked: the backend is unreachable");
+            }
+            found => self.fleet.set_route(id, found.map_err(|f| f.summary())),
+        }
     }
 
     /// Wakes the poller now (an account was added or logged in again: prove it at once).

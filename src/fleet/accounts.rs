@@ -50,6 +50,10 @@ pub struct AccountView {
     pub proxy: Option<String>,
     /// A workspace access token (never refreshed) rather than a refreshable login.
     pub access_token_only: bool,
+    /// Its data-residency workspace's own origin, when it has one.
+    pub origin: Option<String>,
+    /// Why routing discovery failed, when it did (the configured origin is used meanwhile).
+    pub routing_error: Option<String>,
     /// When its access token expires, when known (unix seconds).
     pub token_expires_at: Option<u64>,
     /// The clock when the view was taken (unix ms).
@@ -122,6 +126,14 @@ impl Fleet {
             quota: e.quota.clone(),
             proxy: e.proxy.as_ref().map(|p| p.redacted()),
             access_token_only: e.secrets.as_ref().is_some_and(|s| !s.refreshable()),
+            origin: match &e.route {
+                super::Route::Workspace(r) => Some(r.origin.clone()),
+                _ => None,
+            },
+            routing_error: match &e.route {
+                super::Route::Failed(why) => Some(why.clone()),
+                _ => None,
+            },
             token_expires_at: e.secrets.as_ref().and_then(|s| s.access_expires_at),
             at_ms: now_ms,
         }
@@ -268,6 +280,8 @@ impl Fleet {
             |entry| {
                 entry.record = record;
                 entry.secrets = Some(parsed.secrets);
+                // Its routing is asked again with the new login.
+                entry.route = super::Route::Unknown;
                 entry.health = health;
                 Self::view(entry, now_ms)
             },

@@ -103,8 +103,25 @@ pub(crate) struct Entry {
     proxy: Option<Arc<ProxyUrl>>,
     /// Its `x-codex-installation-id`, derived once.
     installation_id: String,
+    /// Where its requests go (its workspace's origin), as last discovered; not persisted.
+    route: Route,
     /// Its row in the scheduler's table (see [`table`]).
     slot: usize,
+}
+
+/// What workspace routing discovery says of an account (memory only: it is asked again at
+/// start, after an import or a login, and after each refresh).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum Route {
+    /// Not asked yet (or since its tokens changed): the configured origin meanwhile.
+    #[default]
+    Unknown,
+    /// No constraint: the configured origin.
+    Default,
+    /// A data-residency workspace's origin.
+    Workspace(Arc<crate::upstream::routing::Route>),
+    /// Discovery failed or was refused, with why (the configured origin meanwhile).
+    Failed(String),
 }
 
 impl Entry {
@@ -126,6 +143,7 @@ impl Entry {
             draining: false,
             proxy: None,
             installation_id: installation_id(&record.id),
+            route: Route::Unknown,
             slot: 0,
             record,
         }
@@ -354,7 +372,43 @@ impl Fleet {
             chatgpt_account_id: e.record.chatgpt_account_id.clone(),
             installation_id: e.installation_id.clone(),
             proxy: e.proxy.clone(),
+            route: match &e.route {
+                Route::Workspace(r) => Some(Arc::clone(r)),
+                _ => None,
+            },
         })
+    }
+
+    /// Whether the account's route is yet to be asked (or asking failed: asked again).
+    pub fn routing_unknown(&self, id: &str) -> bool {
+        self.read()
+            .accounts
+            .get(id)
+            .is_some_and(|e| matches!(e.route, Route::Unknown | Route::Failed(_)))
+    }
+
+    /// Keeps what routing discovery found for an account.
+    pub fn set_route(&self, id: &str, found: Result<crate::upstream::routing::Discovery, String>) {
+        let route = match found {
+            Ok(None) => Route::Default,
+            Ok(Some(r)) => Route::Workspace(Arc::new(r)),
+            Err(why) => Route::Failed(why),
+        };
+        let mut inner = self.write();
+        if let Some(mut e) = inner.accounts.get_mut(id) {
+            if e.route != route {
+                match &route {
+                    Route::Workspace(r) => {
+                        tracing::info!(account = %id, origin = %r.origin, over = %r.override_value, "workspace routing: the account has its own origin")
+                    }
+                    Route::Failed(why) => {
+                        tracing::warn!(account = %id, reason = %why, "workspace routing could not be discovered; the configured origin is used")
+                    }
+                    _ => {}
+                }
+            }
+            e.route = route;
+        }
     }
 
     /// The `chatgpt_account_id`s of several accounts, under one lock.

@@ -249,6 +249,8 @@ impl Fleet {
                     let mut inner = self.write();
                     let mut e = inner.accounts.get_mut(id).ok_or(TokenError::Missing)?;
                     e.secrets = Some(fresh);
+                    // Routing is asked again after a refresh.
+                    e.route = super::Route::Unknown;
                     let revived = e.health.state == State::NeedsReauth;
                     if revived {
                         e.health.clear();

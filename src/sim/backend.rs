@@ -13,7 +13,7 @@ use super::faults::{self, Cut, Endpoint, ErrorAnswer, FaultKind, StreamShape};
 use super::profile::scripted_fault;
 use super::responses::{self, Plan, TurnSpec};
 use super::server::{OpenBody, Outcome, Reply, SimBody, SimRequest, full, json, set_header, steps};
-use super::state::{Account, AuthFailure, State};
+use super::state::{Account, AuthFailure, Routing, State};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Route {
@@ -21,6 +21,8 @@ enum Route {
     Compact,
     Models,
     Usage,
+    /// `wham/accounts/check`: workspace routing.
+    AccountsCheck,
 }
 
 /// Session headers, in the order the backend derives prompt-cache affinity from them.
@@ -33,10 +35,11 @@ pub(crate) fn handle(sim: &Sim, req: &SimRequest) -> Outcome {
         "/backend-api/codex/responses/compact" => Route::Compact,
         "/backend-api/codex/models" => Route::Models,
         "/backend-api/wham/usage" => Route::Usage,
+        "/backend-api/wham/accounts/check" => Route::AccountsCheck,
         _ => return json(404, &json!({"detail": "Not Found"})).into(),
     };
     let method = match route {
-        Route::Models | Route::Usage => Method::GET,
+        Route::Models | Route::Usage | Route::AccountsCheck => Method::GET,
         Route::Responses | Route::Compact => Method::POST,
     };
     if req.method != method {
@@ -70,6 +73,33 @@ pub(crate) fn handle(sim: &Sim, req: &SimRequest) -> Outcome {
             decorate(&mut r, account, now, &ray);
             r.into()
         }
+        Route::AccountsCheck => match &account.routing {
+            Routing::Refuse { status } => json(
+                *status,
+                &json!({"detail": {"code": "accounts_check_failed", "message": "simulated refusal"}}),
+            )
+            .into(),
+            routing => {
+                let (origin, constraint) = match routing {
+                    Routing::Workspace { origin, constraint } => {
+                        (json!(origin), constraint.as_str())
+                    }
+                    _ => (Value::Null, "NO_CONSTRAINT"),
+                };
+                let id = account.id().to_string();
+                json(
+                    200,
+                    &json!({
+                        "accounts": [{"id": id, "plan_type": account.spec.plan,
+                            "workspace_backend_origin": origin,
+                            "account_routing_override": constraint}],
+                        "account_ordering": [id],
+                        "default_account_id": id,
+                    }),
+                )
+                .into()
+            }
+        },
         Route::Responses | Route::Compact => {
             let ctx = Ctx {
                 nonce: sim.nonce(),

@@ -230,6 +230,26 @@ impl Sim {
             .map(|a| a.issue_workspace_token(now, ttl.as_secs(), &nonce))
     }
 
+    /// What `wham/accounts/check` answers for the account from now on: `Some((origin,
+    /// constraint))` for a data-residency workspace (`us`, `us_cr`), `None` for no constraint.
+    pub fn set_routing(&self, account_id: &str, workspace: Option<(&str, &str)>) -> bool {
+        let routing = match workspace {
+            Some((origin, constraint)) => state::Routing::Workspace {
+                origin: origin.to_string(),
+                constraint: constraint.to_string(),
+            },
+            None => state::Routing::Unconstrained,
+        };
+        self.with_account(account_id, |a| a.routing = routing)
+    }
+
+    /// `wham/accounts/check` answers this error status for the account from now on.
+    pub fn refuse_routing(&self, account_id: &str, status: u16) -> bool {
+        self.with_account(account_id, |a| {
+            a.routing = state::Routing::Refuse { status }
+        })
+    }
+
     /// Writes `<account_id>.json` (mode 0600) per account into `dir` (created if missing).
     pub fn write_auth_files(&self, dir: &Path) -> std::io::Result<Vec<PathBuf>> {
         use std::io::Write;

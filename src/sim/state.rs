@@ -88,6 +88,18 @@ struct IssuedAccess {
     family: u32,
 }
 
+/// What workspace routing discovery answers for an account.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum Routing {
+    /// `NO_CONSTRAINT`: the usual origin.
+    #[default]
+    Unconstrained,
+    /// A data-residency workspace: `workspace_backend_origin` and `account_routing_override`.
+    Workspace { origin: String, constraint: String },
+    /// The check is answered with this error status.
+    Refuse { status: u16 },
+}
+
 /// The family of workspace access tokens: none of them comes with a refresh token.
 const WORKSPACE_FAMILY: u32 = u32::MAX;
 
@@ -123,6 +135,8 @@ pub(crate) struct Account {
     cache: HashMap<String, u64>,
     /// `/responses*` requests and `response.create` frames that passed authentication.
     pub served: u64,
+    /// What `wham/accounts/check` answers for it.
+    pub routing: Routing,
     /// WebSocket upgrades accepted (101) so far.
     pub ws_connections: u32,
     /// WebSockets open now.
@@ -165,6 +179,7 @@ impl Account {
             supported_models: DEFAULT_MODELS.iter().map(|m| m.to_string()).collect(),
             cache: HashMap::new(),
             served: 0,
+            routing: Routing::default(),
             ws_connections: 0,
             ws_open: 0,
             http_open: 0,

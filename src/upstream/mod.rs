@@ -9,6 +9,7 @@ pub mod headers;
 pub mod identity;
 pub mod login;
 pub mod quota;
+pub mod routing;
 pub mod sse;
 pub mod stream;
 pub mod ws;
@@ -71,6 +72,8 @@ pub struct Identity {
     pub installation_id: String,
     /// The account's own egress proxy (else `[upstream] proxy`, else straight out).
     pub proxy: Option<Arc<ProxyUrl>>,
+    /// A data-residency workspace's origin and override ([`routing`]), when it has one.
+    pub route: Option<Arc<routing::Route>>,
 }
 
 /// The account an access token belongs to, as the auth server's whoami says.
@@ -218,9 +221,49 @@ impl Upstream {
     }
 
     fn authed(&self, req: reqwest::RequestBuilder, id: &Identity) -> reqwest::RequestBuilder {
-        req.bearer_auth(&id.access_token)
+        let req = req
+            .bearer_auth(&id.access_token)
             .header("chatgpt-account-id", &id.chatgpt_account_id)
-            .header("x-codex-installation-id", &id.installation_id)
+            .header("x-codex-installation-id", &id.installation_id);
+        match &id.route {
+            Some(r) => req.header(routing::OVERRIDE_HEADER, &r.override_value),
+            None => req,
+        }
+    }
+
+    /// The base URL an account's requests go to: its workspace's origin, else the configured.
+    fn base_of<'a>(&'a self, id: &'a Identity) -> &'a str {
+        id.route
+            .as_ref()
+            .map_or(self.config.base_url.as_str(), |r| r.base_url.as_str())
+    }
+
+    /// `GET wham/accounts/check` (on the configured origin): where the account's requests go.
+    pub async fn discover_route(&self, id: &Identity) -> Result<routing::Discovery, Facts> {
+        let plain = Identity {
+            route: None,
+            ..id.clone()
+        };
+        let url = routing::check_url(&self.config.usage_url);
+        let req = self.authed(self.http.get(url), &plain);
+        let v = self
+            .json_answer(req, id.proxy.as_ref())
+            .await
+            .map_err(|f| f.at(Endpoint::Usage))?;
+        routing::discovery(
+            &v,
+            &id.chatgpt_account_id,
+            &self.config.base_url,
+            &self.config.usage_url,
+        )
+        .map_err(|what| {
+            Facts {
+                status: Some(200),
+                message: Some(format!("workspace routing: {what}")),
+                ..Facts::default()
+            }
+            .at(Endpoint::Usage)
+        })
     }
 
     /// `POST {base}{path}` with a JSON body; returns the response once its headers arrive
@@ -233,11 +276,11 @@ impl Upstream {
         body: Bytes,
         sse: bool,
     ) -> Result<reqwest::Response, Facts> {
-        // The request path's URLs are parsed once, at start.
-        let url = match path {
-            "/responses" => self.responses_url.clone(),
-            "/responses/compact" => self.compact_url.clone(),
-            _ => reqwest::Url::parse(&format!("{}{path}", self.config.base_url)).map_err(|e| {
+        // The request path's URLs are parsed once, at start (a routed account's each time).
+        let url = match (path, &id.route) {
+            ("/responses", None) => self.responses_url.clone(),
+            ("/responses/compact", None) => self.compact_url.clone(),
+            _ => reqwest::Url::parse(&format!("{}{path}", self.base_of(id))).map_err(|e| {
                 Facts::transport(Phase::Connect, format!("upstream URL for {path}: {e}"))
             })?,
         };
@@ -325,7 +368,7 @@ impl Upstream {
         let req = self.authed(
             self.http.get(format!(
                 "{}/models?client_version={}",
-                self.config.base_url,
+                self.base_of(id),
                 client_version
                     .chars()
                     .filter(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_'))
@@ -340,7 +383,11 @@ impl Upstream {
 
     /// `GET wham/usage`.
     pub async fn usage(&self, id: &Identity) -> Result<Value, Facts> {
-        let req = self.authed(self.http.get(&self.config.usage_url), id);
+        let url = id
+            .route
+            .as_ref()
+            .map_or(self.config.usage_url.as_str(), |r| r.usage_url.as_str());
+        let req = self.authed(self.http.get(url), id);
         self.json_answer(req, id.proxy.as_ref())
             .await
             .map_err(|f| f.at(Endpoint::Usage))
@@ -580,6 +627,7 @@ mod tests {
             chatgpt_account_id: "a".into(),
             installation_id: "i".into(),
             proxy: None,
+            route: None,
         }
     }
 

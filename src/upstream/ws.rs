@@ -415,13 +415,7 @@ impl Drop for Permit<'_> {
 impl Upstream {
     /// `ws(s)://…/responses` for the configured base URL.
     pub fn ws_url(&self) -> String {
-        let base = &self.config().base_url;
-        let base = base
-            .strip_prefix("https://")
-            .map(|r| format!("wss://{r}"))
-            .or_else(|| base.strip_prefix("http://").map(|r| format!("ws://{r}")))
-            .unwrap_or_else(|| base.clone());
-        format!("{base}/responses")
+        ws_url_of(&self.config().base_url)
     }
 
     /// Opens a socket with the account's identity within `budget`.
@@ -431,7 +425,34 @@ impl Upstream {
         headers: &[(HeaderName, HeaderValue)],
         budget: Duration,
     ) -> Result<UpstreamSocket, DialError> {
-        let mut req = self.ws_url().into_client_request().map_err(|e| {
+        let url = match &id.route {
+            Some(r) => ws_url_of(&r.base_url),
+            None => self.ws_url(),
+        };
+        self.dial_at(&url, id, headers, budget).await
+    }
+}
+
+/// `ws(s)://…/responses` for a base URL.
+fn ws_url_of(base: &str) -> String {
+    let base = base
+        .strip_prefix("https://")
+        .map(|r| format!("wss://{r}"))
+        .or_else(|| base.strip_prefix("http://").map(|r| format!("ws://{r}")))
+        .unwrap_or_else(|| base.to_string());
+    format!("{base}/responses")
+}
+
+impl Upstream {
+    /// Opens a socket to `url` with the account's identity within `budget`.
+    async fn dial_at(
+        &self,
+        url: &str,
+        id: &Identity,
+        headers: &[(HeaderName, HeaderValue)],
+        budget: Duration,
+    ) -> Result<UpstreamSocket, DialError> {
+        let mut req = url.into_client_request().map_err(|e| {
             DialError::Transport(
                 Facts::transport(Phase::Connect, e.to_string()).at(Endpoint::WebSocket),
             )
@@ -446,6 +467,9 @@ impl Upstream {
         put("chatgpt-account-id", &id.chatgpt_account_id);
         put("x-codex-installation-id", &id.installation_id);
         put("openai-beta", BETA);
+        if let Some(r) = &id.route {
+            put(super::routing::OVERRIDE_HEADER, &r.override_value);
+        }
         for (k, v) in headers {
             if k != "openai-beta" {
                 h.insert(k.clone(), v.clone());

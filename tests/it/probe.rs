@@ -31,6 +31,8 @@ fn seen(gw: &Gw, account: &str) -> Vec<(String, String)> {
 }
 
 const USAGE: &str = "GET /backend-api/wham/usage";
+/// Workspace routing, asked before an account's first use.
+const ROUTING: &str = "GET /backend-api/wham/accounts/check";
 const RESPONSES: &str = "POST /backend-api/codex/responses";
 
 fn manual() -> ManualClock {
@@ -68,8 +70,13 @@ async fn a_new_account_is_proved_before_the_first_request_reaches_it() {
     let texts: Vec<(&str, &str)> = s.iter().map(|(p, t)| (p.as_str(), t.as_str())).collect();
     assert_eq!(
         texts,
-        [(USAGE, ""), (RESPONSES, "ping"), (RESPONSES, "first")],
-        "usage, then the minimal request, then the client's"
+        [
+            (ROUTING, ""),
+            (USAGE, ""),
+            (RESPONSES, "ping"),
+            (RESPONSES, "first")
+        ],
+        "routing and usage, then the minimal request, then the client's"
     );
     assert_eq!(gw.account(&a).await["state"], "ready");
     // The probe is not a client request: no record of it.

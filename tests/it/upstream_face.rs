@@ -649,3 +649,78 @@ async fn a_workspace_access_token_serves_until_the_backend_refuses_it() {
         "{a}"
     );
 }
+
+/// A data-residency workspace's account: discovery sends its requests — HTTP and WebSocket — to
+/// its own origin with its override; a discovery the backend refuses is shown on the account.
+#[tokio::test]
+async fn a_residency_account_is_served_at_its_workspace_origin_with_its_override() {
+    let gw = Gw::start(2).await;
+    let order = gw.rr_order();
+    // The same simulator under another name: which origin a request used shows in its Host.
+    let port = gw
+        .sim
+        .url()
+        .rsplit(':')
+        .next()
+        .unwrap()
+        .trim_end_matches('/')
+        .to_string();
+    let origin = format!("http://localhost:{port}");
+    gw.sim.sim.set_routing(&order[0], Some((&origin, "us")));
+    gw.sim.sim.refuse_routing(&order[1], 503);
+    // A new login of each is routed afresh.
+    let admin = gw.admin().await;
+    for a in &order {
+        let auth = gw.sim.sim.auth_json(a).unwrap();
+        admin
+            .import_account(auth.to_string().as_bytes())
+            .await
+            .unwrap();
+    }
+    crate::common::gw::until("routing discovered", || async {
+        let (a, b) = (gw.account(&order[0]).await, gw.account(&order[1]).await);
+        a["origin"] == origin.as_str() && b["routing_error"].is_string()
+    })
+    .await;
+    let b = gw.account(&order[1]).await;
+    assert!(b["routing_error"].as_str().unwrap().contains("503"), "{b}");
+    // Only the residency account serves from here on.
+    admin
+        .account_action(&order[1], switchyard_admin::wire::AccountAction::Disable)
+        .await
+        .unwrap();
+    gw.until_proven(&order[0]).await;
+    assert_eq!(
+        gw.stream(&body("gpt-5.5", "hello", true), &[]).await.status,
+        200
+    );
+    let (mut ws, _) = connect(&gw, &[("session-id", "s-res".to_string())]).await;
+    let events = ws_turn(&mut ws, body("gpt-5.5", "hello", true)).await;
+    assert_eq!(events.last().unwrap()["type"], "response.completed");
+    let host = format!("localhost:{port}");
+    let turns: Vec<_> = gw
+        .sim
+        .sim
+        .requests(&order[0])
+        .into_iter()
+        .filter(|r| r.path.ends_with("/responses") && r.method != "WS")
+        .collect();
+    assert!(turns.iter().any(|r| r.method == "POST") && turns.iter().any(|r| r.method == "GET"));
+    for r in turns.iter().rev().take(2) {
+        assert_eq!(
+            r.headers.get("host"),
+            Some(&host),
+            "{} {:?}",
+            r.method,
+            r.headers
+        );
+        assert_eq!(
+            r.headers
+                .get("x-openai-account-routing-override")
+                .map(String::as_str),
+            Some("us"),
+            "{:?}",
+            r.headers
+        );
+    }
+}

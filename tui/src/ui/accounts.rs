@@ -236,6 +236,12 @@ pub fn render(frame: &mut Frame, area: Rect, app: &App) {
                     Color::DarkGray,
                 ));
             }
+            if let Some(origin) = &a.origin {
+                spans.push(colored(format!("served at {origin} · "), Color::Cyan));
+            }
+            if let Some(why) = &a.routing_error {
+                spans.push(colored(format!("routing unknown: {why} · "), Color::Red));
+            }
             if a.login == Login::AccessToken {
                 let until = a.token_expires_at.as_deref().unwrap_or("unknown");
                 spans.push(colored(

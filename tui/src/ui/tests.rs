@@ -47,6 +47,8 @@ fn account(n: u32, state: &str) -> Account {
         error_rates: Vec::new(),
         login: Default::default(),
         token_expires_at: None,
+        origin: None,
+        routing_error: None,
     }
 }
 
