@@ -2,7 +2,6 @@
 //! handlers call the fleet, the key ring and (for health) the store's ping.
 
 pub mod admin;
-pub mod encoding;
 pub mod error;
 pub mod health;
 pub mod models;

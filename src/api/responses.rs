@@ -64,15 +64,15 @@ pub async fn read_body(
         return Ok(raw);
     }
     let cap = state.max_body_bytes;
-    super::encoding::decode(encoding, raw, cap).map_err(|e| match e {
-        super::encoding::DecodeError::TooLarge(_) => too_large(cap),
-        super::encoding::DecodeError::Unsupported(_) => ApiError::new(
+    crate::upstream::encoding::decode(encoding, raw, cap).map_err(|e| match e {
+        crate::upstream::encoding::DecodeError::TooLarge(_) => too_large(cap),
+        crate::upstream::encoding::DecodeError::Unsupported(_) => ApiError::new(
             StatusCode::UNSUPPORTED_MEDIA_TYPE,
             "invalid_request_error",
             Some("unsupported_content_encoding"),
             e.to_string(),
         ),
-        super::encoding::DecodeError::Invalid { .. } => {
+        crate::upstream::encoding::DecodeError::Invalid { .. } => {
             ApiError::bad_request("invalid_body", e.to_string())
         }
     })

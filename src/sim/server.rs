@@ -236,6 +236,22 @@ async fn handle(
             return Err(Dropped);
         }
     };
+    // Codex compresses request bodies under ChatGPT auth: the backend reads zstd and gzip.
+    let body = match parts
+        .headers
+        .get(hyper::header::CONTENT_ENCODING)
+        .and_then(|v| v.to_str().ok())
+    {
+        None => body,
+        Some(encoding) => {
+            match crate::upstream::encoding::decode(Some(encoding), body, MAX_BODY_BYTES) {
+                Ok(decoded) => decoded,
+                Err(e) => {
+                    return Ok(json(400, &serde_json::json!({"detail": e.to_string()})));
+                }
+            }
+        }
+    };
     let req = SimRequest {
         json: serde_json::from_slice(&body).unwrap_or(Value::Null),
         method: parts.method,

@@ -3,6 +3,7 @@
 
 pub mod config;
 pub mod egress;
+pub mod encoding;
 pub mod event;
 pub mod failure;
 pub mod headers;

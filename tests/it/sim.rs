@@ -1226,3 +1226,65 @@ async fn stop_closes_the_listener() {
         }
     }
 }
+
+/// Codex sends zstd bodies under ChatGPT auth: the simulated backend reads them, and a
+/// workspace access token is answered by whoami and accepted as a bearer.
+#[tokio::test]
+async fn the_backend_reads_a_zstd_body_and_knows_its_workspace_tokens() {
+    use switchyard::upstream::encoding::samples::zstd_stored;
+    let h = start(1).await;
+    let c = client();
+    let plain = serde_json::to_vec(&turn("squeezed", "sess-z", true)).unwrap();
+    let r = c
+        .post(format!("{}/responses", h.base_url()))
+        .bearer_auth(access(&h, "sim-acct-1"))
+        .header("chatgpt-account-id", "sim-acct-1")
+        .header("content-type", "application/json")
+        .header("content-encoding", "zstd")
+        .body(zstd_stored(&plain))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert!(r.text().await.unwrap().contains("response.completed"));
+    let got = h.sim.requests("sim-acct-1");
+    assert_eq!(
+        got.last().unwrap().body["input"][0]["content"][0]["text"],
+        "squeezed"
+    );
+
+    let token = h
+        .sim
+        .workspace_token("sim-acct-1", Duration::from_secs(60))
+        .unwrap();
+    assert!(token.starts_with("at-"));
+    let whoami = format!("{}/api/accounts/v1/user-auth-credential/whoami", h.url());
+    let (s, v) = answer(c.get(&whoami).bearer_auth(&token).send().await.unwrap()).await;
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(v["chatgpt_account_id"], "sim-acct-1");
+    assert_eq!(v["chatgpt_account_is_fedramp"], false);
+    let (s, _) = answer(
+        c.get(&whoami)
+            .bearer_auth("at-nobody")
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(s, 401);
+    let r = post_as(
+        &c,
+        &h,
+        "sim-acct-1",
+        &token,
+        &turn("with a token", "sess-t", true),
+    )
+    .await;
+    assert_eq!(r.status(), 200);
+    h.sim.expire_access_token("sim-acct-1");
+    let (s, v) = answer(c.get(&whoami).bearer_auth(&token).send().await.unwrap()).await;
+    assert_eq!(
+        (s.as_u16(), v["error"]["code"].as_str()),
+        (401, Some("token_expired"))
+    );
+}

@@ -7,8 +7,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use crate::common::gw::{Gw, body};
 use futures_util::{SinkExt, StreamExt};
 use serde_json::{Value, json};
-use switchyard::api::encoding::samples::{zstd_rle_bomb, zstd_stored};
 use switchyard::sim::{FaultKind, RecordedRequest};
+use switchyard::upstream::encoding::samples::{zstd_rle_bomb, zstd_stored};
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 
