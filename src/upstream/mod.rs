@@ -406,11 +406,28 @@ impl Upstream {
             "{}/api/accounts/v1/user-auth-credential/whoami",
             self.config.auth_base_url
         );
+        let (status, bytes) = self
+            .auth_server(self.http.get(url).bearer_auth(access_token), proxy)
+            .await?;
+        serde_json::from_slice::<Whoami>(&bytes).map_err(|e| {
+            Facts {
+                status: Some(status),
+                message: Some(format!("the whoami answer is not one: {e}")),
+                ..Facts::default()
+            }
+            .at(Endpoint::Token)
+        })
+    }
+
+    /// One exchange with the auth server: the status and body of a 2xx answer, else the
+    /// answer's (or the transport's) facts, from the token endpoint.
+    async fn auth_server(
+        &self,
+        req: reqwest::RequestBuilder,
+        proxy: Option<&Arc<ProxyUrl>>,
+    ) -> Result<(u16, Bytes), Facts> {
         let at_token = |f: Facts| f.at(Endpoint::Token);
-        let resp = self
-            .send(self.http.get(url).bearer_auth(access_token), proxy)
-            .await
-            .map_err(at_token)?;
+        let resp = self.send(req, proxy).await.map_err(at_token)?;
         let status = resp.status().as_u16();
         let headers = resp.headers().clone();
         let bytes = self
@@ -420,14 +437,7 @@ impl Upstream {
         if !(200..300).contains(&status) {
             return Err(Facts::from_response(status, &headers, bytes).at(Endpoint::Token));
         }
-        serde_json::from_slice::<Whoami>(&bytes).map_err(|e| {
-            Facts {
-                status: Some(status),
-                message: Some(format!("the whoami answer is not one: {e}")),
-                ..Facts::default()
-            }
-            .at(Endpoint::Token)
-        })
+        Ok((status, bytes))
     }
 
     /// Exchanges a refresh token for new tokens (the refresh token rotates), on the account's
@@ -444,23 +454,12 @@ impl Upstream {
             "refresh_token": refresh_token,
             "scope": "openid profile email",
         });
-        let at_token = |f: Facts| f.at(Endpoint::Token);
-        let resp = self
-            .send(
+        let (status, bytes) = self
+            .auth_server(
                 self.http.post(&self.config.oauth_token_url).json(&body),
                 proxy,
             )
-            .await
-            .map_err(at_token)?;
-        let status = resp.status().as_u16();
-        let headers = resp.headers().clone();
-        let bytes = self
-            .read_body(resp, MAX_ERROR_BODY, Overflow::Truncate)
-            .await
-            .map_err(at_token)?;
-        if !(200..300).contains(&status) {
-            return Err(Facts::from_response(status, &headers, bytes).at(Endpoint::Token));
-        }
+            .await?;
         let unusable = |what: String| {
             Facts {
                 status: Some(status),
