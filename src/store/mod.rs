@@ -51,14 +51,22 @@ pub enum StoreError {
         #[source]
         source: std::io::Error,
     },
-    #[error("the store {path} is locked by another process")]
+    #[error(
+        "the store {path} is locked by another process; let it finish, or stop the daemon that \
+         holds it (`systemctl stop switchyard`)"
+    )]
     Locked { path: PathBuf },
     #[error(
         "the store {path} is damaged ({detail}); restore a backup (`switchyard restore FILE`) or \
          move the file aside to start empty (`switchyard doctor` says more)"
     )]
     Damaged { path: PathBuf, detail: String },
-    #[error("cannot open the store {path}: {source}{}", open::io_remedy(source))]
+    #[error(
+        "the store {path} is {what}, not a database file; move it aside and restore a backup \
+         (`switchyard restore FILE`), or, if nothing was ever stored, remove it to start empty"
+    )]
+    NotAFile { path: PathBuf, what: &'static str },
+    #[error("cannot open {path}: {source}{}", open::io_remedy(source))]
     Io {
         path: PathBuf,
         #[source]
@@ -114,7 +122,7 @@ pub enum StoreError {
     KeyKind(Table),
     #[error("the store writer has stopped")]
     WriterGone,
-    #[error("store error: {0}")]
+    #[error("store error: {0}; `switchyard doctor` checks the store")]
     Db(String),
 }
 
@@ -1021,10 +1029,47 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn an_empty_file_opens_as_a_new_store_and_garbage_is_damage() {
+    async fn an_empty_a_short_or_a_directory_store_is_refused_and_left_as_it_was() {
         let dir = tempfile::tempdir().unwrap();
-        std::fs::write(dir.path().join(DB_FILE), b"").unwrap();
         Store::open(dir.path()).unwrap().close().await.unwrap();
+        let path = dir.path().join(DB_FILE);
+        let whole = std::fs::read(&path).unwrap();
+        let check = |e: StoreError, said: &str| {
+            let line = e.to_string();
+            assert!(line.contains(said), "{line}");
+            assert!(line.contains("restore"), "no remedy: {line}");
+            assert!(!line.contains('\n'), "{line}");
+        };
+        for len in [0, 100, whole.len() / 2] {
+            std::fs::write(&path, &whole[..len]).unwrap();
+            check(Store::open(dir.path()).unwrap_err(), "damaged");
+            check(Store::open_read_only(dir.path()).unwrap_err(), "damaged");
+            check(check_integrity_of_copy(dir.path()).unwrap_err(), "damaged");
+            assert_eq!(std::fs::read(&path).unwrap().len(), len, "rewritten");
+        }
+        std::fs::remove_file(&path).unwrap();
+        std::fs::create_dir(&path).unwrap();
+        check(Store::open(dir.path()).unwrap_err(), "a directory");
+        check(
+            Store::open_read_only(dir.path()).unwrap_err(),
+            "a directory",
+        );
+        check(
+            check_integrity_of_copy(dir.path()).unwrap_err(),
+            "a directory",
+        );
+        assert!(path.is_dir());
+        std::fs::remove_dir(&path).unwrap();
+        std::fs::write(&path, &whole).unwrap();
+        let key = dir.path().join(secrets::KEY_FILE);
+        std::fs::remove_file(&key).unwrap();
+        std::fs::create_dir(&key).unwrap();
+        check(Store::open(dir.path()).unwrap_err(), "secret.key");
+        check(
+            Store::open_read_only(dir.path()).unwrap_err(),
+            "a directory",
+        );
+
         let other = tempfile::tempdir().unwrap();
         std::fs::write(other.path().join(DB_FILE), [7u8; 9000]).unwrap();
         for e in [

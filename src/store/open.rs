@@ -30,8 +30,7 @@ impl Store {
         ensure_writable_dir(state_dir)?;
         let path = state_dir.join(DB_FILE);
         let key_path = state_dir.join(secrets::KEY_FILE);
-        // An empty file is a store not created yet, as redb sees it.
-        let existing = std::fs::metadata(&path).is_ok_and(|m| m.len() > 0);
+        let existing = existing_file(&path)?;
         if existing && let Probe::Clean { schema, key_check } = probe(&path)? {
             if let Some(found) = schema
                 && found > SCHEMA_VERSION
@@ -112,7 +111,7 @@ impl Store {
             }
             Ok(_) => {}
         }
-        if !path.exists() {
+        if !existing_file(&path)? {
             return Self::nothing_yet(&path);
         }
         let opened = guarded(&path, || match Builder::new().open_read_only(&path) {
@@ -226,6 +225,7 @@ pub fn check_integrity_of_copy(state_dir: &Path) -> Result<Integrity, StoreError
         source,
     })?;
     let copy = scratch.0.join(DB_FILE);
+    existing_file(&path)?;
     std::fs::copy(&path, &copy).map_err(|source| io_error(path.clone(), source))?;
     let fell_back = Arc::new(AtomicBool::new(false));
     let flag = Arc::clone(&fell_back);
@@ -324,6 +324,38 @@ fn probe(path: &Path) -> Result<Probe, StoreError> {
     })
 }
 
+/// Whether the store's file exists, refusing what cannot be one: a directory or anything else
+/// that is not a regular file, and an empty file. redb would create a new database over an
+/// empty file, but no store of ours is ever empty once created: zero bytes is a truncated
+/// copy, a full disk or a `> file`, and opening it as new would lose every account and key
+/// without a word.
+fn existing_file(path: &Path) -> Result<bool, StoreError> {
+    let meta = match std::fs::metadata(path) {
+        Ok(m) => m,
+        Err(e) if e.kind() == ErrorKind::NotFound => return Ok(false),
+        Err(source) => return Err(io_error(path.to_path_buf(), source)),
+    };
+    if meta.is_dir() {
+        return Err(StoreError::NotAFile {
+            path: path.to_path_buf(),
+            what: "a directory",
+        });
+    }
+    if !meta.is_file() {
+        return Err(StoreError::NotAFile {
+            path: path.to_path_buf(),
+            what: "a special file",
+        });
+    }
+    if meta.len() == 0 {
+        return Err(StoreError::Damaged {
+            path: path.to_path_buf(),
+            detail: "it is empty: 0 bytes".into(),
+        });
+    }
+    Ok(true)
+}
+
 /// An error opening the file at `path`, in words that say what to do.
 fn open_error(path: &Path, e: DatabaseError) -> StoreError {
     let path = path.to_path_buf();
@@ -349,13 +381,24 @@ fn open_error(path: &Path, e: DatabaseError) -> StoreError {
 
 /// An I/O error on the file; one saying the bytes are no database is damage.
 pub(super) fn io_error(path: PathBuf, source: std::io::Error) -> StoreError {
-    if source.kind() == ErrorKind::InvalidData {
-        StoreError::Damaged {
+    match source.kind() {
+        ErrorKind::InvalidData => StoreError::Damaged {
             path,
             detail: format!("not a database: {source}"),
+        },
+        // Shorter than its own header says it is: a truncated copy.
+        ErrorKind::UnexpectedEof => {
+            let len = std::fs::metadata(&path).map_or(0, |m| m.len());
+            StoreError::Damaged {
+                path,
+                detail: format!("truncated to {len} bytes"),
+            }
         }
-    } else {
-        StoreError::Io { path, source }
+        ErrorKind::IsADirectory => StoreError::NotAFile {
+            path,
+            what: "a directory",
+        },
+        _ => StoreError::Io { path, source },
     }
 }
 
@@ -368,7 +411,7 @@ pub(super) fn io_remedy(e: &std::io::Error) -> &'static str {
         }
         ErrorKind::ReadOnlyFilesystem => "; the file system is mounted read-only",
         ErrorKind::StorageFull | ErrorKind::QuotaExceeded => "; the disk is full: free some space",
-        _ => "",
+        _ => "; `switchyard doctor` checks the state directory and its files",
     }
 }
 

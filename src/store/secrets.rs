@@ -167,10 +167,13 @@ pub fn load_or_create_key(dir: &Path, may_create: bool) -> Result<[u8; KEY_LEN],
             std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).map_err(io)?;
             Ok(key)
         }
-        Err(source) => Err(StoreError::Io {
-            path: path.clone(),
-            source,
-        }),
+        Err(e) if e.kind() == std::io::ErrorKind::IsADirectory => {
+            Err(StoreError::SecretKeyCorrupt {
+                path,
+                reason: "it is a directory, not a 32-byte file".into(),
+            })
+        }
+        Err(source) => Err(StoreError::Io { path, source }),
     }
 }
 

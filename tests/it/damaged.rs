@@ -356,3 +356,61 @@ async fn undecodable_records_are_quarantined_in_every_table_and_the_rest_serves(
     }
     assert!(d.terminate().success());
 }
+
+#[test]
+fn an_empty_a_short_or_a_directory_store_is_refused_by_serve_doctor_and_every_command() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = state_copy(tmp.path());
+    let whole = std::fs::read(db(&dir)).unwrap();
+    let path = db(&dir).display().to_string();
+    let commands: [&[&str]; 5] = [
+        &["serve", "--listen", "127.0.0.1:0"],
+        &["account", "list"],
+        &["key", "create", "late"],
+        &["usage"],
+        &["backup", "out.bak"],
+    ];
+    for (shape, said) in [
+        ("empty", "empty"),
+        ("short", "truncated to 100 bytes"),
+        ("directory", "a directory"),
+    ] {
+        match shape {
+            "empty" => std::fs::write(db(&dir), b"").unwrap(),
+            "short" => std::fs::write(db(&dir), &whole[..100]).unwrap(),
+            _ => {
+                std::fs::remove_file(db(&dir)).unwrap();
+                std::fs::create_dir(db(&dir)).unwrap();
+            }
+        }
+        let before = std::fs::metadata(db(&dir)).unwrap();
+        for args in commands {
+            let out = cli(&dir, args);
+            assert_no_panic(&out, args[0]);
+            assert_one_line_error(&out, &[&path, said, "restore"]);
+        }
+        let out = cli(&dir, &["doctor", "--offline"]);
+        assert_eq!(out.status.code(), Some(2), "{shape}: {}", stdout(&out));
+        let report = stdout(&out);
+        let finding = report
+            .lines()
+            .find(|l| l.starts_with("error") && l.contains(&path))
+            .unwrap_or_else(|| panic!("{shape}: no error names the store:\n{report}"));
+        assert!(
+            finding.contains(said) && finding.contains("restore"),
+            "{finding}"
+        );
+        // Nothing was created over it, nor written into it.
+        let after = std::fs::metadata(db(&dir)).unwrap();
+        assert_eq!(after.is_dir(), before.is_dir(), "{shape}");
+        assert_eq!(after.len(), before.len(), "{shape}");
+        if !after.is_dir() {
+            assert_eq!(
+                after.modified().unwrap(),
+                before.modified().unwrap(),
+                "{shape}"
+            );
+        }
+    }
+    assert!(!dir.join("out.bak").exists() && !Path::new("out.bak").exists());
+}
