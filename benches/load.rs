@@ -16,6 +16,9 @@
 //! `LOAD_GATEWAY=path` runs another build of the gateway; `LOAD_CONNS=32,1` the connection
 //! counts; `LOAD_KEEP_AWAKE=1`, as root, keeps idle cores polling for the run).
 //! `LOAD_SECONDS=1 cargo test --bench load` runs it once in a debug build as a smoke test.
+//! `LOAD_ONLY=rss cargo bench --bench load` measures only the gateway's RSS over a long run
+//! (`LOAD_RSS_REQUESTS`, default 200k): after the first 10k answers and after the last;
+//! `LOAD_CACHE_MIB` sets the store's cache for the gateways it starts.
 //!
 //! The upstream is nginx's own `return 200` when nginx is installed (as fast a static
 //! upstream as there is), else this program itself in a child process.
@@ -483,10 +486,13 @@ fn switchyard(dir: &Path, args: &[&str]) -> String {
 /// The gateway in front of the upstream: its own process, with `accounts` accounts and a key.
 fn start_gateway(dir: &Path, up: u16, listen: u16, accounts: u32) -> (Proc, String) {
     let state = dir.join("state");
+    // `LOAD_CACHE_MIB` sizes the store's cache (the default when unset).
+    let cache =
+        std::env::var("LOAD_CACHE_MIB").map_or(String::new(), |m| format!("cache_mib = {m}\n"));
     std::fs::write(
         dir.join("switchyard.toml"),
         format!(
-            "[server]\nlisten = \"127.0.0.1:{listen}\"\n\n[storage]\nstate_dir = \"{}\"\n\n\
+            "[server]\nlisten = \"127.0.0.1:{listen}\"\n\n[storage]\nstate_dir = \"{}\"\n{cache}\n\
              [upstream]\nbase_url = \"http://127.0.0.1:{up}/backend-api/codex\"\n\
              usage_url = \"http://127.0.0.1:{up}/backend-api/wham/usage\"\n\
              oauth_token_url = \"http://127.0.0.1:{up}/oauth/token\"\n\n\
@@ -515,7 +521,16 @@ fn start_gateway(dir: &Path, up: u16, listen: u16, accounts: u32) -> (Proc, Stri
     let key = switchyard(dir, &["key", "create", "load"])
         .trim()
         .to_string();
-    let log = std::fs::File::create(dir.join("gateway.log")).unwrap();
+    (serve_gateway(dir, listen), key)
+}
+
+/// `serve` on the gateway set up in `dir` by [`start_gateway`], once it listens.
+fn serve_gateway(dir: &Path, listen: u16) -> Proc {
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(dir.join("gateway.log"))
+        .unwrap();
     let child = Command::new(gateway_bin())
         .arg("--config")
         .arg(dir.join("switchyard.toml"))
@@ -526,7 +541,7 @@ fn start_gateway(dir: &Path, up: u16, listen: u16, accounts: u32) -> (Proc, Stri
         .expect("serve");
     let p = Proc(child, None);
     wait_listening(([127, 0, 0, 1], listen).into(), "the gateway");
-    (p, key)
+    p
 }
 
 /// One target of the load: where to send, with which path and header.
@@ -596,6 +611,146 @@ async fn drive(t: &Target, conns: usize, secs: f64) -> (Vec<Duration>, usize) {
         bad += b;
     }
     (all, bad)
+}
+
+/// Sends `total` requests on `conns` keep-alive connections, calling `at(n)` as the `n`th
+/// complete answer arrives; returns how many answers were not complete.
+async fn drive_count(
+    t: &Target,
+    conns: usize,
+    total: usize,
+    at: impl Fn(usize) + Send + Sync + 'static,
+) -> usize {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let sent = Arc::new(AtomicUsize::new(0));
+    let done = Arc::new(AtomicUsize::new(0));
+    let at = Arc::new(at);
+    let mut tasks = Vec::new();
+    for _ in 0..conns {
+        let (addr, path, auth) = (t.addr, t.path, t.auth.clone());
+        let (sent, done, at) = (Arc::clone(&sent), Arc::clone(&done), Arc::clone(&at));
+        tasks.push(tokio::spawn(async move {
+            let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+            stream.set_nodelay(true).unwrap();
+            let (mut send, conn) =
+                hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+                    .await
+                    .unwrap();
+            tokio::spawn(conn);
+            let mut bad = 0;
+            while sent.fetch_add(1, Ordering::Relaxed) < total {
+                let mut req = hyper::Request::post(path)
+                    .header("host", "127.0.0.1")
+                    .header("content-type", "application/json");
+                if let Some(a) = &auth {
+                    req = req.header("authorization", a);
+                }
+                let req = req
+                    .body(Full::new(Bytes::from_static(REQUEST.as_bytes())))
+                    .unwrap();
+                let Ok(resp) = send.send_request(req).await else {
+                    bad += 1;
+                    break;
+                };
+                let ok = resp.status() == 200;
+                match resp.into_body().collect().await.map(|b| b.to_bytes()) {
+                    Ok(b) if ok && memchr::memmem::find(&b, b"response.completed").is_some() => {
+                        at(done.fetch_add(1, Ordering::Relaxed) + 1);
+                    }
+                    _ => bad += 1,
+                }
+            }
+            bad
+        }));
+    }
+    let mut bad = 0;
+    for t in tasks {
+        bad += t.await.unwrap();
+    }
+    bad
+}
+
+/// The gateway's memory over a long run: RSS after the first 10k answers and after the last
+/// of `LOAD_RSS_REQUESTS` (default 200k), on 8 connections. Each answer leaves a request
+/// record in the store, so a cache that is not held to its size shows as growth here.
+fn rss_over_a_long_run() {
+    let total: usize = std::env::var("LOAD_RSS_REQUESTS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(200_000);
+    let tmp = tempfile::tempdir().unwrap();
+    let (up, gw) = (free_port(), free_port());
+    let _upstream = start_own_upstream(up);
+    let (gateway, key) = start_gateway(tmp.path(), up, gw, 4);
+    let target = Target {
+        addr: ([127, 0, 0, 1], gw).into(),
+        path: "/v1/responses",
+        auth: Some(format!("Bearer {key}")),
+    };
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while drive(&target, 1, 0.05).await.0.is_empty() {
+            assert!(Instant::now() < deadline, "the gateway never served");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let pid = gateway.0.id();
+        let start = rss_kb(pid).unwrap_or(0);
+        let samples = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let marks = Arc::clone(&samples);
+        let step = (total / 20).max(1);
+        let t0 = Instant::now();
+        let bad = drive_count(&target, 8, total, move |n| {
+            if n == 10_000.min(total) || n % step == 0 {
+                marks.lock().unwrap().push((n, rss_kb(pid).unwrap_or(0)));
+            }
+        })
+        .await;
+        let secs = t0.elapsed().as_secs_f64();
+        let samples = samples.lock().unwrap().clone();
+        let first = samples.iter().find(|(n, _)| *n >= 10_000.min(total)).map_or(0, |s| s.1);
+        let last = rss_kb(pid).unwrap_or(0);
+        println!(
+            "{total} requests in {secs:.0} s ({:.0} req/s, {bad} incomplete): gateway RSS {start} KB before, {first} KB after 10k, {last} KB after the last: {:+} KB ({:.2} KB per 1k requests after the first 10k)",
+            total as f64 / secs,
+            last as i64 - first as i64,
+            (last as f64 - first as f64) / ((total.saturating_sub(10_000)).max(1) as f64 / 1000.0)
+        );
+        let line: Vec<String> = samples.iter().map(|(n, kb)| format!("{}k:{}", n / 1000, kb / 1024)).collect();
+        println!("RSS in MB by answers: {}", line.join(" "));
+    });
+    // The same store at the next start: what opening (and checking) it costs in memory.
+    let stop = Instant::now();
+    sigterm(gateway.0.id());
+    drop(gateway);
+    let stopped = stop.elapsed();
+    let size = std::fs::metadata(tmp.path().join("state/switchyard.redb")).map_or(0, |m| m.len());
+    let again = serve_gateway(tmp.path(), gw);
+    println!(
+        "restarted on its {:.1} MB store (stopped in {:.1} s): RSS {} KB once it listens",
+        size as f64 / 1e6,
+        stopped.as_secs_f64(),
+        rss_kb(again.0.id()).unwrap_or(0)
+    );
+}
+
+/// Asks a child to stop as systemd would (SIGTERM), so it closes its store cleanly.
+fn sigterm(pid: u32) {
+    let _ = Command::new("kill")
+        .arg("-TERM")
+        .arg(pid.to_string())
+        .status();
+    let status = format!("/proc/{pid}/status");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    // A zombie (exited, not yet reaped) has no VmRSS line.
+    while std::fs::read_to_string(&status).is_ok_and(|s| s.contains("VmRSS"))
+        && Instant::now() < deadline
+    {
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
 
 struct Run {
@@ -801,6 +956,9 @@ fn main() {
             return serve_floor(port("LOAD_PORT"), port("LOAD_UPSTREAM_PORT"), with_reqwest);
         }
         _ => {}
+    }
+    if std::env::var("LOAD_ONLY").as_deref() == Ok("rss") {
+        return rss_over_a_long_run();
     }
     // `cargo test --bench` passes harness flags; `cargo bench` passes `--bench`.
     let secs: f64 = std::env::var("LOAD_SECONDS")

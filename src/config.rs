@@ -126,6 +126,16 @@ pub struct StorageConfig {
     pub request_retention_days: u32,
     /// Hourly usage buckets older than this are pruned.
     pub usage_retention_days: u32,
+    /// The store's page cache in MiB: what of `switchyard.redb` the daemon keeps in memory.
+    #[serde(deserialize_with = "positive_usize")]
+    pub cache_mib: usize,
+}
+
+impl StorageConfig {
+    /// `cache_mib` in bytes.
+    pub fn cache_bytes(&self) -> usize {
+        self.cache_mib.saturating_mul(1 << 20)
+    }
 }
 
 impl Default for StorageConfig {
@@ -134,6 +144,7 @@ impl Default for StorageConfig {
             state_dir: None,
             request_retention_days: 7,
             usage_retention_days: 400,
+            cache_mib: crate::store::DEFAULT_CACHE_BYTES >> 20,
         }
     }
 }
@@ -429,6 +440,8 @@ max_connections = 4096
 request_retention_days = 7
 # Hourly usage totals (per key, model and account) older than this many days are pruned.
 usage_retention_days = 400
+# What of switchyard.redb the daemon keeps in memory, in MiB (the OS caches the file as well).
+cache_mib = 8
 
 [upstream]
 # The Codex backend. Environment overrides: SWITCHYARD_UPSTREAM_BASE_URL,
@@ -566,6 +579,15 @@ mod tests {
             msg.starts_with("s.toml:3: `server.listen_port`: unknown field"),
             "{msg}"
         );
+    }
+
+    #[test]
+    fn the_store_cache_is_small_by_default_and_sized_in_mib() {
+        assert_eq!(Config::default().storage.cache_bytes(), 8 << 20);
+        let c = Config::parse("[storage]\ncache_mib = 64\n", Path::new("s.toml")).unwrap();
+        assert_eq!(c.storage.cache_bytes(), 64 << 20);
+        let err = Config::parse("[storage]\ncache_mib = 0\n", Path::new("s.toml")).unwrap_err();
+        assert!(err.to_string().contains("storage.cache_mib"), "{err}");
     }
 
     #[test]

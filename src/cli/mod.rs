@@ -203,7 +203,7 @@ async fn serve(
 ) -> Result<(), CommandError> {
     let dir = state_dir(&config);
     let shutdown = daemon::signals::stop_on(daemon::signals::STOP);
-    let store = match Store::open(&dir) {
+    let store = match Store::open_with_cache(&dir, config.storage.cache_bytes()) {
         Ok(store) => store,
         Err(StoreError::Locked { path }) => return Err(locked(path, &config).await),
         Err(e) => return Err(e.into()),

@@ -210,6 +210,10 @@ fn restart_needed(started: &Config, new: &Config) -> Vec<String> {
             "storage.state_dir",
             s.storage.state_dir != n.storage.state_dir,
         ),
+        (
+            "storage.cache_mib",
+            s.storage.cache_mib != n.storage.cache_mib,
+        ),
         ("admin.socket", s.admin.socket != n.admin.socket),
         ("admin.token", s.admin.token != n.admin.token),
         (

@@ -19,7 +19,7 @@
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 
-use redb::{Builder, ReadableTable};
+use redb::ReadableTable;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
@@ -182,7 +182,7 @@ impl Store {
             })?;
         let counts = self.guard(|| {
             let txn = self.inner.db.begin_read()?;
-            let copy = Builder::new()
+            let copy = super::open::builder(super::open::DEFAULT_CACHE_BYTES)
                 .create(dest)
                 .map_err(|e| StoreError::Db(format!("cannot create {}: {e}", dest.display())))?;
             let w = copy.begin_write().map_err(StoreError::db)?;

@@ -26,7 +26,9 @@ use redb::{
 use tokio::sync::{mpsc, oneshot};
 
 pub(crate) use self::guard::guarded;
-pub use self::open::{Integrity, check_integrity_of_copy, ensure_writable_dir, open_to_others};
+pub use self::open::{
+    DEFAULT_CACHE_BYTES, Integrity, check_integrity_of_copy, ensure_writable_dir, open_to_others,
+};
 
 use self::codec::{CodecError, Versioned};
 use self::records::{

@@ -27,6 +27,11 @@ impl Store {
     /// is writable, takes the file lock, checks the schema version and the secret key, then
     /// verifies the file's integrity. Nothing is created or changed when a check fails.
     pub fn open(state_dir: &Path) -> Result<Store, StoreError> {
+        Self::open_with_cache(state_dir, DEFAULT_CACHE_BYTES)
+    }
+
+    /// [`Store::open`] with redb's page cache held to `cache_bytes` (`[storage] cache_mib`).
+    pub fn open_with_cache(state_dir: &Path, cache_bytes: usize) -> Result<Store, StoreError> {
         ensure_writable_dir(state_dir)?;
         let path = state_dir.join(DB_FILE);
         let key_path = state_dir.join(secrets::KEY_FILE);
@@ -55,7 +60,7 @@ impl Store {
         let db = {
             let repaired = Arc::clone(&repaired);
             guarded(&path, || {
-                Builder::new()
+                builder(cache_bytes)
                     .set_check_integrity_on_open(true)
                     // The check reports its progress at every open; at 0.3 it has found the
                     // newest commit damaged and falls back to the one before.
@@ -114,10 +119,12 @@ impl Store {
         if !existing_file(&path)? {
             return Self::nothing_yet(&path);
         }
-        let opened = guarded(&path, || match Builder::new().open_read_only(&path) {
-            Ok(db) => Ok(Some(db)),
-            Err(DatabaseError::RepairAborted) => Ok(None),
-            Err(e) => Err(open_error(&path, e)),
+        let opened = guarded(&path, || {
+            match builder(DEFAULT_CACHE_BYTES).open_read_only(&path) {
+                Ok(db) => Ok(Some(db)),
+                Err(DatabaseError::RepairAborted) => Ok(None),
+                Err(e) => Err(open_error(&path, e)),
+            }
         })?;
         let Some(db) = opened else {
             return Self::open_repaired_copy(state_dir, &path);
@@ -168,13 +175,15 @@ impl Store {
         let copy = scratch.0.join(DB_FILE);
         std::fs::copy(path, &copy).map_err(|source| io_error(path.to_path_buf(), source))?;
         // A daemon that started meanwhile holds the file now: its view is the one to ask for.
-        if let Err(DatabaseError::DatabaseAlreadyOpen) = Builder::new().open_read_only(path) {
+        if let Err(DatabaseError::DatabaseAlreadyOpen) =
+            builder(DEFAULT_CACHE_BYTES).open_read_only(path)
+        {
             return Err(StoreError::Locked {
                 path: path.to_path_buf(),
             });
         }
         let db = guarded(path, || {
-            Builder::new()
+            builder(DEFAULT_CACHE_BYTES)
                 .set_check_integrity_on_open(true)
                 .create(&copy)
                 .map_err(|e| open_error(path, e))
@@ -207,6 +216,20 @@ impl Store {
     }
 }
 
+/// redb's page cache for a store opened without a size: the commands', and `[storage]
+/// cache_mib`'s default. redb's own default is 1 GiB, which the daemon's records would fill
+/// over weeks (about a kilobyte a request) and never give back; the store is read once at
+/// start-up and written after, so a small cache costs nothing the OS's page cache does not
+/// give back.
+pub const DEFAULT_CACHE_BYTES: usize = 8 << 20;
+
+/// A redb builder whose page cache holds at most `cache_bytes`.
+pub(super) fn builder(cache_bytes: usize) -> Builder {
+    let mut b = Builder::new();
+    b.set_cache_size(cache_bytes);
+    b
+}
+
 /// What redb's integrity check found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Integrity {
@@ -230,7 +253,7 @@ pub fn check_integrity_of_copy(state_dir: &Path) -> Result<Integrity, StoreError
     let fell_back = Arc::new(AtomicBool::new(false));
     let flag = Arc::clone(&fell_back);
     let db = guarded(&path, || {
-        Builder::new()
+        builder(DEFAULT_CACHE_BYTES)
             .set_check_integrity_on_open(true)
             .set_repair_callback(move |session| {
                 if (0.2..0.4).contains(&session.progress()) {
@@ -310,17 +333,19 @@ enum Probe {
 }
 
 fn probe(path: &Path) -> Result<Probe, StoreError> {
-    guarded(path, || match Builder::new().open_read_only(path) {
-        Ok(db) => {
-            let schema = match read_meta(&db, META_SCHEMA_VERSION)? {
-                Some(raw) => Some(schema_number(path, &raw)?),
-                None => None,
-            };
-            let key_check = read_meta(&db, META_KEY_CHECK)?;
-            Ok(Probe::Clean { schema, key_check })
+    guarded(path, || {
+        match builder(DEFAULT_CACHE_BYTES).open_read_only(path) {
+            Ok(db) => {
+                let schema = match read_meta(&db, META_SCHEMA_VERSION)? {
+                    Some(raw) => Some(schema_number(path, &raw)?),
+                    None => None,
+                };
+                let key_check = read_meta(&db, META_KEY_CHECK)?;
+                Ok(Probe::Clean { schema, key_check })
+            }
+            Err(DatabaseError::RepairAborted) => Ok(Probe::NeedsRepair),
+            Err(e) => Err(open_error(path, e)),
         }
-        Err(DatabaseError::RepairAborted) => Ok(Probe::NeedsRepair),
-        Err(e) => Err(open_error(path, e)),
     })
 }
 
