@@ -4,8 +4,10 @@
 //! - A new connection must send a whole request head within `header_read_timeout`; a kept-alive
 //!   one is closed after `keepalive_idle_timeout` without a request (hyper's head timer, which
 //!   runs while a connection waits for its next request).
-//! - At most `max_connections` are open: beyond, the oldest idle one is closed to make room,
-//!   else the new one is refused (with a warning at most every 10 s).
+//! - At most `max_connections` are open (lowered to what the open-file limit leaves room for,
+//!   `daemon::fds`): beyond, the oldest idle one is closed to make room, else the new one is
+//!   refused (with a warning at most every 10 s). A failed `accept` (out of descriptors all
+//!   the same) closes the oldest idle one too, and is said at most every 10 s.
 //! - A write to a client that makes no progress for `client_write_timeout` fails the
 //!   connection and marks it stalled ([`ClientConn::stalled`]), so the request that was
 //!   streaming to it ends as `client_stalled` and frees its account slot.
@@ -186,6 +188,24 @@ impl HttpBody for Tracked {
     }
 }
 
+/// Counts events that are logged at most every 10 s.
+#[derive(Default)]
+struct Throttle(Mutex<(u64, Option<Instant>)>);
+
+impl Throttle {
+    /// Counts one; the count since the last time it said so, when it is time to say it.
+    fn count(&self) -> Option<u64> {
+        let mut t = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        t.0 += 1;
+        if t.1.is_some_and(|at| at.elapsed() < Duration::from_secs(10)) {
+            return None;
+        }
+        let n = t.0;
+        *t = (0, Some(Instant::now()));
+        Some(n)
+    }
+}
+
 /// The open connections.
 struct Registry {
     conns: Mutex<HashMap<u64, Arc<ClientConn>>>,
@@ -194,8 +214,10 @@ struct Registry {
     next: AtomicU64,
     /// Orders the moments connections became idle.
     idle_clock: Arc<AtomicU64>,
-    /// Refused connections since the last warning, and when that was.
-    refused: Mutex<(u64, Option<Instant>)>,
+    /// Refused connections since the last warning.
+    refused: Throttle,
+    /// Failed accepts (out of descriptors) since the last warning.
+    accept_failures: Throttle,
     settled: Arc<tokio::sync::Notify>,
     stats: Arc<EdgeStats>,
 }
@@ -207,7 +229,8 @@ impl Registry {
             draining: AtomicBool::new(false),
             next: AtomicU64::new(0),
             idle_clock: Arc::new(AtomicU64::new(0)),
-            refused: Mutex::new((0, None)),
+            refused: Throttle::default(),
+            accept_failures: Throttle::default(),
             settled: Arc::new(tokio::sync::Notify::new()),
             stats,
         }
@@ -224,6 +247,11 @@ impl Registry {
         if conns.len() < max {
             return true;
         }
+        self.evict_oldest_idle(&conns)
+    }
+
+    /// Closes the connection idle the longest: false when none is idle.
+    fn evict_oldest_idle(&self, conns: &HashMap<u64, Arc<ClientConn>>) -> bool {
         let oldest_idle = conns
             .values()
             .filter(|c| c.idle() && !c.close.is_cancelled())
@@ -263,15 +291,25 @@ impl Registry {
 
     fn refused(&self) {
         self.stats.closed(Closed::Refused);
-        let mut r = self.refused.lock().unwrap_or_else(|e| e.into_inner());
-        r.0 += 1;
-        if r.1.is_none_or(|at| at.elapsed() >= Duration::from_secs(10)) {
+        if let Some(refused) = self.refused.count() {
             tracing::warn!(
-                refused = r.0,
+                refused,
                 "client connection limit reached and every connection is busy: refusing new ones"
             );
-            *r = (0, Some(Instant::now()));
         }
+    }
+
+    /// `accept` failed (out of file descriptors, most likely): said at most every 10 s, with
+    /// how many failed since. An idle connection is closed to give its descriptor back.
+    fn accept_failed(&self, e: &io::Error) {
+        if let Some(failures) = self.accept_failures.count() {
+            tracing::warn!(
+                error = %e,
+                failures,
+                "cannot accept a connection; closing the oldest idle one"
+            );
+        }
+        self.evict_oldest_idle(&self.lock());
     }
 
     /// Shutdown: connections with requests in flight finish them and close; idle ones do so
@@ -324,7 +362,7 @@ pub async fn serve(
                 Ok((tcp, _)) => tcp,
                 Err(e) => {
                     // Out of file descriptors and the like: say so, and keep serving.
-                    tracing::warn!(error = %e, "cannot accept a connection");
+                    registry.accept_failed(&e);
                     tokio::time::sleep(Duration::from_millis(50)).await;
                     continue;
                 }

@@ -9,6 +9,7 @@
 //! writer commits what it holds and stops -> the admin socket file is removed -> exit 0.
 //! Fast (SIGINT): the same with no grace period.
 
+pub mod fds;
 pub mod jobs;
 pub mod listen;
 pub mod reload;
@@ -146,7 +147,7 @@ pub async fn run_with(
         header_read_timeout: config.server.header_read_timeout,
         keepalive_idle_timeout: config.server.keepalive_idle_timeout,
         client_write_timeout: config.server.client_write_timeout,
-        max_connections: config.server.max_connections,
+        max_connections: fds::start(config.server.max_connections),
     };
     let http = tokio::spawn(api::server::serve(
         listeners.http,

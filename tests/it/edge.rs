@@ -457,3 +457,45 @@ async fn a_cut_websocket_turn_is_told_and_the_connection_closed() {
     assert_eq!(records[0]["outcome"], "shutting_down", "{}", records[0]);
     assert_eq!(records[0]["terminal_source"], "synthetic", "{}", records[0]);
 }
+
+/// A shell's `ulimit -n 1024` under the default `max_connections = 4096`: the cap is derived
+/// from the limit, so idle sockets are evicted before the descriptors run out, `/healthz`
+/// keeps answering, and `accept` never fails in a loop that fills the log.
+#[test]
+fn under_a_low_open_file_limit_idle_sockets_are_evicted_before_accept_fails() {
+    use crate::common::{Daemon, DaemonOptions};
+    let tmp = tempfile::tempdir().unwrap();
+    let d = Daemon::start_with(
+        &tmp.path().join("state"),
+        DaemonOptions {
+            open_file_limit: Some(1024),
+            ..DaemonOptions::default()
+        },
+    );
+    assert!(
+        d.log_text().contains("\"connection_cap\":448"),
+        "the lowered cap is said once:\n{}",
+        d.log_text()
+    );
+    let before = d.get("/healthz").0;
+    let idle: Vec<std::net::TcpStream> = (0..1100)
+        .map(|_| std::net::TcpStream::connect(d.http).unwrap())
+        .collect();
+    // Every one of them is accepted (or evicted to make room for the next), and the
+    // gateway still answers a new client.
+    let after = d.get("/healthz");
+    assert_eq!(after.0, before, "{}", after.1);
+    let metrics = d.get("/metrics").1;
+    let evicted: u64 = metrics
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("switchyard_client_connections_closed_total{reason=\"evicted\"} ")
+        })
+        .and_then(|v| v.parse().ok())
+        .unwrap();
+    assert!(evicted >= 1100 - 448, "evicted {evicted}:\n{metrics}");
+    drop(idle);
+    let log = d.log_text();
+    let failures = log.matches("cannot accept a connection").count();
+    assert!(failures <= 1, "{failures} accept warnings:\n{log}");
+}

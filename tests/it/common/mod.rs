@@ -129,6 +129,8 @@ pub struct DaemonOptions<'a> {
     /// `LISTEN_FDS=1`, `LISTEN_FDNAMES=http` and `LISTEN_PID` = the daemon's own pid (a shell
     /// moves it from stdin to fd 3 and execs the daemon, keeping its pid).
     pub activation: Option<std::net::TcpListener>,
+    /// Start it under this open-file limit (soft and hard: a shell's `ulimit -n N`).
+    pub open_file_limit: Option<u64>,
 }
 
 impl Daemon {
@@ -156,18 +158,21 @@ impl Daemon {
         notify.set_read_timeout(Some(SIGNAL_DEADLINE)).unwrap();
         let log = state_dir.with_extension(format!("log{}", std::process::id()));
         let _ = std::fs::create_dir_all(state_dir.parent().unwrap());
-        let mut cmd = match &opts.activation {
-            None => Command::new(BIN),
-            Some(_) => {
-                let mut sh = Command::new("sh");
-                sh.arg("-c")
-                    .arg(
-                        "exec 3<&0 0</dev/null; export LISTEN_PID=$$ LISTEN_FDS=1 \
-                         LISTEN_FDNAMES=http; exec \"$0\" \"$@\"",
-                    )
-                    .arg(BIN);
-                sh
-            }
+        let mut script = String::new();
+        if let Some(n) = opts.open_file_limit {
+            script.push_str(&format!("ulimit -n {n} || exit 97; "));
+        }
+        if opts.activation.is_some() {
+            script.push_str(
+                "exec 3<&0 0</dev/null; export LISTEN_PID=$$ LISTEN_FDS=1 LISTEN_FDNAMES=http; ",
+            );
+        }
+        let mut cmd = if script.is_empty() {
+            Command::new(BIN)
+        } else {
+            let mut sh = Command::new("sh");
+            sh.arg("-c").arg(script + "exec \"$0\" \"$@\"").arg(BIN);
+            sh
         };
         clean_env(&mut cmd);
         cmd.arg("--state-dir").arg(state_dir);
