@@ -232,6 +232,9 @@ impl Connection {
         let first_timeout = self.state.ws.first_message_timeout;
         let idle_timeout = self.state.ws.idle_timeout;
         let mut first = true;
+        // Set when a request has been answered (or at the start), never by a ping or a pong:
+        // a socket that only pings holds its place no longer than one that says nothing.
+        let mut deadline = tokio::time::Instant::now() + first_timeout;
         let end = loop {
             if let Some(text) = self.queued.pop_front() {
                 if self.state.is_draining() {
@@ -240,11 +243,11 @@ impl Connection {
                 if let Err(end) = self.turn(&mut socket, text.as_str()).await {
                     break end;
                 }
+                deadline = tokio::time::Instant::now() + idle_timeout;
                 continue;
             }
-            let wait = if first { first_timeout } else { idle_timeout };
             let received = tokio::select! {
-                r = tokio::time::timeout(wait, socket.recv()) => r,
+                r = tokio::time::timeout_at(deadline, socket.recv()) => r,
                 _ = self.state.drained() => break End::Close(close_code::AWAY, "server shutting down"),
             };
             let msg = match received {
@@ -264,6 +267,7 @@ impl Connection {
                         End::Closed
                     };
                 }
+                Ok(Some(Ok(Message::Ping(_) | Message::Pong(_)))) => continue,
                 Ok(Some(Ok(m))) => m,
             };
             first = false;
@@ -272,11 +276,13 @@ impl Connection {
                     if let Err(end) = self.turn(&mut socket, text.as_str()).await {
                         break end;
                     }
+                    deadline = tokio::time::Instant::now() + idle_timeout;
                 }
                 Message::Binary(_) => {
                     break End::Close(close_code::UNSUPPORTED, "binary frames are not supported");
                 }
                 Message::Close(_) => break End::Closed,
+                // Taken above: they are no activity.
                 Message::Ping(_) | Message::Pong(_) => {}
             }
         };

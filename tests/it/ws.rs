@@ -951,3 +951,56 @@ async fn a_request_sent_while_a_turn_runs_is_answered_after_it() {
     assert_ne!(response_id(&first), response_id(&second));
     assert_eq!(gw.requests(10).await.len(), 2);
 }
+
+fn short_ws_timers(c: &mut switchyard::config::Config) {
+    c.server.ws_first_message_timeout = std::time::Duration::from_millis(300);
+    c.server.ws_idle_timeout = std::time::Duration::from_millis(300);
+}
+
+/// Pings the gateway every 50 ms until it closes the socket: the close frame it sent.
+/// A gateway that took pings for activity would never close; that is a failure, not a hang.
+async fn ping_until_closed(ws: &mut Ws) -> (u16, String) {
+    let pinging = async {
+        loop {
+            tokio::select! {
+                msg = ws.next() => match msg {
+                    Some(Ok(Message::Close(Some(f)))) => {
+                        return (u16::from(f.code), f.reason.to_string());
+                    }
+                    Some(Ok(Message::Close(None))) | None | Some(Err(_)) => {
+                        return (0, "closed without a close frame".to_string());
+                    }
+                    Some(Ok(_)) => {}
+                },
+                _ = tokio::time::sleep(std::time::Duration::from_millis(50)) => {
+                    if ws.send(Message::Ping(b"still here".to_vec().into())).await.is_err() {
+                        return (0, "closed without a close frame".to_string());
+                    }
+                }
+            }
+        }
+    };
+    tokio::time::timeout(SIGNAL_DEADLINE, pinging)
+        .await
+        .expect("pings kept the socket open")
+}
+
+#[tokio::test]
+async fn pings_do_not_keep_a_socket_without_requests_open() {
+    let gw = Gw::start_with(1, short_ws_timers).await;
+    let mut ws = connect(&gw, Some(&gw.key)).await.unwrap();
+    assert_eq!(
+        ping_until_closed(&mut ws).await,
+        (1000, "no request received".to_string())
+    );
+    // After a turn, pings do not reset the idle timer either.
+    let mut ws = connect(&gw, Some(&gw.key)).await.unwrap();
+    ws.send(create(json!({}))).await.unwrap();
+    let events = turn(&mut ws).await;
+    assert_eq!(
+        events.last().unwrap()["type"],
+        "response.completed",
+        "{events:?}"
+    );
+    assert_eq!(ping_until_closed(&mut ws).await, (1000, "idle".to_string()));
+}
