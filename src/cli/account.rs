@@ -37,18 +37,10 @@ pub(super) fn write_private(path: &Path, bytes: &[u8]) -> Result<(), CommandErro
 /// An auth.json holding only a workspace access token (`-`: read from stdin).
 fn access_token_auth(token: &str) -> Result<Vec<u8>, CommandError> {
     let token = if token == "-" {
-        let mut line = String::new();
-        std::io::stdin()
-            .read_line(&mut line)
-            .map_err(|source| CommandError::Read {
-                path: "stdin".into(),
-                source,
-            })?;
-        line
+        super::read_secret(Path::new("-"), "--access-token")?
     } else {
-        token.to_string()
+        token.trim().to_string()
     };
-    let token = token.trim();
     if token.is_empty() {
         return Err(CommandError::Usage(
             "--access-token: the token is empty".into(),
@@ -259,7 +251,22 @@ pub(super) async fn account_with(
             "removed {}",
             describe_account(&backend.remove_account(&id).await?)
         ),
-        AccountCommand::Set(args) => {
+        AccountCommand::Set(mut args) => {
+            if let Some(file) = &args.proxy_file {
+                let url = super::read_secret(file, "--proxy-file")?;
+                args.proxy = Some(
+                    super::args::proxy_setting(&url)
+                        .map_err(|e| CommandError::Usage(format!("--proxy-file: {e}")))?,
+                );
+            } else if let Some(Setting::Set(url)) = &args.proxy
+                && crate::upstream::egress::ProxyUrl::parse(url).is_ok_and(|p| p.has_password())
+            {
+                eprintln!(
+                    "warning: the proxy's password was on the command line, where other local \
+                     users can read it while the command runs; --proxy-file FILE (or - for \
+                     stdin) keeps it off"
+                );
+            }
             let max_concurrency = match args.max_concurrency {
                 None => None,
                 Some(Setting::Clear) => Some(None),

@@ -238,6 +238,7 @@ pub struct PolicyArgs {
 }
 
 #[derive(Debug, Args)]
+#[command(group(clap::ArgGroup::new("token_source").args(["token", "token_file"])))]
 pub struct ConsoleArgs {
     /// The daemon's admin socket (default: the configured `[admin] socket`).
     #[arg(
@@ -247,15 +248,17 @@ pub struct ConsoleArgs {
         conflicts_with = "url"
     )]
     pub socket: Option<PathBuf>,
-    /// The daemon's admin API over TCP, `http://HOST:PORT` (needs --token).
+    /// The daemon's admin API over TCP, `http://HOST:PORT` (needs --token-file or the
+    /// token in the environment).
     #[arg(
         long,
         env = "SWITCHYARD_CONSOLE_URL",
         value_name = "URL",
-        requires = "token"
+        requires = "token_source"
     )]
     pub url: Option<String>,
-    /// The daemon's `[admin] token`, for --url.
+    /// The daemon's `[admin] token`, for --url. On the command line other local users can
+    /// read it while the console runs: prefer --token-file or the environment.
     #[arg(
         long,
         env = "SWITCHYARD_CONSOLE_TOKEN",
@@ -263,6 +266,9 @@ pub struct ConsoleArgs {
         hide_env_values = true
     )]
     pub token: Option<String>,
+    /// The `[admin] token` read from FILE (`-`: one line from stdin).
+    #[arg(long, value_name = "FILE|-")]
+    pub token_file: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]
@@ -390,9 +396,13 @@ pub struct AccountSetArgs {
     /// straight out.
     #[arg(long, value_name = "URL|none", value_parser = proxy_setting)]
     pub proxy: Option<Setting<String>>,
+    /// --proxy read from FILE (`-`: one line from stdin), so that a password in it is not on
+    /// the command line, where other local users can read it while the command runs.
+    #[arg(long, value_name = "FILE|-", conflicts_with = "proxy")]
+    pub proxy_file: Option<PathBuf>,
 }
 
-fn proxy_setting(s: &str) -> Result<Setting<String>, String> {
+pub(super) fn proxy_setting(s: &str) -> Result<Setting<String>, String> {
     if s.eq_ignore_ascii_case("none") {
         return Ok(Setting::Clear);
     }

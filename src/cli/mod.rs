@@ -286,10 +286,47 @@ async fn demo(args: args::DemoArgs, config: &Config) -> Result<(), CommandError>
     Ok(demo::run(opts).await?)
 }
 
+/// A secret read from `file`, or one line from stdin for `-`: trimmed, and never empty.
+/// Secrets come this way (or from the environment) so they are not on a command line, which
+/// every local user can read while the command runs.
+pub(crate) fn read_secret(file: &std::path::Path, flag: &str) -> Result<String, CommandError> {
+    let text = if file == std::path::Path::new("-") {
+        let mut line = String::new();
+        std::io::stdin()
+            .read_line(&mut line)
+            .map_err(|source| CommandError::Read {
+                path: "stdin".into(),
+                source,
+            })?;
+        line
+    } else {
+        std::fs::read_to_string(file).map_err(|source| CommandError::Read {
+            path: file.display().to_string(),
+            source,
+        })?
+    };
+    let secret = text.trim();
+    if secret.is_empty() {
+        return Err(CommandError::Usage(format!(
+            "{flag}: {} is empty",
+            if file == std::path::Path::new("-") {
+                "stdin".to_string()
+            } else {
+                file.display().to_string()
+            }
+        )));
+    }
+    Ok(secret.to_string())
+}
+
 /// `switchyard console`: on the admin socket unless a URL is given.
 async fn console(args: args::ConsoleArgs, config: &Config) -> Result<(), CommandError> {
+    let token = match &args.token_file {
+        Some(file) => Some(read_secret(file, "--token-file")?),
+        None => args.token,
+    };
     let target = match (args.url, args.socket) {
-        (Some(url), _) => Target::from_url(&url, args.token.as_deref().unwrap_or_default())?,
+        (Some(url), _) => Target::from_url(&url, token.as_deref().unwrap_or_default())?,
         (None, Some(socket)) => Target::Socket(socket),
         (None, None) => Target::Socket(admin_socket(config)),
     };

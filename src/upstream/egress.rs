@@ -141,6 +141,13 @@ impl ProxyUrl {
         }
     }
 
+    /// Whether it carries a password.
+    pub fn has_password(&self) -> bool {
+        self.credentials
+            .as_ref()
+            .is_some_and(|(_, p)| !p.is_empty())
+    }
+
     /// The URL with the password replaced by `***` (for lists, logs and errors).
     pub fn redacted(&self) -> String {
         match &self.credentials {

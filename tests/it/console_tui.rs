@@ -16,14 +16,15 @@ struct Tmux {
 
 impl Tmux {
     fn start(socket: &Path, w: u16, h: u16) -> Tmux {
+        Self::start_console(&format!("--socket {}", socket.display()), w, h)
+    }
+
+    /// A console started with `args` (a shell command line's arguments).
+    fn start_console(args: &str, w: u16, h: u16) -> Tmux {
         static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
         let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let server = format!("switchyard-test-{}-{n}", std::process::id());
-        let console = format!(
-            "{} console --socket {}",
-            env!("CARGO_BIN_EXE_switchyard"),
-            socket.display()
-        );
+        let console = format!("{} console {args}", env!("CARGO_BIN_EXE_switchyard"));
         let t = Tmux { server };
         let out = t.run(&[
             "new-session",
@@ -198,4 +199,32 @@ async fn console_at_80x24_shows_tabs_and_reconnects_when_the_daemon_restarts() {
         .await;
     tmux.wait_for("the new request", |s| s.contains("Requests · 1 seen"))
         .await;
+}
+
+/// Over TCP, the admin token comes from a file (or stdin), never only from the command line.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn console_over_tcp_reads_its_token_from_a_file() {
+    let gw = Gw::start_with(2, |c| {
+        c.admin.token = Some(switchyard::store::secrets::Secret::new(
+            "console-file-token-0042",
+        ));
+    })
+    .await;
+    let tmp = tempfile::tempdir().unwrap();
+    let file = tmp.path().join("admin.token");
+    std::fs::write(&file, "console-file-token-0042\n").unwrap();
+    let tmux = Tmux::start_console(
+        &format!("--url http://{} --token-file {}", gw.addr, file.display()),
+        120,
+        40,
+    );
+    tmux.wait_for("the console to connect over TCP", |s| {
+        s.contains("● connected") && s.contains("2 accounts")
+    })
+    .await;
+    let ps = Command::new("ps").args(["-eo", "args"]).output().unwrap();
+    assert!(
+        !String::from_utf8_lossy(&ps.stdout).contains("console-file-token-0042"),
+        "the token is on no command line"
+    );
 }

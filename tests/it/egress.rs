@@ -6,7 +6,7 @@ use std::sync::OnceLock;
 
 use crate::common::gw::{Gw, body};
 use crate::common::proxies::{Proxy, dead_proxy};
-use crate::common::{cli, stderr, stdout, write_auth};
+use crate::common::{cli, cli_stdin, stderr, stdout, write_auth};
 use axum::http::Method;
 use futures_util::{SinkExt, StreamExt};
 use serde_json::{Value, json};
@@ -319,6 +319,67 @@ fn account_set_stores_the_proxy_sealed_and_refuses_a_bad_one() {
             "{err}"
         );
     }
+    // From a file or stdin, off the command line; on it, a password is warned about.
+    assert!(stderr(&set).contains("--proxy-file"), "{}", stderr(&set));
+    let file = tmp.path().join("proxy.url");
+    std::fs::write(&file, "http://dave:sesame99@127.0.0.1:3128\n").unwrap();
+    let from_file = cli(
+        &state,
+        &[
+            "account",
+            "set",
+            "acc-0001",
+            "--proxy-file",
+            file.to_str().unwrap(),
+        ],
+    );
+    assert!(from_file.status.success(), "{}", stderr(&from_file));
+    assert!(
+        stdout(&from_file).contains("proxy http://dave:***@127.0.0.1:3128"),
+        "{}",
+        stdout(&from_file)
+    );
+    assert!(
+        !stderr(&from_file).contains("warning"),
+        "{}",
+        stderr(&from_file)
+    );
+    let from_stdin = cli_stdin(
+        &state,
+        &["account", "set", "acc-0001", "--proxy-file", "-"],
+        b"socks5://erin:open5esame@127.0.0.1:1081\n",
+    );
+    assert!(from_stdin.status.success(), "{}", stderr(&from_stdin));
+    assert!(
+        stdout(&from_stdin).contains("proxy socks5://erin:***@127.0.0.1:1081"),
+        "{}",
+        stdout(&from_stdin)
+    );
+    std::fs::write(&file, "ftp://x:1\n").unwrap();
+    let bad = cli(
+        &state,
+        &[
+            "account",
+            "set",
+            "acc-0001",
+            "--proxy-file",
+            file.to_str().unwrap(),
+        ],
+    );
+    assert!(!bad.status.success());
+    assert!(stderr(&bad).contains("--proxy-file"), "{}", stderr(&bad));
+    std::fs::write(&file, "\n").unwrap();
+    let empty = cli(
+        &state,
+        &[
+            "account",
+            "set",
+            "acc-0001",
+            "--proxy-file",
+            file.to_str().unwrap(),
+        ],
+    );
+    assert!(stderr(&empty).contains("is empty"), "{}", stderr(&empty));
     let cleared = cli(&state, &["account", "set", "acc-0001", "--proxy", "none"]);
     assert!(cleared.status.success(), "{}", stderr(&cleared));
     assert!(!stdout(&cli(&state, &["account", "list"])).contains("goes out through"));

@@ -61,6 +61,22 @@ pub fn cli_env(state_dir: &Path, args: &[&str], env: &[(&str, &str)]) -> Output 
     cmd.stdin(Stdio::null()).output().unwrap()
 }
 
+/// `cli` with `input` on its stdin.
+pub fn cli_stdin(state_dir: &Path, args: &[&str], input: &[u8]) -> Output {
+    use std::io::Write;
+    let mut cmd = Command::new(BIN);
+    cmd.arg("--state-dir").arg(state_dir).args(args);
+    clean_env(&mut cmd);
+    let mut child = cmd
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(input).unwrap();
+    child.wait_with_output().unwrap()
+}
+
 /// Removes the variables of an enclosing systemd session so tests see only their own.
 pub fn clean_env(cmd: &mut Command) {
     for var in [
