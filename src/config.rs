@@ -67,6 +67,12 @@ pub struct ServerConfig {
     /// Largest accepted request body.
     #[serde(deserialize_with = "positive_u64")]
     pub max_body_bytes: u64,
+    /// A request body must have arrived whole within this long after its head...
+    #[serde(with = "duration")]
+    pub body_timeout: Duration,
+    /// ...and, after its first 5 s (half the timeout, when that is less), at this many bytes
+    /// a second on average at least.
+    pub body_min_rate: u64,
     /// How long SIGTERM waits for in-flight requests before cutting them.
     #[serde(with = "duration")]
     pub shutdown_grace: Duration,
@@ -102,6 +108,8 @@ impl Default for ServerConfig {
         Self {
             listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
             max_body_bytes: 16 * 1024 * 1024,
+            body_timeout: Duration::from_secs(60),
+            body_min_rate: 16 * 1024,
             shutdown_grace: Duration::from_secs(30),
             keepalive_after: Duration::from_secs(10),
             ws_first_message_timeout: Duration::from_secs(30),
@@ -413,6 +421,10 @@ pub const DEFAULT_TOML: &str = r#"# Switchyard configuration. Every key is optio
 listen = "127.0.0.1:8080"
 # Largest accepted request body, in bytes (16 MiB).
 max_body_bytes = 16777216
+# A request body must arrive whole within body_timeout of its head and, after its first 5 s,
+# at body_min_rate bytes a second on average; else 408 and the connection is closed.
+body_timeout = "60s"
+body_min_rate = 16384
 # On SIGTERM, how long in-flight requests may finish before they are cut.
 shutdown_grace = "30s"
 # An SSE client that would wait longer than this for its first event gets 200 headers and

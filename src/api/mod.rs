@@ -43,6 +43,8 @@ pub struct AppState {
     /// `[admin] metrics_token`; live, a reload changes it.
     pub metrics_token: std::sync::RwLock<Option<Secret>>,
     pub max_body_bytes: usize,
+    /// How long a request body may take, and how slowly it may come.
+    pub body_limits: BodyLimits,
     /// Downstream WebSocket limits and open connections per key.
     pub ws: ws::WsLimits,
     pub ws_connections: ws::ConnectionCounts,
@@ -58,6 +60,31 @@ pub struct AppState {
     pub edge: Arc<server::EdgeStats>,
     /// What the admin API's reload calls: the daemon's own configuration, read again.
     pub reloader: Option<Arc<dyn Reloader>>,
+}
+
+/// `[server] body_timeout` and `body_min_rate`.
+#[derive(Debug, Clone, Copy)]
+pub struct BodyLimits {
+    pub timeout: std::time::Duration,
+    /// Bytes a second on average, after [`BodyLimits::grace`].
+    pub min_rate: u64,
+}
+
+impl BodyLimits {
+    /// The start of a body when its rate is not judged yet (a connection's first round
+    /// trips, a client assembling what it sends): 5 s, or half the timeout when that is less.
+    pub fn grace(&self) -> std::time::Duration {
+        std::time::Duration::from_secs(5).min(self.timeout / 2)
+    }
+}
+
+impl Default for BodyLimits {
+    fn default() -> Self {
+        Self {
+            timeout: std::time::Duration::from_secs(60),
+            min_rate: 16 * 1024,
+        }
+    }
 }
 
 /// Reads the daemon's configuration again and applies it (`text`, when given, is the file's
@@ -89,6 +116,7 @@ impl AppState {
             admin_token,
             metrics_token: std::sync::RwLock::new(None),
             max_body_bytes,
+            body_limits: BodyLimits::default(),
             ws: ws::WsLimits::default(),
             ws_connections: ws::ConnectionCounts::default(),
             feed: crate::telemetry::feed::FeedHub::default(),

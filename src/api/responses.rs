@@ -56,7 +56,7 @@ pub async fn read_body(
     headers: &HeaderMap,
     body: Body,
 ) -> Result<Bytes, ApiError> {
-    let raw = read_raw(state, body).await?;
+    let raw = read_raw(state, headers, body).await?;
     let encoding = headers
         .get(header::CONTENT_ENCODING)
         .and_then(|v| v.to_str().ok());
@@ -87,20 +87,102 @@ fn too_large(cap: usize) -> ApiError {
     )
 }
 
-/// The body's bytes as sent, up to the cap.
-async fn read_raw(state: &AppState, body: Body) -> Result<Bytes, ApiError> {
-    axum::body::to_bytes(body, state.max_body_bytes)
-        .await
-        .map_err(|e| {
-            let too_large = std::error::Error::source(&e)
-                .is_some_and(|s| s.to_string().contains("length limit"))
-                || e.to_string().contains("length limit");
-            if too_large {
-                self::too_large(state.max_body_bytes)
-            } else {
-                ApiError::bad_request("invalid_body", format!("cannot read the request body: {e}"))
+/// `Content-Length`, when the client gave one.
+fn declared_length(headers: &HeaderMap) -> Option<u64> {
+    headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse().ok())
+}
+
+/// A body larger than the cap by its own `Content-Length`: refused from the head.
+fn declared_too_large(state: &AppState, headers: &HeaderMap) -> Option<ApiError> {
+    let cap = state.max_body_bytes;
+    declared_length(headers)
+        .is_some_and(|n| n > cap as u64)
+        .then(|| too_large(cap))
+}
+
+fn body_timeout(message: String) -> ApiError {
+    ApiError::new(
+        StatusCode::REQUEST_TIMEOUT,
+        "invalid_request_error",
+        Some("request_timeout"),
+        message,
+    )
+}
+
+/// The body's bytes as sent, up to the cap, within `[server] body_timeout` and no slower
+/// than `body_min_rate` on average once its first seconds are over
+/// ([`super::BodyLimits::grace`]).
+/// With `keep` false they are counted and dropped (a refused request's body, read so the
+/// answer is not lost to a reset).
+async fn read_limited(
+    state: &AppState,
+    headers: &HeaderMap,
+    body: Body,
+    keep: bool,
+) -> Result<Bytes, ApiError> {
+    use http_body_util::BodyExt;
+    let cap = state.max_body_bytes;
+    let limits = state.body_limits;
+    let start = tokio::time::Instant::now();
+    let deadline = start + limits.timeout;
+    let reserve = if keep {
+        declared_length(headers).map_or(0, |n| usize::try_from(n).unwrap_or(cap).min(cap))
+    } else {
+        0
+    };
+    let mut buf = BytesMut::with_capacity(reserve);
+    let mut received: u64 = 0;
+    let mut body = body;
+    let judged_from = start + limits.grace();
+    let mut check = tokio::time::interval_at(judged_from, Duration::from_secs(1));
+    check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        let frame = tokio::select! {
+            biased;
+            f = body.frame() => f,
+            _ = tokio::time::sleep_until(deadline) => {
+                return Err(body_timeout(format!(
+                    "the request body did not arrive within {}",
+                    crate::base::duration::human_duration(
+                        u64::try_from(limits.timeout.as_millis()).unwrap_or(u64::MAX)
+                    )
+                )));
             }
-        })
+            now = check.tick() => {
+                let judged = now.saturating_duration_since(judged_from);
+                let due = (limits.min_rate as f64 * judged.as_secs_f64()) as u64;
+                if received < due {
+                    return Err(body_timeout(format!(
+                        "the request body arrived slower than {} bytes a second",
+                        limits.min_rate
+                    )));
+                }
+                continue;
+            }
+        };
+        let Some(frame) = frame else { break };
+        let frame = frame.map_err(|e| {
+            ApiError::bad_request("invalid_body", format!("cannot read the request body: {e}"))
+        })?;
+        let Ok(data) = frame.into_data() else {
+            continue;
+        };
+        received += data.len() as u64;
+        if received > cap as u64 {
+            return Err(too_large(cap));
+        }
+        if keep {
+            buf.extend_from_slice(&data);
+        }
+    }
+    Ok(buf.freeze())
+}
+
+async fn read_raw(state: &AppState, headers: &HeaderMap, body: Body) -> Result<Bytes, ApiError> {
+    read_limited(state, headers, body, true).await
 }
 
 /// Parses a JSON object body, answering 400 with the parse position when it is not one.
@@ -160,15 +242,43 @@ async fn handle(
         Ok(k) => k,
         Err(e) => return e.into_response(),
     };
-    let bytes = match read_body(&state, &headers, body).await {
-        Ok(b) => b,
-        Err(e) => return e.into_response(),
-    };
     let kind = if compact { Turn::Compact } else { Turn::Http };
+    // Judged on its head first: a body too large by its own word, then the key's policy
+    // (all of it but the model, which is in the body), holding one of the key's slots while
+    // the body is read.
+    if let Some(e) = declared_too_large(&state, &headers) {
+        return closing(e.into_response());
+    }
+    let conn = conn.map(|axum::Extension(c)| c);
+    let head = head_ctx(&key, &headers, kind, received);
+    let permit = match state
+        .dispatcher
+        .admit_head(&head, std::future::pending())
+        .await
+    {
+        Ok(p) => p,
+        Err(tail) => {
+            let _reading = conn.as_ref().map(ClientConn::reading_body);
+            // Read and dropped, so the client sees the answer rather than a reset.
+            return match read_limited(&state, &headers, body, false).await {
+                Ok(_) => tail_response(tail),
+                Err(e) => closing(e.into_response()),
+            };
+        }
+    };
+    let bytes = {
+        let _reading = conn.as_ref().map(ClientConn::reading_body);
+        read_body(&state, &headers, body).await
+    };
+    let bytes = match bytes {
+        Ok(b) => b,
+        Err(e) => return closing(e.into_response()),
+    };
     let mut ctx = match request_ctx_from_bytes(&state, &key, &headers, bytes, kind, received) {
         Ok(c) => c,
         Err(e) => return e.into_response(),
     };
+    ctx.key_permit = Some(permit);
     ctx.stalled = conn.map(|c| c.stall_flag());
     let mode = ctx.mode;
     let (tx, rx) = mpsc::channel(64);
@@ -179,6 +289,39 @@ async fn handle(
         state.dispatcher.current().keepalive_after,
     )
     .await
+}
+
+/// An answer after which the connection is closed: what is left of the request's body is
+/// not read.
+fn closing(mut resp: Response) -> Response {
+    resp.headers_mut()
+        .insert(header::CONNECTION, HeaderValue::from_static("close"));
+    resp
+}
+
+/// A request as its head describes it, for its admission before the body is read: no model
+/// and no body yet.
+fn head_ctx(key: &KeyIdentity, headers: &HeaderMap, turn: Turn, received: Instant) -> RequestCtx {
+    let mode = match turn {
+        Turn::Compact => Mode::Compact,
+        Turn::Http | Turn::WebSocket => Mode::Stream,
+    };
+    ctx_of(
+        key,
+        headers,
+        (String::new(), mode, turn),
+        (session_from_headers(headers), None),
+        (Bytes::new(), identity::ClientIds::default()),
+        received,
+    )
+}
+
+/// The answer of a request that ended before it was dispatched (its refusal).
+fn tail_response(tail: Vec<Frame>) -> Response {
+    match tail.into_iter().next() {
+        Some(Frame::Error(reply)) => error_response(*reply),
+        _ => ApiError::internal("the request ended without an answer").into_response(),
+    }
 }
 
 /// Where a request came from.
@@ -403,6 +546,7 @@ fn ctx_of(
             Turn::Http | Turn::WebSocket => "/v1/responses",
         },
         received,
+        key_permit: None,
     }
 }
 

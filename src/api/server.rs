@@ -5,8 +5,8 @@
 //!   one is closed after `keepalive_idle_timeout` without a request (hyper's head timer, which
 //!   runs while a connection waits for its next request).
 //! - At most `max_connections` are open (lowered to what the open-file limit leaves room for,
-//!   `daemon::fds`): beyond, the oldest idle one is closed to make room, else the new one is
-//!   refused (with a warning at most every 10 s). A failed `accept` (out of descriptors all
+//!   `daemon::fds`): beyond, the oldest idle one is closed to make room (else the one reading
+//!   a request body the longest), else the new one is refused (with a warning at most every 10 s). A failed `accept` (out of descriptors all
 //!   the same) closes the oldest idle one too, and is said at most every 10 s.
 //! - A write to a client that makes no progress for `client_write_timeout` fails the
 //!   connection and marks it stalled ([`ClientConn::stalled`]), so the request that was
@@ -116,6 +116,9 @@ pub struct ClientConn {
     /// When it last became idle, on the registry's idle clock (a sequence: no two are equal).
     idle_since: AtomicU64,
     idle_clock: Arc<AtomicU64>,
+    /// Since when (on the idle clock, plus one) a request of it has been reading its body;
+    /// 0 when none is.
+    reading_since: AtomicU64,
     /// Finish what is in flight, keep nothing alive.
     wind_down: CancellationToken,
     close: CancellationToken,
@@ -131,6 +134,23 @@ impl ClientConn {
 
     fn idle(&self) -> bool {
         self.active.load(Ordering::SeqCst) == 0
+    }
+
+    /// Marks a request of this connection reading its body until the guard is dropped: such
+    /// a connection is closed to make room before any that is serving a request.
+    pub fn reading_body(self: &Arc<Self>) -> ReadingBody {
+        let tick = self.idle_clock.fetch_add(1, Ordering::SeqCst) + 1;
+        self.reading_since.store(tick, Ordering::SeqCst);
+        ReadingBody(Arc::clone(self))
+    }
+}
+
+/// A request reading its body ([`ClientConn::reading_body`]).
+pub struct ReadingBody(Arc<ClientConn>);
+
+impl Drop for ReadingBody {
+    fn drop(&mut self) {
+        self.0.reading_since.store(0, Ordering::SeqCst);
     }
 }
 
@@ -250,12 +270,19 @@ impl Registry {
         self.evict_oldest_idle(&conns)
     }
 
-    /// Closes the connection idle the longest: false when none is idle.
+    /// Closes the connection idle the longest, else the one that has been reading a request
+    /// body the longest (a slow body holds its place no better than an idle socket): false
+    /// when every connection is serving a request.
     fn evict_oldest_idle(&self, conns: &HashMap<u64, Arc<ClientConn>>) -> bool {
-        let oldest_idle = conns
-            .values()
-            .filter(|c| c.idle() && !c.close.is_cancelled())
-            .min_by_key(|c| c.idle_since.load(Ordering::SeqCst));
+        let open = || conns.values().filter(|c| !c.close.is_cancelled());
+        let oldest_idle = open()
+            .filter(|c| c.idle())
+            .min_by_key(|c| c.idle_since.load(Ordering::SeqCst))
+            .or_else(|| {
+                open()
+                    .filter(|c| c.reading_since.load(Ordering::SeqCst) != 0)
+                    .min_by_key(|c| c.reading_since.load(Ordering::SeqCst))
+            });
         match oldest_idle {
             Some(c) => {
                 c.close.cancel();
@@ -274,6 +301,7 @@ impl Registry {
             stalled: Arc::new(AtomicBool::new(false)),
             idle_since: AtomicU64::new(self.idle_clock.fetch_add(1, Ordering::SeqCst)),
             idle_clock: Arc::clone(&self.idle_clock),
+            reading_since: AtomicU64::new(0),
             wind_down: CancellationToken::new(),
             close: CancellationToken::new(),
             settled: Arc::clone(&self.settled),

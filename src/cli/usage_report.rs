@@ -193,6 +193,9 @@ pub fn report(
     for b in buckets {
         let cost = match prices.get(&b.model) {
             Some(price) => Some(price.cost(b)),
+            // Requests that used no tokens (refused ones, some before their model was read)
+            // cost nothing, priced or not.
+            None if b.input_tokens == 0 && b.output_tokens == 0 => Some(0.0),
             None => {
                 unpriced.insert(b.model.clone());
                 None

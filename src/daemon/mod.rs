@@ -100,6 +100,10 @@ fn app_state(
         .metrics_token
         .get_mut()
         .unwrap_or_else(|e| e.into_inner()) = config.admin.metrics_token.clone();
+    state.body_limits = crate::api::BodyLimits {
+        timeout: config.server.body_timeout,
+        min_rate: config.server.body_min_rate,
+    };
     state.ws = crate::api::ws::WsLimits {
         first_message_timeout: config.server.ws_first_message_timeout,
         idle_timeout: config.server.ws_idle_timeout,

@@ -190,8 +190,10 @@ fn restart_needed(started: &Config, new: &Config) -> Vec<String> {
     let checks = [
         ("server.listen", s.server.listen != n.server.listen),
         (
-            "server.max_body_bytes",
-            s.server.max_body_bytes != n.server.max_body_bytes,
+            "server.max_body_bytes, body_timeout, body_min_rate",
+            s.server.max_body_bytes != n.server.max_body_bytes
+                || s.server.body_timeout != n.server.body_timeout
+                || s.server.body_min_rate != n.server.body_min_rate,
         ),
         (
             "server.ws_*",

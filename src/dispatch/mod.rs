@@ -121,6 +121,9 @@ pub struct RequestCtx {
     pub stalled: Option<Arc<std::sync::atomic::AtomicBool>>,
     pub path: &'static str,
     pub received: Instant,
+    /// The key's slot, when the request was admitted from its head (HTTP, before its body
+    /// was read); otherwise the dispatcher admits it.
+    pub key_permit: Option<Arc<crate::keys::KeyPermit>>,
 }
 
 /// What a downstream WebSocket turn carries beyond its expanded body.

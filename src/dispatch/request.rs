@@ -16,9 +16,9 @@ use crate::base::duration::human_duration;
 use crate::fleet::affinity::{Decision, Rebound, refusal_scope};
 use crate::fleet::scheduler::{QueueOutcome, Wait};
 use crate::fleet::{Lease, Plan, SkipReason};
-use crate::keys::Denied;
 use crate::keys::policy::Refusal;
 use crate::keys::usage::Counters;
+use crate::keys::{Denied, KeyPermit};
 use crate::telemetry::records::{Outcome, QueueRecord, RequestLog, RequestRecord, TerminalSource};
 use crate::upstream::Transport;
 
@@ -57,6 +57,51 @@ enum Acquire {
 }
 
 impl Dispatcher {
+    /// Admits a request on its head alone, before its body is read (`ctx` has no model or
+    /// body yet): revoked, expired, budgets, rate and a slot among the key's own, waiting in
+    /// the key's queue as [`Dispatcher::run`] would. A refusal is recorded like any other,
+    /// and its answer returned.
+    pub async fn admit_head(
+        &self,
+        ctx: &RequestCtx,
+        gone: impl std::future::Future<Output = ()>,
+    ) -> Result<Arc<KeyPermit>, Vec<Frame>> {
+        let settings = self.fleet.settings();
+        let deadline = ctx.received + self.config.request_deadline;
+        let wait = settings
+            .queue_wait
+            .min(deadline.saturating_duration_since(Instant::now()));
+        let admitted = self
+            .keys
+            .admit_head(
+                &ctx.key_id,
+                &self.usage,
+                wait,
+                settings.queue_max_waiting,
+                gone,
+            )
+            .await;
+        admitted.map(Arc::new).map_err(|denied| {
+            let trace = Trace::new(self.log.next_key(), self.fleet.clock().now_ms());
+            let end = self.denied(denied);
+            self.finish(ctx, None, trace, Vec::new(), end)
+        })
+    }
+
+    /// How a request the key's policy did not admit ends.
+    fn denied(&self, denied: Denied) -> End {
+        match denied {
+            Denied::Refused(r) => {
+                tracing::info!(code = r.code(), "refused by the key's policy");
+                End::Reply(refusal_reply(&r), refusal_outcome(&r))
+            }
+            Denied::Gone if self.is_cut() => {
+                End::Reply(shutting_down_reply(), Outcome::ShuttingDown)
+            }
+            Denied::Gone => End::ClientGone,
+        }
+    }
+
     pub async fn run(&self, ctx: RequestCtx, tx: mpsc::Sender<Frame>) {
         let key = self.log.next_key();
         // A debug span: the request path costs no formatting at `info` unless something goes
@@ -73,30 +118,31 @@ impl Dispatcher {
         let wait = settings
             .queue_wait
             .min(deadline.saturating_duration_since(Instant::now()));
-        let admitted = self
-            .keys
-            .admit(
-                &ctx.key_id,
-                &ctx.model,
-                &self.usage,
-                wait,
-                settings.queue_max_waiting,
-                self.gone(&tx),
-            )
-            .await;
+        // A request admitted from its head (HTTP) has its slot already: only its model is
+        // left to check.
+        let admitted = match ctx.key_permit.clone() {
+            Some(permit) => self
+                .keys
+                .allow_model(&permit, &ctx.model)
+                .map(|()| permit)
+                .map_err(Denied::Refused),
+            None => self
+                .keys
+                .admit(
+                    &ctx.key_id,
+                    &ctx.model,
+                    &self.usage,
+                    wait,
+                    settings.queue_max_waiting,
+                    self.gone(&tx),
+                )
+                .await
+                .map(Arc::new),
+        };
         let _permit = match admitted {
             Ok(permit) => permit,
             Err(denied) => {
-                let end = match denied {
-                    Denied::Refused(r) => {
-                        tracing::info!(code = r.code(), "refused by the key's policy");
-                        End::Reply(refusal_reply(&r), refusal_outcome(&r))
-                    }
-                    Denied::Gone if self.is_cut() => {
-                        End::Reply(shutting_down_reply(), Outcome::ShuttingDown)
-                    }
-                    Denied::Gone => End::ClientGone,
-                };
+                let end = self.denied(denied);
                 let tail = self.finish(&ctx, None, trace, Vec::new(), end);
                 self.send_tail(&tx, tail).await;
                 return;

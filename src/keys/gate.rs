@@ -80,11 +80,19 @@ struct Inner {
 pub struct KeyPermit {
     gates: Gates,
     key_id: String,
+    /// When its request was counted against the key's rate (unix ms).
+    pub(super) counted_at_ms: Option<u64>,
 }
 
 impl Drop for KeyPermit {
     fn drop(&mut self) {
         self.gates.release(&self.key_id);
+    }
+}
+
+impl KeyPermit {
+    pub fn key_id(&self) -> &str {
+        &self.key_id
     }
 }
 
@@ -126,6 +134,25 @@ impl Gates {
         Ok(())
     }
 
+    /// Takes back an admission counted by [`Gates::admit_rate`] at `at_ms`: its request was
+    /// refused after all (its model, known only once its body was read).
+    pub fn uncount(&self, key_id: &str, at_ms: u64) {
+        let mut inner = self.lock();
+        let Some(k) = inner.keys.get_mut(key_id) else {
+            return;
+        };
+        if let Some(i) = k.admitted.iter().rposition(|t| *t == at_ms) {
+            k.admitted.remove(i);
+        }
+        let second = at_ms / 1000;
+        if let Some(i) = k.per_second.iter().rposition(|(s, _)| *s == second) {
+            k.per_second[i].1 -= 1;
+            if k.per_second[i].1 == 0 {
+                k.per_second.remove(i);
+            }
+        }
+    }
+
     /// A slot among the key's `limit` (none: always), waiting in the key's own queue for at
     /// most `wait` (and at most `max_waiting` waiting) when they are all taken.
     pub async fn acquire(
@@ -139,6 +166,7 @@ impl Gates {
         let permit = || KeyPermit {
             gates: self.clone(),
             key_id: key_id.to_string(),
+            counted_at_ms: None,
         };
         let started = Instant::now();
         let (id, rx) = {

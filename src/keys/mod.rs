@@ -14,7 +14,8 @@ use std::time::Duration;
 
 use sha2::{Digest, Sha256};
 
-use self::gate::{Gates, KeyNow, KeyPermit, NoSlot};
+pub use self::gate::KeyPermit;
+use self::gate::{Gates, KeyNow, NoSlot};
 use self::policy::{Policy, PolicyPatch, Refusal};
 use self::usage::UsageBook;
 use crate::base::clock::SharedClock;
@@ -340,6 +341,55 @@ impl KeyRing {
         max_waiting: usize,
         gone: impl Future<Output = ()>,
     ) -> Result<KeyPermit, Denied> {
+        self.admit_for(key_id, Some(model), usage, wait, max_waiting, gone)
+            .await
+    }
+
+    /// [`KeyRing::admit`] for a request whose model is not known yet: everything its head
+    /// can be judged on (revoked, expired, budgets, rate, a slot), before its body is read.
+    /// The model is checked once the body is ([`KeyRing::allow_model`]).
+    pub async fn admit_head(
+        &self,
+        key_id: &str,
+        usage: &UsageBook,
+        wait: Duration,
+        max_waiting: usize,
+        gone: impl Future<Output = ()>,
+    ) -> Result<KeyPermit, Denied> {
+        self.admit_for(key_id, None, usage, wait, max_waiting, gone)
+            .await
+    }
+
+    /// The model check of a request admitted from its head. A refused one is not counted
+    /// against the key's rate, as it would not have been had its model been known first.
+    pub fn allow_model(&self, permit: &KeyPermit, model: &str) -> Result<(), Refusal> {
+        let key_id = permit.key_id();
+        let Some(policy) = self.active_policy(key_id) else {
+            return Err(Refusal::Revoked);
+        };
+        if policy.allows_model(model) {
+            return Ok(());
+        }
+        if let Some(at) = permit.counted_at_ms {
+            self.gates.uncount(key_id, at);
+        }
+        self.gates
+            .note_refusal(key_id, "model_not_allowed", self.clock.now_ms());
+        Err(Refusal::ModelNotAllowed {
+            model: model.to_string(),
+            allowed: policy.models.clone(),
+        })
+    }
+
+    async fn admit_for(
+        &self,
+        key_id: &str,
+        model: Option<&str>,
+        usage: &UsageBook,
+        wait: Duration,
+        max_waiting: usize,
+        gone: impl Future<Output = ()>,
+    ) -> Result<KeyPermit, Denied> {
         let now_ms = self.clock.now_ms();
         let refused = |r: Refusal| {
             self.gates.note_refusal(key_id, r.code(), now_ms);
@@ -351,7 +401,9 @@ impl KeyRing {
         if let Some(at) = policy.expires_at.filter(|at| now_ms / 1000 >= *at) {
             return refused(Refusal::Expired { at });
         }
-        if !policy.allows_model(model) {
+        if let Some(model) = model
+            && !policy.allows_model(model)
+        {
             return refused(Refusal::ModelNotAllowed {
                 model: model.to_string(),
                 allowed: policy.models.clone(),
@@ -379,7 +431,10 @@ impl KeyRing {
             .acquire(key_id, policy.max_concurrency, wait, max_waiting, gone)
             .await
         {
-            Ok(p) => Ok(p),
+            Ok(mut p) => {
+                p.counted_at_ms = Some(now_ms);
+                Ok(p)
+            }
             Err(NoSlot::Gone) => Err(Denied::Gone),
             Err(NoSlot::Timeout(waited)) => {
                 self.gates

@@ -7,6 +7,7 @@ mod common;
 mod accounts;
 mod attacks;
 mod bad_input;
+mod bodies;
 mod console_conn;
 mod console_feed;
 mod console_tui;
