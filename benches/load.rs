@@ -19,6 +19,8 @@
 //! `LOAD_ONLY=rss cargo bench --bench load` measures only the gateway's RSS over a long run
 //! (`LOAD_RSS_REQUESTS`, default 200k): after the first 10k answers and after the last;
 //! `LOAD_CACHE_MIB` sets the store's cache for the gateways it starts.
+//! `LOAD_ONLY=slow_bodies` runs only the slow-body attack (`LOAD_SLOW_BODIES`, default 4,200
+//! connections, for `LOAD_SECONDS`, default 30) and what a well-behaved client sees meanwhile.
 //!
 //! The upstream is nginx's own `return 200` when nginx is installed (as fast a static
 //! upstream as there is), else this program itself in a child process.
@@ -753,6 +755,140 @@ fn sigterm(pid: u32) {
     }
 }
 
+/// `LOAD_SLOW_BODIES` (default 4,200) connections from one key limited to 1 request at a time
+/// and 1 a minute, each sending a request head and then one byte of body every 5 s, while a
+/// well-behaved client (another key) sends a request on a new connection, and `/healthz` is
+/// asked, every 100 ms: their latencies and failures while the trickle runs, and how the
+/// gateway closed the slow connections.
+fn slow_bodies() {
+    let n: usize = std::env::var("LOAD_SLOW_BODIES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(4200);
+    let secs: u64 = std::env::var("LOAD_SECONDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(30);
+    switchyard::daemon::fds::raise_open_file_limit();
+    switchyard::upstream::install_crypto_provider();
+    let tmp = tempfile::tempdir().unwrap();
+    let (up, gw) = (free_port(), free_port());
+    let _upstream = start_own_upstream(up);
+    let (gateway, good_key) = start_gateway(tmp.path(), up, gw, 4);
+    let limited = switchyard(
+        tmp.path(),
+        &[
+            "key",
+            "create",
+            "limited",
+            "--max-concurrency",
+            "1",
+            "--rpm",
+            "1",
+        ],
+    )
+    .trim()
+    .to_string();
+    let target = Target {
+        addr: ([127, 0, 0, 1], gw).into(),
+        path: "/v1/responses",
+        auth: Some(format!("Bearer {good_key}")),
+    };
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async move {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while drive(&target, 1, 0.05).await.0.is_empty() {
+            assert!(Instant::now() < deadline, "the gateway never served");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let addr: SocketAddr = ([127, 0, 0, 1], gw).into();
+        let head = format!(
+            "POST /v1/responses HTTP/1.1\r\nhost: 127.0.0.1\r\nauthorization: Bearer {limited}\r\ncontent-type: application/json\r\ncontent-length: 1000000\r\n\r\n{{"
+        );
+        let closed = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let answered = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let started = Instant::now();
+        let mut slow = Vec::new();
+        for _ in 0..n {
+            let (head, closed, answered) = (head.clone(), Arc::clone(&closed), Arc::clone(&answered));
+            slow.push(tokio::spawn(async move {
+                use tokio::io::{AsyncReadExt, AsyncWriteExt};
+                let Ok(mut s) = tokio::net::TcpStream::connect(addr).await else { return };
+                if s.write_all(head.as_bytes()).await.is_err() {
+                    closed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    return;
+                }
+                let mut buf = [0u8; 512];
+                loop {
+                    tokio::select! {
+                        r = s.read(&mut buf) => {
+                            if matches!(r, Ok(n) if n > 0) { answered.fetch_add(1, std::sync::atomic::Ordering::Relaxed); }
+                            closed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                            return;
+                        }
+                        _ = tokio::time::sleep(Duration::from_secs(5)) => {
+                            if s.write_all(b" ").await.is_err() {
+                                closed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                                return;
+                            }
+                        }
+                    }
+                }
+            }));
+        }
+        let opened = started.elapsed();
+        let client = reqwest::Client::builder().pool_max_idle_per_host(0).timeout(Duration::from_secs(10)).build().unwrap();
+        let (mut good, mut health, mut failed) = (Vec::new(), Vec::new(), 0usize);
+        let until = Instant::now() + Duration::from_secs(secs);
+        while Instant::now() < until {
+            let t0 = Instant::now();
+            let r = client.post(format!("http://{addr}/v1/responses")).header("authorization", format!("Bearer {good_key}")).header("content-type", "application/json").body(REQUEST).send().await;
+            let ok = match r {
+                Ok(resp) if resp.status() == 200 => resp.text().await.is_ok_and(|b| b.contains("response.completed")),
+                _ => false,
+            };
+            if ok { good.push(t0.elapsed()) } else { failed += 1 }
+            let t0 = Instant::now();
+            match client.get(format!("http://{addr}/healthz")).send().await {
+                Ok(resp) if resp.status().is_success() || resp.status().as_u16() == 503 => health.push(t0.elapsed()),
+                _ => failed += 1,
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let metrics = client.get(format!("http://{addr}/metrics")).send().await.map(|r| r.text());
+        let metrics = match metrics { Ok(t) => t.await.unwrap_or_default(), Err(_) => String::new() };
+        let count = |reason: &str| metrics.lines().find_map(|l| l.strip_prefix(&format!("switchyard_client_connections_closed_total{{reason=\"{reason}\"}} "))).unwrap_or("?").to_string();
+        let refusals: Vec<&str> = metrics.lines().filter(|l| l.starts_with("switchyard_key_refusals_total{key=\"limited\"")).collect();
+        let (gmax, hmax) = (good.iter().max().copied().unwrap_or_default(), health.iter().max().copied().unwrap_or_default());
+        println!(
+            "{n} slow-body connections (opened in {:.1} s) from a key limited to 1 at a time and 1 rpm, for {secs} s: well-behaved requests {} ok, p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms; /healthz {} ok, p50 {:.1} ms, max {:.1} ms; {failed} failed",
+            opened.as_secs_f64(),
+            good.len(),
+            ms(percentile(&mut good.clone(), 0.5)),
+            ms(percentile(&mut good.clone(), 0.99)),
+            ms(gmax),
+            health.len(),
+            ms(percentile(&mut health.clone(), 0.5)),
+            ms(hmax),
+        );
+        println!(
+            "the slow connections: {} closed by the gateway ({} with an answer first); gateway closes by reason: evicted {}, refused {}, head_timeout {}; the key's refusals: {}",
+            closed.load(std::sync::atomic::Ordering::Relaxed),
+            answered.load(std::sync::atomic::Ordering::Relaxed),
+            count("evicted"),
+            count("refused"),
+            count("head_timeout"),
+            refusals.join(", ")
+        );
+        for t in slow { t.abort(); }
+    });
+    drop(gateway);
+}
+
 struct Run {
     p50: Duration,
     p99: Duration,
@@ -957,8 +1093,10 @@ fn main() {
         }
         _ => {}
     }
-    if std::env::var("LOAD_ONLY").as_deref() == Ok("rss") {
-        return rss_over_a_long_run();
+    match std::env::var("LOAD_ONLY").as_deref() {
+        Ok("rss") => return rss_over_a_long_run(),
+        Ok("slow_bodies") => return slow_bodies(),
+        _ => {}
     }
     // `cargo test --bench` passes harness flags; `cargo bench` passes `--bench`.
     let secs: f64 = std::env::var("LOAD_SECONDS")

@@ -2,6 +2,7 @@
 //! parse the body once, hand the request to the dispatcher, and turn its frames into the HTTP
 //! answer — with keep-alive comments when the first event is slow.
 
+use std::borrow::Cow;
 use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -17,6 +18,7 @@ use tokio::sync::mpsc;
 
 use super::AppState;
 use super::error::ApiError;
+use super::raw::RawObject;
 use super::server::ClientConn;
 use crate::dispatch::{ErrorReply, Frame, Mode, RequestCtx};
 use crate::keys::KeyIdentity;
@@ -185,27 +187,35 @@ async fn read_raw(state: &AppState, headers: &HeaderMap, body: Body) -> Result<B
     read_limited(state, headers, body, true).await
 }
 
-/// Parses a JSON object body, answering 400 with the parse position when it is not one.
-pub fn parse_object(bytes: &[u8]) -> Result<Map<String, Value>, ApiError> {
-    match serde_json::from_slice::<Value>(bytes) {
-        Ok(Value::Object(m)) => Ok(m),
-        Ok(_) => Err(ApiError::bad_request(
-            "invalid_json",
-            "the request body must be a JSON object",
-        )),
-        Err(e) => Err(ApiError::bad_request(
-            "invalid_json",
-            format!("invalid JSON body: {e}"),
-        )),
+/// Reads a JSON object body once ([`RawObject`]), answering 400 with the parse position when
+/// it is not one.
+pub fn parse_object(bytes: &[u8]) -> Result<RawObject<'_>, ApiError> {
+    RawObject::parse(bytes).map_err(|e| ApiError::bad_request("invalid_json", e.to_string()))
+}
+
+pub fn session_key(headers: &HeaderMap, body: &RawObject<'_>) -> Option<String> {
+    session_from_headers(headers).or_else(|| body.str("prompt_cache_key").map(Cow::into_owned))
+}
+
+/// `client_metadata` alone, as a tree (it is small): what the device-id functions read.
+fn metadata_of(obj: &RawObject<'_>) -> Map<String, Value> {
+    obj.tree("client_metadata")
+        .map(|m| Map::from_iter([("client_metadata".to_string(), m)]))
+        .unwrap_or_default()
+}
+
+/// Replaces the device ids of `obj`'s `client_metadata` by the placeholder, in place.
+pub fn normalise_ids(obj: &mut RawObject<'_>) {
+    let mut meta = metadata_of(obj);
+    identity::normalise(&mut meta);
+    if let Some(m) = meta.get("client_metadata") {
+        obj.set("client_metadata", m);
     }
 }
 
-pub fn session_key(headers: &HeaderMap, body: &Map<String, Value>) -> Option<String> {
-    session_from_headers(headers).or_else(|| {
-        body.get("prompt_cache_key")
-            .and_then(Value::as_str)
-            .map(str::to_string)
-    })
+/// The device ids of `obj`'s `client_metadata`.
+pub fn body_ids(obj: &RawObject<'_>) -> Vec<String> {
+    identity::body_ids(&metadata_of(obj))
 }
 
 /// The client's connection (absent on the admin socket), to tell a stalled client from one
@@ -451,15 +461,14 @@ pub fn request_ctx(
     state: &AppState,
     key: &KeyIdentity,
     headers: &HeaderMap,
-    mut obj: Map<String, Value>,
+    mut obj: RawObject<'_>,
     turn: Turn,
     received: Instant,
 ) -> Result<RequestCtx, ApiError> {
     let model = obj
-        .get("model")
-        .and_then(Value::as_str)
+        .str("model")
         .filter(|m| !m.is_empty())
-        .map(str::to_string)
+        .map(Cow::into_owned)
         .ok_or_else(|| {
             ApiError::bad_request(
                 "missing_required_parameter",
@@ -470,19 +479,19 @@ pub fn request_ctx(
     let mode = match turn {
         Turn::Compact => Mode::Compact,
         Turn::WebSocket => Mode::Stream,
-        Turn::Http if obj.get("stream").and_then(Value::as_bool).unwrap_or(false) => Mode::Stream,
+        Turn::Http if obj.bool("stream").unwrap_or(false) => Mode::Stream,
         Turn::Http => Mode::Json,
     };
-    obj.insert("model".into(), Value::String(upstream_model.clone()));
+    obj.set("model", &upstream_model);
     if mode != Mode::Compact {
         // The backend streams; a JSON client gets the final response assembled from it.
-        obj.insert("stream".into(), Value::Bool(true));
+        obj.set("stream", &true);
     }
-    let mut ids = client_ids(headers, identity::body_ids(&obj));
+    let mut ids = client_ids(headers, body_ids(&obj));
     let normalised = !ids.all_searchable();
     if normalised {
-        // Replaced in the tree by an id that can be replaced per account in bytes.
-        identity::normalise(&mut obj);
+        // Replaced in the body by an id that can be replaced per account in bytes.
+        normalise_ids(&mut obj);
         ids = identity::ClientIds::of(
             header_ids(headers)
                 .iter()
@@ -493,13 +502,11 @@ pub fn request_ctx(
     }
     let session = session_key(headers, &obj);
     let previous_response_id = obj
-        .get("previous_response_id")
-        .and_then(Value::as_str)
+        .str("previous_response_id")
         .filter(|s| !s.is_empty())
-        .map(str::to_string);
-    let body = serde_json::to_vec(&obj)
-        .map(Bytes::from)
-        .map_err(|e| ApiError::internal(format!("cannot encode the request: {e}")))?;
+        .map(Cow::into_owned);
+    let body = Bytes::from(obj.encode());
+    drop(obj);
     let mut ctx = ctx_of(
         key,
         headers,

@@ -270,19 +270,29 @@ impl Registry {
         self.evict_oldest_idle(&conns)
     }
 
-    /// Closes the connection idle the longest, else the one that has been reading a request
-    /// body the longest (a slow body holds its place no better than an idle socket): false
-    /// when every connection is serving a request.
+    /// Closes one connection to make room, the first there is of, each oldest first: one kept
+    /// alive with no request; one reading a request body (a slow body holds its place no
+    /// better than an idle socket); one that has not sent its first head yet (a new client's
+    /// comes at once, so it goes last). False when every connection is serving a request.
     fn evict_oldest_idle(&self, conns: &HashMap<u64, Arc<ClientConn>>) -> bool {
-        let open = || conns.values().filter(|c| !c.close.is_cancelled());
-        let oldest_idle = open()
-            .filter(|c| c.idle())
-            .min_by_key(|c| c.idle_since.load(Ordering::SeqCst))
-            .or_else(|| {
-                open()
-                    .filter(|c| c.reading_since.load(Ordering::SeqCst) != 0)
-                    .min_by_key(|c| c.reading_since.load(Ordering::SeqCst))
-            });
+        let rank = |c: &Arc<ClientConn>| {
+            let reading = c.reading_since.load(Ordering::SeqCst);
+            if c.idle() && c.started.load(Ordering::SeqCst) {
+                Some((0, c.idle_since.load(Ordering::SeqCst)))
+            } else if reading != 0 {
+                Some((1, reading))
+            } else if c.idle() {
+                Some((2, c.idle_since.load(Ordering::SeqCst)))
+            } else {
+                None
+            }
+        };
+        let oldest_idle = conns
+            .values()
+            .filter(|c| !c.close.is_cancelled())
+            .filter_map(|c| Some((rank(c)?, c)))
+            .min_by_key(|(r, _)| *r)
+            .map(|(_, c)| c);
         match oldest_idle {
             Some(c) => {
                 c.close.cancel();

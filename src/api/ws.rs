@@ -17,15 +17,17 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::extract::State;
-use axum::extract::ws::{CloseFrame, Message, WebSocket, WebSocketUpgrade, close_code};
+use axum::extract::ws::{CloseFrame, Message, Utf8Bytes, WebSocket, WebSocketUpgrade, close_code};
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
+use bytes::Bytes;
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
 
 use super::AppState;
 use super::error::ApiError;
-use super::responses::{Turn, authenticate, request_ctx};
+use super::raw::{RawObject, array_inner};
+use super::responses::{Turn, authenticate, body_ids, normalise_ids, request_ctx};
 use crate::dispatch::{Frame, WsTurn};
 use crate::keys::KeyIdentity;
 use crate::upstream::event::Event;
@@ -107,14 +109,50 @@ pub async fn upgrade(
     resp
 }
 
+/// A piece of a response's history: the text between the brackets of an array of items (a
+/// request's input, or a response's output), and how many bytes it keeps in memory. A piece
+/// is a slice of the frame or event it came in (no copy) when it is most of it, else a copy.
+#[derive(Debug, Clone)]
+struct Piece {
+    text: Bytes,
+    held: usize,
+}
+
+impl Piece {
+    /// `inner` (a slice of `whole`) as a piece.
+    fn of(whole: &Bytes, inner: &str) -> Piece {
+        if inner.len() * 2 >= whole.len() {
+            Piece {
+                text: whole.slice_ref(inner.as_bytes()),
+                held: whole.len(),
+            }
+        } else {
+            Piece {
+                text: Bytes::copy_from_slice(inner.as_bytes()),
+                held: inner.len(),
+            }
+        }
+    }
+
+    fn copied(text: String) -> Piece {
+        let held = text.len();
+        Piece {
+            text: Bytes::from(text),
+            held,
+        }
+    }
+}
+
 /// The responses a connection produced: each one's full input (its request's input plus its
-/// output), within a budget of bytes. Past the budget the oldest go first; the newest always
-/// stays, whatever its size.
+/// output) as pieces of the frames and events they came in, within a budget of what they
+/// really hold (a piece shared by several responses counts once). Past the budget the oldest
+/// go first; the newest always stays, whatever its size.
 struct History {
-    /// Response id -> the full input that led to it, plus its output.
-    entries: HashMap<String, Vec<Value>>,
-    /// Oldest first, with the size of each entry (about the bytes it was made of).
-    order: std::collections::VecDeque<(String, usize)>,
+    /// Response id -> the pieces of the full input that led to it, plus its output.
+    entries: HashMap<String, Vec<Piece>>,
+    /// Oldest first.
+    order: std::collections::VecDeque<String>,
+    /// What the entries hold, each buffer counted once.
     bytes: usize,
     max_bytes: usize,
 }
@@ -129,30 +167,51 @@ impl History {
         }
     }
 
-    fn get(&self, id: &str) -> Option<&Vec<Value>> {
+    fn get(&self, id: &str) -> Option<&Vec<Piece>> {
         self.entries.get(id)
     }
 
-    /// Keeps a response's history (`size`: about the bytes it was made of), dropping the
-    /// oldest entries beyond the budget.
-    fn remember(&mut self, id: String, items: Vec<Value>, size: usize) {
-        if self.entries.insert(id.clone(), items).is_some() {
-            // The same id again: its new size replaces the old one.
-            if let Some(at) = self.order.iter().position(|(o, _)| *o == id)
-                && let Some((_, old)) = self.order.remove(at)
-            {
-                self.bytes -= old;
-            }
+    /// The bytes the entries keep in memory, each piece counted once however many entries
+    /// share it.
+    fn held(&self) -> usize {
+        let mut seen = std::collections::HashSet::new();
+        self.entries
+            .values()
+            .flatten()
+            .filter(|p| seen.insert((p.text.as_ptr() as usize, p.text.len())))
+            .map(|p| p.held)
+            .sum()
+    }
+
+    /// Keeps a response's history, dropping the oldest entries beyond the budget.
+    fn remember(&mut self, id: String, pieces: Vec<Piece>) {
+        if self.entries.insert(id.clone(), pieces).is_some() {
+            self.order.retain(|o| *o != id);
         }
-        self.order.push_back((id, size));
-        self.bytes += size;
+        self.order.push_back(id);
+        self.bytes = self.held();
         while self.bytes > self.max_bytes && self.order.len() > 1 {
-            if let Some((old, size)) = self.order.pop_front() {
+            if let Some(old) = self.order.pop_front() {
                 self.entries.remove(&old);
-                self.bytes -= size;
             }
+            self.bytes = self.held();
         }
     }
+}
+
+/// The parts of `response.completed` a history keeps, borrowed from the event.
+#[derive(serde::Deserialize)]
+struct CompletedView<'a> {
+    #[serde(borrow)]
+    response: CompletedResponse<'a>,
+}
+
+#[derive(serde::Deserialize)]
+struct CompletedResponse<'a> {
+    #[serde(borrow, default)]
+    id: Option<std::borrow::Cow<'a, str>>,
+    #[serde(borrow, default)]
+    output: Option<&'a serde_json::value::RawValue>,
 }
 
 /// What one downstream connection remembers between turns.
@@ -240,7 +299,7 @@ impl Connection {
                 if self.state.is_draining() {
                     break End::Close(close_code::AWAY, "server shutting down");
                 }
-                if let Err(end) = self.turn(&mut socket, text.as_str()).await {
+                if let Err(end) = self.turn(&mut socket, text).await {
                     break end;
                 }
                 deadline = tokio::time::Instant::now() + idle_timeout;
@@ -273,7 +332,7 @@ impl Connection {
             first = false;
             match msg {
                 Message::Text(text) => {
-                    if let Err(end) = self.turn(&mut socket, text.as_str()).await {
+                    if let Err(end) = self.turn(&mut socket, text).await {
                         break end;
                     }
                     deadline = tokio::time::Instant::now() + idle_timeout;
@@ -297,56 +356,54 @@ impl Connection {
     }
 
     /// One `response.create`. `Err` ends the connection.
-    async fn turn(&mut self, socket: &mut WebSocket, text: &str) -> Result<(), End> {
+    async fn turn(&mut self, socket: &mut WebSocket, text: Utf8Bytes) -> Result<(), End> {
         let received = Instant::now();
-        let mut obj = match serde_json::from_str::<Value>(text) {
-            Ok(Value::Object(o)) => o,
-            Ok(_) | Err(_) => {
-                let e = json!({"type": "invalid_request_error", "code": "invalid_json", "message": "a frame must be a JSON object", "param": null});
-                return self.send(socket, error_frame(400, e)).await;
-            }
+        let text = Bytes::from(text);
+        // Read once, its members kept as sent: the input is never built into a tree.
+        let Ok(mut obj) = RawObject::parse(&text) else {
+            let e = json!({"type": "invalid_request_error", "code": "invalid_json", "message": "a frame must be a JSON object", "param": null});
+            return self.send(socket, error_frame(400, e)).await;
         };
-        match obj.remove("type").as_ref().and_then(Value::as_str) {
-            Some("response.create") => {}
-            other => {
-                let message = match other {
-                    Some(kind) => format!(
-                        "the message type `{kind}` is not supported here; send `response.create`"
-                    ),
-                    None => "a message needs a `type`; send `response.create`".to_string(),
-                };
-                let e = json!({"type": "invalid_request_error", "code": "unsupported_message", "message": message, "param": "type"});
-                return self.send(socket, error_frame(400, e)).await;
-            }
+        let kind = obj.str("type").map(std::borrow::Cow::into_owned);
+        if kind.as_deref() != Some("response.create") {
+            let message = match kind {
+                Some(kind) => format!(
+                    "the message type `{kind}` is not supported here; send `response.create`"
+                ),
+                None => "a message needs a `type`; send `response.create`".to_string(),
+            };
+            let e = json!({"type": "invalid_request_error", "code": "unsupported_message", "message": message, "param": "type"});
+            return self.send(socket, error_frame(400, e)).await;
         }
-        // A device id that cannot be replaced in bytes is replaced in the tree first, in the
+        obj.remove("type");
+        // A device id that cannot be replaced in bytes is replaced in the body first, in the
         // frame as sent and in the expanded body alike.
-        if !identity::ClientIds::of(identity::body_ids(&obj).iter().map(String::as_str))
-            .all_searchable()
-        {
-            identity::normalise(&mut obj);
+        if !identity::ClientIds::of(body_ids(&obj).iter().map(String::as_str)).all_searchable() {
+            normalise_ids(&mut obj);
         }
-        // The frame as sent, for an upstream socket that holds its previous response.
-        let mut frame = obj.clone();
-        let input: Vec<Value> = match obj.get("input") {
-            Some(Value::Array(items)) => items.clone(),
-            Some(Value::String(s)) => vec![
-                json!({"type": "message", "role": "user", "content": [{"type": "input_text", "text": s}]}),
-            ],
-            _ => Vec::new(),
+        let input = match obj.raw("input") {
+            Some(raw) => match array_inner(raw) {
+                Some(inner) => Piece::of(&text, inner),
+                None => match obj.str("input") {
+                    Some(s) => Piece::copied(
+                        json!({"type": "message", "role": "user", "content": [{"type": "input_text", "text": s}]})
+                            .to_string(),
+                    ),
+                    None => Piece::copied(String::new()),
+                },
+            },
+            None => Piece::copied(String::new()),
         };
         // Expand a continuation produced on this connection into the full input.
-        let mut full = input;
         let previous = obj
-            .remove("previous_response_id")
-            .and_then(|v| v.as_str().map(str::to_string));
+            .str("previous_response_id")
+            .map(std::borrow::Cow::into_owned);
+        // The frame as sent, for an upstream socket that holds its previous response.
+        let mut frame = previous.is_some().then(|| obj.clone());
+        let mut full: Vec<Piece> = Vec::new();
         if let Some(prev) = &previous {
             match self.history.get(prev) {
-                Some(history) => {
-                    let mut all = history.clone();
-                    all.extend(full);
-                    full = all;
-                }
+                Some(history) => full.extend(history.iter().cloned()),
                 None => {
                     let e = json!({
                         "type": "invalid_request_error",
@@ -358,8 +415,11 @@ impl Connection {
                 }
             }
         }
-        obj.insert("input".into(), Value::Array(full.clone()));
-        let warmup = obj.remove("generate").and_then(|v| v.as_bool()) == Some(false);
+        obj.remove("previous_response_id");
+        full.push(input);
+        obj.set_joined("input", full.iter().map(|p| p.text.clone()).collect());
+        let warmup = obj.bool("generate") == Some(false);
+        obj.remove("generate");
         let ctx = match request_ctx(
             &self.state,
             &self.key,
@@ -378,22 +438,22 @@ impl Connection {
         let mut ctx = ctx;
         ctx.session.get_or_insert_with(|| self.session.clone());
         ctx.stalled.clone_from(&self.stalled);
-        let body_bytes = ctx.body.len();
-        frame.insert("model".into(), Value::String(ctx.model.clone()));
-        frame.insert("stream".into(), Value::Bool(true));
+        let frame = frame.as_mut().map(|f| {
+            f.set("model", &ctx.model);
+            f.set("stream", &true);
+            Bytes::from(f.encode())
+        });
+        drop(text);
         ctx.ws_turn = Some(WsTurn {
-            frame: serde_json::to_vec(&frame)
-                .map(bytes::Bytes::from)
-                .unwrap_or_default(),
+            frame: frame.unwrap_or_default(),
             previous_response_id: previous,
             warmup,
             connection: self.id,
         });
         let (tx, mut rx) = mpsc::channel(64);
         self.state.dispatcher.spawn(ctx, tx);
-        let mut output: Vec<Value> = Vec::new();
+        let mut output: Option<Piece> = None;
         let mut completed_id: Option<String> = None;
-        let mut completed_bytes = 0;
         loop {
             tokio::select! {
                 frame = rx.recv() => match frame {
@@ -410,11 +470,14 @@ impl Connection {
                     Some(Frame::Events(events)) => {
                         for ev in events {
                             if ev.kind() == "response.completed"
-                                && let Some(v) = ev.json()
+                                && let Ok(v) = serde_json::from_slice::<CompletedView<'_>>(ev.data())
                             {
-                                completed_bytes = ev.data().len();
-                                completed_id = v["response"]["id"].as_str().map(str::to_string);
-                                output = v["response"]["output"].as_array().cloned().unwrap_or_default();
+                                completed_id = v.response.id.map(std::borrow::Cow::into_owned);
+                                output = v
+                                    .response
+                                    .output
+                                    .and_then(|raw| array_inner(raw.get()))
+                                    .map(|inner| Piece::of(ev.data(), inner));
                             }
                             self.send(socket, text_frame(&ev)).await?;
                         }
@@ -436,10 +499,8 @@ impl Connection {
             }
         }
         if let Some(id) = completed_id {
-            let mut items = full;
-            items.extend(output);
-            self.history
-                .remember(id, items, body_bytes + completed_bytes);
+            full.extend(output);
+            self.history.remember(id, full);
         }
         Ok(())
     }
@@ -530,28 +591,33 @@ impl AppState {
 mod tests {
     use super::*;
 
-    fn items(n: usize) -> Vec<Value> {
-        vec![json!({"type": "message", "n": n})]
+    fn piece(n: usize, len: usize) -> Vec<Piece> {
+        let text = format!("{n:0len$}");
+        vec![Piece::copied(text)]
+    }
+
+    fn texts(p: Option<&Vec<Piece>>) -> Option<Vec<Bytes>> {
+        p.map(|v| v.iter().map(|p| p.text.clone()).collect())
     }
 
     #[test]
     fn past_its_budget_the_history_drops_the_oldest_and_keeps_the_newest() {
         let mut h = History::new(100);
         for (i, id) in ["r1", "r2", "r3"].iter().enumerate() {
-            h.remember((*id).into(), items(i), 40);
+            h.remember((*id).into(), piece(i, 40));
         }
         // 120 bytes: the oldest went, the two newest stay.
         assert!(h.get("r1").is_none());
-        assert_eq!(h.get("r2"), Some(&items(1)));
-        assert_eq!(h.get("r3"), Some(&items(2)));
+        assert_eq!(texts(h.get("r2")), texts(Some(&piece(1, 40))));
+        assert_eq!(texts(h.get("r3")), texts(Some(&piece(2, 40))));
         assert_eq!(h.bytes, 80);
         // A response larger than the whole budget is still kept, alone.
-        h.remember("big".into(), items(9), 500);
-        assert_eq!(h.get("big"), Some(&items(9)));
+        h.remember("big".into(), piece(9, 500));
+        assert!(h.get("big").is_some());
         assert!(h.get("r2").is_none() && h.get("r3").is_none());
         assert_eq!((h.order.len(), h.bytes), (1, 500));
         // The next one pushes it out.
-        h.remember("r4".into(), items(4), 10);
+        h.remember("r4".into(), piece(4, 10));
         assert!(h.get("big").is_none());
         assert_eq!((h.order.len(), h.bytes), (1, 10));
     }
@@ -559,9 +625,32 @@ mod tests {
     #[test]
     fn the_same_response_again_is_counted_once() {
         let mut h = History::new(100);
-        h.remember("r1".into(), items(1), 60);
-        h.remember("r1".into(), items(2), 30);
+        h.remember("r1".into(), piece(1, 60));
+        h.remember("r1".into(), piece(2, 30));
         assert_eq!((h.order.len(), h.bytes), (1, 30));
-        assert_eq!(h.get("r1"), Some(&items(2)));
+        assert_eq!(texts(h.get("r1")), texts(Some(&piece(2, 30))));
+    }
+
+    #[test]
+    fn a_chain_counts_what_it_holds_once_and_a_slice_counts_its_whole_buffer() {
+        let mut h = History::new(1000);
+        // A turn's input is most of its frame: a slice of it, holding the whole frame.
+        let frame = Bytes::from(format!("{{\"input\":[{}]}}", "1,".repeat(99) + "1"));
+        let inner = std::str::from_utf8(&frame[10..frame.len() - 2]).unwrap();
+        let first = Piece::of(&frame, inner);
+        assert_eq!(first.held, frame.len());
+        assert_eq!(first.text.as_ptr(), frame[10..].as_ptr(), "no copy");
+        // A small part of a large event is copied, holding only itself.
+        let event = Bytes::from(format!(
+            "{{\"output\":[2],\"pad\":\"{}\"}}",
+            "x".repeat(500)
+        ));
+        let second = Piece::of(&event, "2");
+        assert_eq!(second.held, 1);
+        h.remember("r1".into(), vec![first.clone(), second.clone()]);
+        // The continuation shares r1's pieces: they are counted once.
+        let third = Piece::copied("3".into());
+        h.remember("r2".into(), vec![first.clone(), second, third]);
+        assert_eq!(h.bytes, frame.len() + 1 + 1);
     }
 }

@@ -248,14 +248,27 @@ async fn past_its_history_bound_a_connection_forgets_its_oldest_response_and_ser
     // The oldest is forgotten: it is answered as an id the connection never produced.
     let oldest = continue_with_empty_input(&mut ws, &ids[0]).await;
     assert!(not_found(&oldest), "{oldest:?}");
-    // The newest continues.
+    // The newest continues. Its continuation holds the same input (counted once) and a new
+    // output: it pushes nothing out, and the next oldest continues too.
     let newest = continue_with_empty_input(&mut ws, &ids[16]).await;
     assert_eq!(newest.last().unwrap()["type"], "response.completed");
-    // That answer, the newest now, pushed the next oldest out, and only it.
     let second = continue_with_empty_input(&mut ws, &ids[1]).await;
-    assert!(not_found(&second), "{second:?}");
-    let third = continue_with_empty_input(&mut ws, &ids[2]).await;
-    assert_eq!(third.last().unwrap()["type"], "response.completed");
+    assert_eq!(second.last().unwrap()["type"], "response.completed");
+    // One more megabyte of new input: the oldest entries go until what stays fits. The first
+    // to go (ids[1]) frees nothing, since its continuation holds the same input: ids[2] goes
+    // as well, and ids[3] stays.
+    let input = json!([{"type": "message", "role": "user", "content": [{"type": "input_text", "text": format!("17 {text}")}]}]);
+    ws.send(create(json!({ "input": input }))).await.unwrap();
+    assert_eq!(
+        turn(&mut ws).await.last().unwrap()["type"],
+        "response.completed"
+    );
+    for gone in [&ids[1], &ids[2]] {
+        let events = continue_with_empty_input(&mut ws, gone).await;
+        assert!(not_found(&events), "{events:?}");
+    }
+    let kept = continue_with_empty_input(&mut ws, &ids[3]).await;
+    assert_eq!(kept.last().unwrap()["type"], "response.completed");
 }
 
 #[tokio::test]
