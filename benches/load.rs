@@ -21,6 +21,8 @@
 //! `LOAD_CACHE_MIB` sets the store's cache for the gateways it starts.
 //! `LOAD_ONLY=slow_bodies` runs only the slow-body attack (`LOAD_SLOW_BODIES`, default 4,200
 //! connections, for `LOAD_SECONDS`, default 30) and what a well-behaved client sees meanwhile.
+//! `LOAD_ONLY=bodies` measures what one 14 MiB WebSocket turn and one 14 MiB `stream: false`
+//! body of tiny items cost the gateway in memory (`LOAD_BODY_MIB`).
 //!
 //! The upstream is nginx's own `return 200` when nginx is installed (as fast a static
 //! upstream as there is), else this program itself in a child process.
@@ -487,6 +489,25 @@ fn switchyard(dir: &Path, args: &[&str]) -> String {
 
 /// The gateway in front of the upstream: its own process, with `accounts` accounts and a key.
 fn start_gateway(dir: &Path, up: u16, listen: u16, accounts: u32) -> (Proc, String) {
+    let mut files = Vec::new();
+    for n in 1..=accounts {
+        let spec = switchyard::sim::auth::AuthSpec {
+            email: format!("load{n}@example.com"),
+            chatgpt_account_id: format!("acc-load-{n}"),
+            chatgpt_user_id: format!("user-load-{n}"),
+            plan: "pro".into(),
+            access_exp: 4_000_000_000,
+            token_tag: format!("load-{n}"),
+        };
+        let path = dir.join(format!("auth{n}.json"));
+        std::fs::write(&path, switchyard::sim::auth::auth_json(&spec).to_string()).unwrap();
+        files.push(path);
+    }
+    start_gateway_with(dir, up, listen, &files)
+}
+
+/// The gateway in front of the upstream on port `up`, with the logins in `files` and a key.
+fn start_gateway_with(dir: &Path, up: u16, listen: u16, files: &[PathBuf]) -> (Proc, String) {
     let state = dir.join("state");
     // `LOAD_CACHE_MIB` sizes the store's cache (the default when unset).
     let cache =
@@ -503,20 +524,6 @@ fn start_gateway(dir: &Path, up: u16, listen: u16, accounts: u32) -> (Proc, Stri
         ),
     )
     .unwrap();
-    let mut files = Vec::new();
-    for n in 1..=accounts {
-        let spec = switchyard::sim::auth::AuthSpec {
-            email: format!("load{n}@example.com"),
-            chatgpt_account_id: format!("acc-load-{n}"),
-            chatgpt_user_id: format!("user-load-{n}"),
-            plan: "pro".into(),
-            access_exp: 4_000_000_000,
-            token_tag: format!("load-{n}"),
-        };
-        let path = dir.join(format!("auth{n}.json"));
-        std::fs::write(&path, switchyard::sim::auth::auth_json(&spec).to_string()).unwrap();
-        files.push(path);
-    }
     let mut import = vec!["account", "import", "--no-refresh"];
     import.extend(files.iter().map(|p| p.to_str().unwrap()));
     switchyard(dir, &import);
@@ -889,6 +896,145 @@ fn slow_bodies() {
     drop(gateway);
 }
 
+/// A field of `/proc/PID/status`, in KB.
+fn status_kb(pid: u32, field: &str) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix(field))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0)
+}
+
+/// Restarts the peak RSS count of a process (`VmHWM`) at its current RSS.
+fn reset_peak(pid: u32) {
+    let _ = std::fs::write(format!("/proc/{pid}/clear_refs"), "5");
+}
+
+/// What one large body of tiny items costs the gateway: one `LOAD_BODY_MIB` (default 14) MiB
+/// WebSocket `response.create` and one `stream: false` HTTP body of as much, each an input of
+/// `{}` items (three bytes each with the comma), through the simulated backend in its own process: the gateway's peak RSS over each, and what the
+/// open socket keeps after its turn, as multiples of the body.
+fn big_bodies() {
+    let mib: usize = std::env::var("LOAD_BODY_MIB")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(14);
+    switchyard::upstream::install_crypto_provider();
+    let tmp = tempfile::tempdir().unwrap();
+    let (up, gw) = (free_port(), free_port());
+    // The simulated backend in its own process: it speaks the WebSocket too.
+    let auth = tmp.path().join("auth");
+    let sim = Command::new(gateway_bin())
+        .args([
+            "sim",
+            "--accounts",
+            "1",
+            "--listen",
+            &format!("127.0.0.1:{up}"),
+            "--write-auth",
+        ])
+        .arg(&auth)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("switchyard sim");
+    let _sim = Proc(sim, None);
+    wait_listening(([127, 0, 0, 1], up).into(), "the simulated backend");
+    let files: Vec<PathBuf> = std::fs::read_dir(&auth)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    let (gateway, key) = start_gateway_with(tmp.path(), up, gw, &files);
+    let target = Target {
+        addr: ([127, 0, 0, 1], gw).into(),
+        path: "/v1/responses",
+        auth: Some(format!("Bearer {key}")),
+    };
+    let pid = gateway.0.id();
+    let items = (mib << 20) / 3 - 64;
+    let body = |extra: &str| {
+        let mut b = String::with_capacity((mib << 20) + 256);
+        b.push_str(r#"{"model":"gpt-5.5","#);
+        b.push_str(extra);
+        b.push_str(r#""input":["#);
+        for i in 0..items {
+            if i > 0 {
+                b.push(',');
+            }
+            b.push_str("{}");
+        }
+        b.push_str("]}");
+        b
+    };
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async move {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while drive(&target, 1, 0.05).await.0.is_empty() {
+            assert!(Instant::now() < deadline, "the gateway never served");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        // WebSocket: one turn, then the socket stays open.
+        use futures_util::{SinkExt, StreamExt};
+        use tokio_tungstenite::tungstenite::Message;
+        use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+        let frame = body(r#""type":"response.create","#);
+        let size_kb = (frame.len() / 1024) as u64;
+        let mut req = format!("ws://127.0.0.1:{gw}/v1/responses").into_client_request().unwrap();
+        req.headers_mut().insert("authorization", format!("Bearer {key}").parse().unwrap());
+        let config = tokio_tungstenite::tungstenite::protocol::WebSocketConfig::default()
+            .max_message_size(Some(64 << 20))
+            .max_frame_size(Some(64 << 20));
+        let (mut ws, _) = tokio_tungstenite::connect_async_with_config(req, Some(config), false).await.unwrap();
+        let before = status_kb(pid, "VmRSS:");
+        reset_peak(pid);
+        ws.send(Message::Text(frame.into())).await.unwrap();
+        let mut last = String::new();
+        while let Some(Ok(m)) = ws.next().await {
+            if let Message::Text(t) = m {
+                let done = t.contains("response.completed") || t.contains("\"type\":\"error\"");
+                last = t.to_string();
+                if done { break; }
+            }
+        }
+        let peak = status_kb(pid, "VmHWM:");
+        let kept = status_kb(pid, "VmRSS:");
+        let ratio = |kb: u64| kb.saturating_sub(before) as f64 / size_kb as f64;
+        println!(
+            "one {size_kb} KB WebSocket turn of {items} tiny items ({}): gateway RSS {before} KB before, peak {peak} KB (+{:.2}x the frame), {kept} KB with the socket open after it (+{:.2}x)",
+            if last.contains("response.completed") { "completed".to_string() } else { format!("not completed: {}", &last[..last.len().min(300)]) },
+            ratio(peak),
+            ratio(kept)
+        );
+        drop(ws);
+        // HTTP, `stream: false`: the body is re-encoded (the gateway streams upstream).
+        let http = body(r#""stream":false,"#);
+        let client = reqwest::Client::new();
+        let before = status_kb(pid, "VmRSS:");
+        reset_peak(pid);
+        let resp = client
+            .post(format!("http://127.0.0.1:{gw}/v1/responses"))
+            .header("authorization", format!("Bearer {key}"))
+            .header("content-type", "application/json")
+            .body(http)
+            .send()
+            .await
+            .unwrap();
+        let status = resp.status();
+        let _ = resp.bytes().await;
+        let peak = status_kb(pid, "VmHWM:");
+        println!(
+            "one {size_kb} KB stream:false body of {items} tiny items (answer {status}): gateway RSS {before} KB before, peak {peak} KB (+{:.2}x the body)",
+            peak.saturating_sub(before) as f64 / size_kb as f64
+        );
+    });
+    drop(gateway);
+}
+
 struct Run {
     p50: Duration,
     p99: Duration,
@@ -1096,6 +1242,7 @@ fn main() {
     match std::env::var("LOAD_ONLY").as_deref() {
         Ok("rss") => return rss_over_a_long_run(),
         Ok("slow_bodies") => return slow_bodies(),
+        Ok("bodies") => return big_bodies(),
         _ => {}
     }
     // `cargo test --bench` passes harness flags; `cargo bench` passes `--bench`.

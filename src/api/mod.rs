@@ -5,7 +5,6 @@ pub mod admin;
 pub mod error;
 pub mod health;
 pub mod models;
-pub mod raw;
 pub mod responses;
 pub mod server;
 pub mod usage;

@@ -18,8 +18,8 @@ use tokio::sync::mpsc;
 
 use super::AppState;
 use super::error::ApiError;
-use super::raw::RawObject;
 use super::server::ClientConn;
+use crate::base::raw_json::RawObject;
 use crate::dispatch::{ErrorReply, Frame, Mode, RequestCtx};
 use crate::keys::KeyIdentity;
 use crate::upstream::SESSION_HEADERS;

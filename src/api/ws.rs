@@ -26,8 +26,8 @@ use tokio::sync::mpsc;
 
 use super::AppState;
 use super::error::ApiError;
-use super::raw::{RawObject, array_inner};
 use super::responses::{Turn, authenticate, body_ids, normalise_ids, request_ctx};
+use crate::base::raw_json::{RawObject, array_inner};
 use crate::dispatch::{Frame, WsTurn};
 use crate::keys::KeyIdentity;
 use crate::upstream::event::Event;

@@ -1,9 +1,11 @@
 //! What every layer uses and that knows nothing of the rest of the crate: the clock, the
-//! stable names of enums, URL encoding, globs, durations for people, and periodic jobs.
+//! stable names of enums, URL encoding, globs, durations for people, periodic jobs, and JSON
+//! objects read as raw members.
 
 pub mod clock;
 pub mod duration;
 pub mod glob;
 pub mod job;
 pub(crate) mod names;
+pub mod raw_json;
 pub(crate) mod urlcode;

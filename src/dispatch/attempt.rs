@@ -418,11 +418,7 @@ impl<'a> Attempt<'a> {
             {
                 self.own(&t.frame)
             }
-            Some(t) if t.warmup => with_field(
-                &self.own(&self.ctx.body),
-                "generate",
-                serde_json::Value::Bool(false),
-            ),
+            Some(t) if t.warmup => with_field(&self.own(&self.ctx.body), "generate", &false),
             _ => self.own(&self.ctx.body),
         };
         let t = TurnSocket {
@@ -756,14 +752,12 @@ fn token_failed(
     End::Next
 }
 
-/// A JSON object body with one field set.
-fn with_field(body: &bytes::Bytes, key: &str, value: serde_json::Value) -> bytes::Bytes {
-    match serde_json::from_slice::<serde_json::Value>(body) {
+/// A JSON object body with one field set, its other members as sent.
+fn with_field(body: &bytes::Bytes, key: &str, value: &impl serde::Serialize) -> bytes::Bytes {
+    match crate::base::raw_json::RawObject::parse(body) {
         Ok(mut v) => {
-            v[key] = value;
-            serde_json::to_vec(&v)
-                .map(bytes::Bytes::from)
-                .unwrap_or_else(|_| body.clone())
+            v.set(key, value);
+            bytes::Bytes::from(v.encode())
         }
         Err(_) => body.clone(),
     }

@@ -610,19 +610,71 @@ pub struct WsTurn {
     socket: Option<TurnSocket>,
 }
 
+/// A `response.create` larger than this goes out in fragments of this size, so that the
+/// socket's write buffer never holds a second copy of a large turn.
+pub const FRAGMENT_BYTES: usize = 256 << 10;
+
 /// Sends `response.create` with `body` and returns the turn's frames.
-pub async fn turn(mut t: TurnSocket, body: &[u8]) -> Result<WsTurn, Facts> {
+pub async fn turn(mut t: TurnSocket, body: &Bytes) -> Result<WsTurn, Facts> {
     t.socket.owner = t.owner;
     let failed = |what: String| Facts::transport(Phase::PreHeaders, what).at(Endpoint::WebSocket);
-    let mut v: serde_json::Value =
-        serde_json::from_slice(body).map_err(|e| failed(format!("bad request body: {e}")))?;
-    v["type"] = serde_json::Value::String("response.create".into());
-    t.socket
-        .socket
-        .send(Message::Text(v.to_string().into()))
-        .await
-        .map_err(|e| failed(format!("websocket send failed: {e}")))?;
+    let messages = create_messages(body).map_err(|e| failed(format!("bad request body: {e}")))?;
+    for m in messages {
+        t.socket
+            .socket
+            .send(m)
+            .await
+            .map_err(|e| failed(format!("websocket send failed: {e}")))?;
+    }
     Ok(WsTurn { socket: Some(t) })
+}
+
+/// The messages that send the object `body` as `response.create`. The body is read as raw
+/// members (the input is forwarded, never built into a tree). One past [`FRAGMENT_BYTES`]
+/// that has no `type` of its own is not copied: the member goes ahead of it in a first
+/// fragment, and the body follows as slices of itself.
+fn create_messages(body: &Bytes) -> Result<Vec<Message>, String> {
+    use tokio_tungstenite::tungstenite::protocol::frame::Frame;
+    use tokio_tungstenite::tungstenite::protocol::frame::coding::{Data, OpCode};
+    let text = std::str::from_utf8(body).map_err(|e| e.to_string())?;
+    let mut frame = crate::base::raw_json::RawObject::parse(body).map_err(|e| e.to_string())?;
+    let open = text.len() - text.trim_start().len();
+    if body.len() <= FRAGMENT_BYTES || frame.raw("type").is_some() {
+        frame.set("type", &"response.create");
+        let text = tokio_tungstenite::tungstenite::Utf8Bytes::try_from(frame.encode())
+            .map_err(|e| e.to_string())?;
+        return Ok(vec![Message::Text(text)]);
+    }
+    let empty = frame.is_empty();
+    drop(frame);
+    // After the object's `{`.
+    let rest = body.slice(open + 1..);
+    let head: &'static [u8] = if empty {
+        br#"{"type":"response.create""#
+    } else {
+        br#"{"type":"response.create","#
+    };
+    let mut messages = vec![Message::Frame(Frame::message(
+        Bytes::from_static(head),
+        OpCode::Data(Data::Text),
+        false,
+    ))];
+    let mut at = 0;
+    while at < rest.len() {
+        let mut end = (at + FRAGMENT_BYTES).min(rest.len());
+        // A fragment ends where a character does.
+        while end < rest.len() && (rest[end] & 0xC0) == 0x80 {
+            end -= 1;
+        }
+        let last = end == rest.len();
+        messages.push(Message::Frame(Frame::message(
+            rest.slice(at..end),
+            OpCode::Data(Data::Continue),
+            last,
+        )));
+        at = end;
+    }
+    Ok(messages)
 }
 
 impl WsTurn {
@@ -688,6 +740,90 @@ impl WsTurn {
 mod tests {
     use super::*;
     use crate::base::clock::ManualClock;
+
+    /// The text a peer reassembles from the messages, and the largest payload among them.
+    fn reassembled(messages: Vec<Message>) -> (String, usize) {
+        let mut text = Vec::new();
+        let mut largest = 0;
+        let n = messages.len();
+        for (i, m) in messages.into_iter().enumerate() {
+            match m {
+                Message::Text(t) => {
+                    assert_eq!(n, 1, "a whole message comes alone");
+                    largest = t.len();
+                    text.extend_from_slice(t.as_bytes());
+                }
+                Message::Frame(f) => {
+                    assert_eq!(f.header().is_final, i + 1 == n, "only the last is final");
+                    largest = largest.max(f.payload().len());
+                    assert!(
+                        std::str::from_utf8(f.payload()).is_ok(),
+                        "ends where a character does"
+                    );
+                    text.extend_from_slice(f.payload());
+                }
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+        (String::from_utf8(text).expect("whole characters"), largest)
+    }
+
+    #[test]
+    fn a_large_turn_goes_out_as_slices_of_its_body_and_means_what_a_small_one_does() {
+        // Multi-byte characters everywhere, so that fragment ends fall inside some.
+        let item = format!(
+            r#"{{"type":"message","role":"user","content":[{{"type":"input_text","text":"é{}"}}]}}"#,
+            "日本✓".repeat(40)
+        );
+        let items: Vec<&str> =
+            std::iter::repeat_n(item.as_str(), (3 * FRAGMENT_BYTES) / item.len()).collect();
+        let body = Bytes::from(format!(
+            r#"{{"model":"gpt-5.5","stream":true,"input":[{}]}}"#,
+            items.join(",")
+        ));
+        let messages = create_messages(&body).unwrap();
+        assert!(messages.len() >= 4, "{} messages", messages.len());
+        // Continuations are slices of the body: no copy of it is made.
+        for m in &messages[1..] {
+            let Message::Frame(f) = m else {
+                panic!("{m:?}")
+            };
+            let p = f.payload();
+            let within = body.as_ptr() as usize..body.as_ptr() as usize + body.len();
+            assert!(
+                within.contains(&(p.as_ptr() as usize)),
+                "a slice of the body"
+            );
+        }
+        let (text, largest) = reassembled(messages);
+        assert!(largest <= FRAGMENT_BYTES, "{largest}");
+        let mut expected: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        expected["type"] = "response.create".into();
+        assert_eq!(
+            serde_json::from_str::<serde_json::Value>(&text).unwrap(),
+            expected
+        );
+
+        // A small body, and a large one that has a `type` of its own, go whole, typed once.
+        for body in [
+            Bytes::from_static(br#"{"model":"gpt-5.5","input":[]}"#),
+            Bytes::from(format!(r#"{{"type":"x","input":[{}]}}"#, items.join(","))),
+        ] {
+            let (text, _) = reassembled(create_messages(&body).unwrap());
+            let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+            assert_eq!(v["type"], "response.create");
+            assert_eq!(text.matches(r#""type":"response.create""#).count(), 1);
+        }
+        // An empty object, large only by its spaces, and bodies that are no object.
+        let spaced = Bytes::from(format!("{{{}}}", " ".repeat(FRAGMENT_BYTES + 1)));
+        let (text, _) = reassembled(create_messages(&spaced).unwrap());
+        assert_eq!(
+            serde_json::from_str::<serde_json::Value>(&text).unwrap(),
+            serde_json::json!({"type": "response.create"})
+        );
+        assert!(create_messages(&Bytes::from_static(b"[1]")).is_err());
+        assert!(create_messages(&Bytes::from_static(b"{\"a\":\"\xff\"}")).is_err());
+    }
 
     #[test]
     fn every_way_a_permit_ends_settles_a_half_open_breaker() {

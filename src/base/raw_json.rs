@@ -141,6 +141,11 @@ impl<'a> RawObject<'a> {
         self.members.iter().find(|(n, _)| n == name).map(|(_, m)| m)
     }
 
+    /// Whether the object has no members.
+    pub fn is_empty(&self) -> bool {
+        self.members.is_empty()
+    }
+
     /// A member's text as sent (or as made here).
     pub fn raw(&self, name: &str) -> Option<&str> {
         self.member(name)?.text()
