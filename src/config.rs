@@ -101,6 +101,20 @@ pub struct ServerConfig {
     /// refused.
     #[serde(deserialize_with = "positive_usize")]
     pub max_connections: usize,
+    /// What one client key may hold in memory at once, in MiB: its request bodies while they
+    /// are read and run, its WebSocket frames and its connections' history (never less than
+    /// one body of `max_body_bytes`).
+    #[serde(deserialize_with = "positive_usize")]
+    pub key_memory_mib: usize,
+}
+
+impl ServerConfig {
+    /// `key_memory_mib` in bytes, raised to one whole body when it is less.
+    pub fn key_memory_bytes(&self) -> usize {
+        self.key_memory_mib
+            .saturating_mul(1 << 20)
+            .max(usize::try_from(self.max_body_bytes).unwrap_or(usize::MAX))
+    }
 }
 
 impl Default for ServerConfig {
@@ -119,6 +133,7 @@ impl Default for ServerConfig {
             header_read_timeout: Duration::from_secs(10),
             keepalive_idle_timeout: Duration::from_secs(75),
             max_connections: 4096,
+            key_memory_mib: 256,
         }
     }
 }
@@ -443,6 +458,10 @@ client_write_timeout = "1m"
 header_read_timeout = "10s"
 keepalive_idle_timeout = "75s"
 max_connections = 4096
+# What one client key may hold in memory at once, in MiB: its request bodies, its WebSocket
+# frames and the history its WebSocket connections keep for continuations. Past it the key's
+# next body or frame gets 429 and its connections forget their oldest history first.
+key_memory_mib = 256
 
 [storage]
 # Where switchyard.redb and secret.key live.
@@ -600,6 +619,12 @@ mod tests {
         assert_eq!(c.storage.cache_bytes(), 64 << 20);
         let err = Config::parse("[storage]\ncache_mib = 0\n", Path::new("s.toml")).unwrap_err();
         assert!(err.to_string().contains("storage.cache_mib"), "{err}");
+        // A key's memory: never less than one whole body.
+        assert_eq!(Config::default().server.key_memory_bytes(), 256 << 20);
+        let c = Config::parse("[server]\nkey_memory_mib = 1\n", Path::new("s.toml")).unwrap();
+        assert_eq!(c.server.key_memory_bytes(), 16 << 20);
+        let err = Config::parse("[server]\nkey_memory_mib = 0\n", Path::new("s.toml")).unwrap_err();
+        assert!(err.to_string().contains("server.key_memory_mib"), "{err}");
     }
 
     #[test]

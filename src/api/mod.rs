@@ -45,6 +45,8 @@ pub struct AppState {
     pub max_body_bytes: usize,
     /// How long a request body may take, and how slowly it may come.
     pub body_limits: BodyLimits,
+    /// What each key holds in memory: bodies, frames and WebSocket history.
+    pub key_memory: Arc<crate::keys::memory::MemoryLedger>,
     /// Downstream WebSocket limits and open connections per key.
     pub ws: ws::WsLimits,
     pub ws_connections: ws::ConnectionCounts,
@@ -117,6 +119,11 @@ impl AppState {
             metrics_token: std::sync::RwLock::new(None),
             max_body_bytes,
             body_limits: BodyLimits::default(),
+            key_memory: crate::keys::memory::MemoryLedger::new(
+                crate::config::ServerConfig::default()
+                    .key_memory_bytes()
+                    .max(max_body_bytes),
+            ),
             ws: ws::WsLimits::default(),
             ws_connections: ws::ConnectionCounts::default(),
             feed: crate::telemetry::feed::FeedHub::default(),
@@ -282,7 +289,13 @@ impl AppState {
             "# HELP switchyard_key_refusals_total Requests refused by their key's policy, by code, since start.\n\
              # TYPE switchyard_key_refusals_total counter\n\
              # HELP switchyard_key_in_flight Requests running per client key.\n\
-             # TYPE switchyard_key_in_flight gauge"
+             # TYPE switchyard_key_in_flight gauge\n\
+             # HELP switchyard_key_memory_bytes What each client key holds in memory: request bodies, WebSocket frames and history.\n\
+             # TYPE switchyard_key_memory_bytes gauge\n\
+             # HELP switchyard_key_memory_limit_bytes What one client key may hold in memory ([server] key_memory_mib).\n\
+             # TYPE switchyard_key_memory_limit_bytes gauge\n\
+             switchyard_key_memory_limit_bytes {}",
+            self.key_memory.limit()
         );
         for (k, _) in self.keys.active() {
             let now = self.keys.now(&k.id);
@@ -298,6 +311,12 @@ impl AppState {
                 "switchyard_key_in_flight{{key=\"{}\"}} {}",
                 name(&k.id),
                 now.in_flight
+            );
+            let _ = writeln!(
+                out,
+                "switchyard_key_memory_bytes{{key=\"{}\"}} {}",
+                name(&k.id),
+                self.key_memory.held(&k.id)
             );
         }
         let _ = writeln!(

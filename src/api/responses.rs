@@ -22,6 +22,7 @@ use super::server::ClientConn;
 use crate::base::raw_json::RawObject;
 use crate::dispatch::{ErrorReply, Frame, Mode, RequestCtx};
 use crate::keys::KeyIdentity;
+use crate::keys::memory::{Charge, OverBudget};
 use crate::upstream::SESSION_HEADERS;
 use crate::upstream::event::Event;
 use crate::upstream::{headers, identity};
@@ -53,12 +54,16 @@ pub fn authenticate(state: &AppState, headers: &HeaderMap) -> Result<KeyIdentity
 
 /// Reads the body up to the configured cap (413 beyond it), and decodes it as its
 /// `Content-Encoding` says (the cap applies to the decoded bytes too).
+///
+/// With a `charge`, the key pays for the body in its memory budget as it arrives (and for the
+/// decoded body, when it is larger): 429 when the budget has no room for it.
 pub async fn read_body(
     state: &AppState,
     headers: &HeaderMap,
     body: Body,
+    mut charge: Option<&mut Charge>,
 ) -> Result<Bytes, ApiError> {
-    let raw = read_raw(state, headers, body).await?;
+    let raw = read_limited(state, headers, body, true, charge.as_deref_mut()).await?;
     let encoding = headers
         .get(header::CONTENT_ENCODING)
         .and_then(|v| v.to_str().ok());
@@ -66,7 +71,13 @@ pub async fn read_body(
         return Ok(raw);
     }
     let cap = state.max_body_bytes;
-    crate::upstream::encoding::decode(encoding, raw, cap).map_err(|e| match e {
+    let decoded = crate::upstream::encoding::decode(encoding, raw, cap);
+    if let (Ok(decoded), Some(charge)) = (&decoded, charge) {
+        charge
+            .set(decoded.len())
+            .map_err(|e| over_budget(e, "this request body, decoded,"))?;
+    }
+    decoded.map_err(|e| match e {
         crate::upstream::encoding::DecodeError::TooLarge(_) => too_large(cap),
         crate::upstream::encoding::DecodeError::Unsupported(_) => ApiError::new(
             StatusCode::UNSUPPORTED_MEDIA_TYPE,
@@ -105,6 +116,16 @@ fn declared_too_large(state: &AppState, headers: &HeaderMap) -> Option<ApiError>
         .then(|| too_large(cap))
 }
 
+/// A key out of memory budget ([`crate::keys::memory`]).
+pub fn over_budget(e: OverBudget, what: &str) -> ApiError {
+    ApiError::new(
+        StatusCode::TOO_MANY_REQUESTS,
+        "rate_limit_error",
+        Some("key_memory_limit_reached"),
+        e.message(what),
+    )
+}
+
 fn body_timeout(message: String) -> ApiError {
     ApiError::new(
         StatusCode::REQUEST_TIMEOUT,
@@ -118,12 +139,14 @@ fn body_timeout(message: String) -> ApiError {
 /// than `body_min_rate` on average once its first seconds are over
 /// ([`super::BodyLimits::grace`]).
 /// With `keep` false they are counted and dropped (a refused request's body, read so the
-/// answer is not lost to a reset).
+/// answer is not lost to a reset). A `charge` pays for what is kept, ahead of it: the length
+/// the head declares before any of it is read, and what arrives beyond that as it arrives.
 async fn read_limited(
     state: &AppState,
     headers: &HeaderMap,
     body: Body,
     keep: bool,
+    mut charge: Option<&mut Charge>,
 ) -> Result<Bytes, ApiError> {
     use http_body_util::BodyExt;
     let cap = state.max_body_bytes;
@@ -135,6 +158,13 @@ async fn read_limited(
     } else {
         0
     };
+    let mut pay = |total: usize| match charge.as_deref_mut() {
+        Some(c) if total > c.bytes() => c
+            .set(total)
+            .map_err(|e| over_budget(e, "this request body")),
+        _ => Ok(()),
+    };
+    pay(reserve)?;
     let mut buf = BytesMut::with_capacity(reserve);
     let mut received: u64 = 0;
     let mut body = body;
@@ -177,14 +207,11 @@ async fn read_limited(
             return Err(too_large(cap));
         }
         if keep {
+            pay(buf.len() + data.len())?;
             buf.extend_from_slice(&data);
         }
     }
     Ok(buf.freeze())
-}
-
-async fn read_raw(state: &AppState, headers: &HeaderMap, body: Body) -> Result<Bytes, ApiError> {
-    read_limited(state, headers, body, true).await
 }
 
 /// Reads a JSON object body once ([`RawObject`]), answering 400 with the parse position when
@@ -270,15 +297,17 @@ async fn handle(
         Err(tail) => {
             let _reading = conn.as_ref().map(ClientConn::reading_body);
             // Read and dropped, so the client sees the answer rather than a reset.
-            return match read_limited(&state, &headers, body, false).await {
+            return match read_limited(&state, &headers, body, false, None).await {
                 Ok(_) => tail_response(tail),
                 Err(e) => closing(e.into_response()),
             };
         }
     };
+    // The body is paid for in the key's memory as it arrives, and while the request runs.
+    let mut charge = state.key_memory.charge(&key.id);
     let bytes = {
         let _reading = conn.as_ref().map(ClientConn::reading_body);
-        read_body(&state, &headers, body).await
+        read_body(&state, &headers, body, Some(&mut charge)).await
     };
     let bytes = match bytes {
         Ok(b) => b,
@@ -289,6 +318,7 @@ async fn handle(
         Err(e) => return e.into_response(),
     };
     ctx.key_permit = Some(permit);
+    ctx.memory = Some(Arc::new(charge));
     ctx.stalled = conn.map(|c| c.stall_flag());
     let mode = ctx.mode;
     let (tx, rx) = mpsc::channel(64);
@@ -554,6 +584,7 @@ fn ctx_of(
         },
         received,
         key_permit: None,
+        memory: None,
     }
 }
 

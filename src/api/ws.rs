@@ -30,6 +30,7 @@ use super::responses::{Turn, authenticate, body_ids, normalise_ids, request_ctx}
 use crate::base::raw_json::{RawObject, array_inner};
 use crate::dispatch::{Frame, WsTurn};
 use crate::keys::KeyIdentity;
+use crate::keys::memory::{Charge, OverBudget};
 use crate::upstream::event::Event;
 use crate::upstream::identity;
 use crate::upstream::ws::{MAX_FRAME, SOCKET_BUFFER};
@@ -155,20 +156,39 @@ struct History {
     /// What the entries hold, each buffer counted once.
     bytes: usize,
     max_bytes: usize,
+    /// The key's memory the entries take: past the key's budget the oldest are forgotten,
+    /// the newest as well when it alone does not fit.
+    charge: Charge,
+    /// The last responses forgotten for the key's budget, for the error a continuation of
+    /// one of them gets.
+    forgotten: std::collections::VecDeque<String>,
 }
 
+/// A frame's place in its key's memory budget, or why it has none.
+type Paid = Result<Charge, OverBudget>;
+
+/// Responses a connection remembers having forgotten for its key's budget.
+const FORGOTTEN_KEPT: usize = 16;
+
 impl History {
-    fn new(max_bytes: usize) -> History {
+    fn new(max_bytes: usize, charge: Charge) -> History {
         History {
             entries: HashMap::new(),
             order: std::collections::VecDeque::new(),
             bytes: 0,
             max_bytes,
+            charge,
+            forgotten: std::collections::VecDeque::new(),
         }
     }
 
     fn get(&self, id: &str) -> Option<&Vec<Piece>> {
         self.entries.get(id)
+    }
+
+    /// Whether `id` was forgotten for the key's memory budget.
+    fn forgot_for_budget(&self, id: &str) -> bool {
+        self.forgotten.iter().any(|f| f == id)
     }
 
     /// The bytes the entries keep in memory, each piece counted once however many entries
@@ -183,18 +203,36 @@ impl History {
             .sum()
     }
 
-    /// Keeps a response's history, dropping the oldest entries beyond the budget.
+    /// Keeps a response's history, dropping the oldest entries beyond the connection's cap
+    /// (the newest always stays within it) and beyond the key's budget (the newest too).
     fn remember(&mut self, id: String, pieces: Vec<Piece>) {
         if self.entries.insert(id.clone(), pieces).is_some() {
             self.order.retain(|o| *o != id);
         }
         self.order.push_back(id);
-        self.bytes = self.held();
-        while self.bytes > self.max_bytes && self.order.len() > 1 {
-            if let Some(old) = self.order.pop_front() {
-                self.entries.remove(&old);
+        loop {
+            let held = self.held();
+            if held <= self.max_bytes || self.order.len() <= 1 {
+                if self.charge.set(held).is_ok() {
+                    self.bytes = held;
+                    return;
+                }
+                if let Some(old) = self.order.front() {
+                    if self.forgotten.len() >= FORGOTTEN_KEPT {
+                        self.forgotten.pop_front();
+                    }
+                    self.forgotten.push_back(old.clone());
+                }
             }
-            self.bytes = self.held();
+            match self.order.pop_front() {
+                Some(old) => {
+                    self.entries.remove(&old);
+                }
+                None => {
+                    self.bytes = 0;
+                    return;
+                }
+            }
         }
     }
 }
@@ -228,7 +266,8 @@ struct Connection {
     history: History,
     /// Requests that arrived while a turn ran (a client may send its next request the moment
     /// it has read `response.completed`, before the turn has ended here).
-    queued: std::collections::VecDeque<axum::extract::ws::Utf8Bytes>,
+    /// Each paid for in the key's memory budget when it arrived, or refused then.
+    queued: std::collections::VecDeque<(Utf8Bytes, Paid)>,
     /// This connection's number: the upstream sockets it uses are its own while it lasts.
     id: u64,
 }
@@ -254,6 +293,11 @@ fn text_frame(ev: &Event) -> Message {
     }
 }
 
+/// An error's `error` object, for an error frame.
+fn api_error(e: &ApiError) -> Value {
+    serde_json::to_value(e.body().error).unwrap_or(Value::Null)
+}
+
 fn error_frame(status: u16, error: Value) -> Message {
     Message::Text(
         json!({"type": "error", "status": status, "error": error})
@@ -275,13 +319,14 @@ impl Connection {
             "ws-{}",
             crate::keys::random_base62(16).unwrap_or_else(|_| n.to_string())
         );
+        let history = History::new(MAX_HISTORY_BYTES, state.key_memory.charge(&key.id));
         Connection {
             state,
             key,
             headers,
             session,
             stalled,
-            history: History::new(MAX_HISTORY_BYTES),
+            history,
             queued: std::collections::VecDeque::new(),
             id: n,
         }
@@ -295,11 +340,11 @@ impl Connection {
         // a socket that only pings holds its place no longer than one that says nothing.
         let mut deadline = tokio::time::Instant::now() + first_timeout;
         let end = loop {
-            if let Some(text) = self.queued.pop_front() {
+            if let Some((text, paid)) = self.queued.pop_front() {
                 if self.state.is_draining() {
                     break End::Close(close_code::AWAY, "server shutting down");
                 }
-                if let Err(end) = self.turn(&mut socket, text).await {
+                if let Err(end) = self.turn(&mut socket, text, paid).await {
                     break end;
                 }
                 deadline = tokio::time::Instant::now() + idle_timeout;
@@ -332,7 +377,8 @@ impl Connection {
             first = false;
             match msg {
                 Message::Text(text) => {
-                    if let Err(end) = self.turn(&mut socket, text).await {
+                    let paid = self.pay(&text);
+                    if let Err(end) = self.turn(&mut socket, text, paid).await {
                         break end;
                     }
                     deadline = tokio::time::Instant::now() + idle_timeout;
@@ -355,9 +401,29 @@ impl Connection {
         }
     }
 
+    /// A frame paid for in the key's memory budget: it and the body made of it.
+    fn pay(&self, text: &Utf8Bytes) -> Paid {
+        let mut charge = self.state.key_memory.charge(&self.key.id);
+        charge.grow(2 * text.len()).map(|()| charge)
+    }
+
     /// One `response.create`. `Err` ends the connection.
-    async fn turn(&mut self, socket: &mut WebSocket, text: Utf8Bytes) -> Result<(), End> {
+    async fn turn(
+        &mut self,
+        socket: &mut WebSocket,
+        text: Utf8Bytes,
+        paid: Paid,
+    ) -> Result<(), End> {
         let received = Instant::now();
+        let flight = match paid {
+            Ok(charge) => charge,
+            Err(e) => {
+                let e = super::responses::over_budget(e, "this request");
+                return self
+                    .send(socket, error_frame(e.status.as_u16(), api_error(&e)))
+                    .await;
+            }
+        };
         let text = Bytes::from(text);
         // Read once, its members kept as sent: the input is never built into a tree.
         let Ok(mut obj) = RawObject::parse(&text) else {
@@ -405,10 +471,15 @@ impl Connection {
             match self.history.get(prev) {
                 Some(history) => full.extend(history.iter().cloned()),
                 None => {
+                    let why = if self.history.forgot_for_budget(prev) {
+                        " It was forgotten: this key's memory budget ([server] key_memory_mib) was full; send the whole input."
+                    } else {
+                        ""
+                    };
                     let e = json!({
                         "type": "invalid_request_error",
                         "code": "previous_response_not_found",
-                        "message": format!("Previous response with id '{prev}' not found."),
+                        "message": format!("Previous response with id '{prev}' not found.{why}"),
                         "param": "previous_response_id",
                     });
                     return self.send(socket, error_frame(400, e)).await;
@@ -430,9 +501,9 @@ impl Connection {
         ) {
             Ok(c) => c,
             Err(e) => {
-                let body = e.body();
-                let v = serde_json::to_value(&body.error).unwrap_or(Value::Null);
-                return self.send(socket, error_frame(e.status.as_u16(), v)).await;
+                return self
+                    .send(socket, error_frame(e.status.as_u16(), api_error(&e)))
+                    .await;
             }
         };
         let mut ctx = ctx;
@@ -492,12 +563,17 @@ impl Connection {
                         if self.queued.len() >= MAX_QUEUED_TURNS {
                             return Err(End::Close(close_code::POLICY, "too many requests sent while one runs"));
                         }
-                        self.queued.push_back(next);
+                        // A frame the key cannot pay for is not kept: its turn is its refusal.
+                        let paid = self.pay(&next);
+                        let next = if paid.is_ok() { next } else { Utf8Bytes::from_static("") };
+                        self.queued.push_back((next, paid));
                     }
                     Some(Ok(_)) => {}
                 },
             }
         }
+        // The frame is paid for until its turn ends; what it leaves is the history's to pay.
+        drop(flight);
         if let Some(id) = completed_id {
             full.extend(output);
             self.history.remember(id, full);
@@ -591,6 +667,38 @@ impl AppState {
 mod tests {
     use super::*;
 
+    fn unlimited() -> Charge {
+        crate::keys::memory::MemoryLedger::new(usize::MAX).charge("k")
+    }
+
+    #[test]
+    fn connections_of_one_key_share_its_budget_and_forget_first_what_does_not_fit() {
+        let ledger = crate::keys::memory::MemoryLedger::new(100);
+        let mut a = History::new(1000, ledger.charge("k"));
+        let mut b = History::new(1000, ledger.charge("k"));
+        a.remember("a1".into(), piece(1, 30));
+        a.remember("a2".into(), piece(2, 30));
+        assert_eq!(ledger.held("k"), 60);
+        // Past the key's budget a connection forgets its own oldest first...
+        b.remember("b1".into(), piece(3, 30));
+        b.remember("b2".into(), piece(4, 30));
+        assert!(b.get("b1").is_none() && b.get("b2").is_some());
+        assert!(b.forgot_for_budget("b1"));
+        assert_eq!((b.bytes, ledger.held("k")), (30, 90));
+        // ...and its newest too when that alone does not fit.
+        b.remember("b3".into(), piece(5, 50));
+        assert!(b.get("b3").is_none() && b.get("b2").is_none());
+        assert!(b.forgot_for_budget("b2") && b.forgot_for_budget("b3"));
+        assert_eq!((b.bytes, ledger.held("k")), (0, 60));
+        // A connection that closes gives its share back.
+        drop(a);
+        assert_eq!(ledger.held("k"), 0);
+        b.remember("b4".into(), piece(6, 50));
+        assert!(b.get("b4").is_some());
+        assert_eq!(ledger.held("k"), 50);
+        assert!(!b.forgot_for_budget("b4"));
+    }
+
     fn piece(n: usize, len: usize) -> Vec<Piece> {
         let text = format!("{n:0len$}");
         vec![Piece::copied(text)]
@@ -602,7 +710,7 @@ mod tests {
 
     #[test]
     fn past_its_budget_the_history_drops_the_oldest_and_keeps_the_newest() {
-        let mut h = History::new(100);
+        let mut h = History::new(100, unlimited());
         for (i, id) in ["r1", "r2", "r3"].iter().enumerate() {
             h.remember((*id).into(), piece(i, 40));
         }
@@ -624,7 +732,7 @@ mod tests {
 
     #[test]
     fn the_same_response_again_is_counted_once() {
-        let mut h = History::new(100);
+        let mut h = History::new(100, unlimited());
         h.remember("r1".into(), piece(1, 60));
         h.remember("r1".into(), piece(2, 30));
         assert_eq!((h.order.len(), h.bytes), (1, 30));
@@ -633,7 +741,7 @@ mod tests {
 
     #[test]
     fn a_chain_counts_what_it_holds_once_and_a_slice_counts_its_whole_buffer() {
-        let mut h = History::new(1000);
+        let mut h = History::new(1000, unlimited());
         // A turn's input is most of its frame: a slice of it, holding the whole frame.
         let frame = Bytes::from(format!("{{\"input\":[{}]}}", "1,".repeat(99) + "1"));
         let inner = std::str::from_utf8(&frame[10..frame.len() - 2]).unwrap();

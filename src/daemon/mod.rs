@@ -100,6 +100,7 @@ fn app_state(
         .metrics_token
         .get_mut()
         .unwrap_or_else(|e| e.into_inner()) = config.admin.metrics_token.clone();
+    state.key_memory = crate::keys::memory::MemoryLedger::new(config.server.key_memory_bytes());
     state.body_limits = crate::api::BodyLimits {
         timeout: config.server.body_timeout,
         min_rate: config.server.body_min_rate,

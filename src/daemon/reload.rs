@@ -190,8 +190,9 @@ fn restart_needed(started: &Config, new: &Config) -> Vec<String> {
     let checks = [
         ("server.listen", s.server.listen != n.server.listen),
         (
-            "server.max_body_bytes, body_timeout, body_min_rate",
+            "server.max_body_bytes, body_timeout, body_min_rate, key_memory_mib",
             s.server.max_body_bytes != n.server.max_body_bytes
+                || s.server.key_memory_mib != n.server.key_memory_mib
                 || s.server.body_timeout != n.server.body_timeout
                 || s.server.body_min_rate != n.server.body_min_rate,
         ),

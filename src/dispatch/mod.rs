@@ -124,6 +124,8 @@ pub struct RequestCtx {
     /// The key's slot, when the request was admitted from its head (HTTP, before its body
     /// was read); otherwise the dispatcher admits it.
     pub key_permit: Option<Arc<crate::keys::KeyPermit>>,
+    /// The key's memory its body (or frame) holds while the request runs.
+    pub memory: Option<Arc<crate::keys::memory::Charge>>,
 }
 
 /// What a downstream WebSocket turn carries beyond its expanded body.

@@ -4,6 +4,7 @@
 //! state (`gate.rs`).
 
 pub mod gate;
+pub mod memory;
 pub mod policy;
 pub mod usage;
 

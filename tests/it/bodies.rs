@@ -241,3 +241,86 @@ async fn slow_bodies_from_one_key_make_room_for_well_behaved_clients() {
         t.abort();
     }
 }
+
+/// `body` padded with spaces to `len` bytes (still one JSON object).
+fn padded(body: &Value, len: usize) -> String {
+    let mut text = body.to_string();
+    assert!(text.len() <= len);
+    text.push_str(&" ".repeat(len - text.len()));
+    text
+}
+
+/// What a key's bodies hold is paid for in its memory budget from the head on: a body that
+/// does not fit beside the key's others is refused before it is read, another key is not
+/// touched, and the budget comes back when the request is done.
+#[tokio::test]
+async fn a_keys_bodies_share_its_memory_budget_and_one_that_does_not_fit_is_refused_unread() {
+    let gw = Gw::start_with(1, |c| {
+        c.server.max_body_bytes = 600_000;
+        c.server.key_memory_mib = 1;
+        c.server.body_min_rate = 1;
+    })
+    .await;
+    let (_, mem) = gw.make_key("mem", json!({})).await;
+    let (_, other) = gw.make_key("other", json!({})).await;
+    let body = padded(&body_plain("gpt-5.5", "hello", false), 600_000);
+    let held = |n: usize| format!("switchyard_key_memory_bytes{{key=\"mem\"}} {n}\n");
+    // One body on its way: the key pays for all of it from the head.
+    let mut first = TcpStream::connect(gw.addr).await.unwrap();
+    first.write_all(&head(&gw, &mem, 600_000)).await.unwrap();
+    first.write_all(&body.as_bytes()[..10]).await.unwrap();
+    until("the first body to be paid for", || async {
+        gw.metrics_text().await.contains(&held(600_000))
+    })
+    .await;
+    assert!(
+        gw.metrics_text()
+            .await
+            .contains("switchyard_key_memory_limit_bytes 1048576\n")
+    );
+    // A second does not fit beside it: refused from its head, the connection closed.
+    let mut second = TcpStream::connect(gw.addr).await.unwrap();
+    second.write_all(&head(&gw, &mem, 600_000)).await.unwrap();
+    second.write_all(b"{").await.unwrap();
+    let (status, head_text, rest) = answer_then_close(&mut second).await;
+    assert_eq!(status, 429, "{head_text}{rest}");
+    assert!(head_text.to_lowercase().contains("connection: close"));
+    let e = error_of(&rest);
+    assert_eq!(e["error"]["code"], "key_memory_limit_reached", "{e}");
+    assert!(
+        e["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("0.6 MiB of 1.0 MiB"),
+        "{e}"
+    );
+    // Another key has a budget of its own.
+    let resp = gw
+        .http
+        .post(gw.url("/v1/responses"))
+        .header("authorization", format!("Bearer {other}"))
+        .body(body.clone())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    // The first body completes and its request runs; when it is done the budget is back.
+    first.write_all(&body.as_bytes()[10..]).await.unwrap();
+    let answer = read_head(&mut first).await;
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    until("the key's budget to come back", || async {
+        gw.metrics_text().await.contains(&held(0))
+    })
+    .await;
+    let resp = gw
+        .http
+        .post(gw.url("/v1/responses"))
+        .header("authorization", format!("Bearer {mem}"))
+        .body(body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    // The refused body touched no account: the three others were served, it was not.
+    assert_eq!(gw.served(&gw.rr_order()[0]), 3);
+}

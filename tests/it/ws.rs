@@ -1017,3 +1017,69 @@ async fn pings_do_not_keep_a_socket_without_requests_open() {
     );
     assert_eq!(ping_until_closed(&mut ws).await, (1000, "idle".to_string()));
 }
+
+/// A `response.create` whose input is `bytes` long or so, of small messages.
+fn create_of_size(bytes: usize) -> Message {
+    let item = json!({"type": "message", "role": "user", "content": [{"type": "input_text", "text": "x".repeat(200)}]});
+    let n = bytes / item.to_string().len();
+    create(json!({"input": vec![item; n]}))
+}
+
+/// A key's WebSocket connections share its memory budget with its bodies: a frame that does
+/// not fit beside another connection's history is refused with an error frame (the socket
+/// stays open), and fits once that connection has closed.
+#[tokio::test]
+async fn a_frame_past_its_keys_memory_budget_is_refused_and_fits_once_another_socket_closes() {
+    let gw = Gw::start_with(1, |c| {
+        c.server.max_body_bytes = 100_000;
+        c.server.key_memory_mib = 1;
+    })
+    .await;
+    let held = |n: &str| format!("switchyard_key_memory_bytes{{key=\"test\"}} {n}");
+    let mut a = connect(&gw, Some(&gw.key)).await.unwrap();
+    a.send(create_of_size(300_000)).await.unwrap();
+    assert_eq!(
+        turn(&mut a).await.last().unwrap()["type"],
+        "response.completed"
+    );
+    // What `a` keeps for its continuations is the key's to pay.
+    let metrics = gw.metrics_text().await;
+    let line = metrics
+        .lines()
+        .find(|l| l.starts_with(&held("")))
+        .unwrap_or_else(|| panic!("{metrics}"));
+    let kept: usize = line.rsplit(' ').next().unwrap().parse().unwrap();
+    assert!((300_000..400_000).contains(&kept), "{line}");
+    // A frame of 400 KB on another socket: it and its body do not fit beside that.
+    let mut b = connect(&gw, Some(&gw.key)).await.unwrap();
+    b.send(create_of_size(400_000)).await.unwrap();
+    let refused = turn(&mut b).await;
+    let e = refused.last().unwrap();
+    assert_eq!(
+        (e["type"].as_str(), e["status"].as_u64()),
+        (Some("error"), Some(429)),
+        "{e}"
+    );
+    assert_eq!(e["error"]["code"], "key_memory_limit_reached", "{e}");
+    // Another key is not touched by it.
+    let (_, other) = gw.make_key("other", json!({})).await;
+    let mut c = connect(&gw, Some(&other)).await.unwrap();
+    c.send(create_of_size(400_000)).await.unwrap();
+    assert_eq!(
+        turn(&mut c).await.last().unwrap()["type"],
+        "response.completed"
+    );
+    // `a` closes and gives its share back; the same frame on `b` (still open) now runs.
+    a.close(None).await.unwrap();
+    until("the closed socket's history to be given back", || async {
+        gw.metrics_text()
+            .await
+            .contains(&format!("{}\n", held("0")))
+    })
+    .await;
+    b.send(create_of_size(400_000)).await.unwrap();
+    assert_eq!(
+        turn(&mut b).await.last().unwrap()["type"],
+        "response.completed"
+    );
+}
