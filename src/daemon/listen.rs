@@ -22,6 +22,24 @@ impl Listeners {
     }
 }
 
+/// Connections the kernel may hold for the client listener before they are accepted, as the
+/// socket unit's `Backlog=` (the kernel caps it at `net.core.somaxconn`). A burst past the
+/// backlog has its handshakes dropped and retried a second later, a well-behaved client's
+/// among them: a flood of thousands of connections at once is taken in and judged here.
+pub const BACKLOG: u32 = 4096;
+
+/// A TCP listener on `addr` with [`BACKLOG`].
+fn listen_tcp(addr: SocketAddr) -> std::io::Result<TcpListener> {
+    let socket = if addr.is_ipv4() {
+        tokio::net::TcpSocket::new_v4()?
+    } else {
+        tokio::net::TcpSocket::new_v6()?
+    };
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(BACKLOG)
+}
+
 /// Binds the client listener and the admin socket (mode 0660). A stale socket file left by a
 /// crash is replaced; one that a live daemon answers on is an error.
 pub async fn bind(listen: SocketAddr, admin_path: &Path) -> Result<Listeners, BootError> {
@@ -55,12 +73,10 @@ pub async fn bind_with(
             }
             taken
         }
-        None => TcpListener::bind(listen)
-            .await
-            .map_err(|source| BootError::Listen {
-                addr: listen.to_string(),
-                source,
-            })?,
+        None => listen_tcp(listen).map_err(|source| BootError::Listen {
+            addr: listen.to_string(),
+            source,
+        })?,
     };
     let socket_err = |source| BootError::Socket {
         path: admin_path.to_path_buf(),
