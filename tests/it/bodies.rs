@@ -204,14 +204,8 @@ async fn slow_bodies_from_one_key_make_room_for_well_behaved_clients() {
         .build()
         .unwrap();
     let evicted = || async {
-        fresh
-            .get(gw.url("/metrics"))
-            .send()
+        gw.metrics_text_via(&fresh)
             .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap()
             .lines()
             .find_map(|l| {
                 l.strip_prefix("switchyard_client_connections_closed_total{reason=\"evicted\"} ")

@@ -323,16 +323,19 @@ fn account_set_stores_the_proxy_sealed_and_refuses_a_bad_one() {
     assert!(stderr(&set).contains("--proxy-file"), "{}", stderr(&set));
     let file = tmp.path().join("proxy.url");
     std::fs::write(&file, "http://dave:sesame99@127.0.0.1:3128\n").unwrap();
-    let from_file = cli(
-        &state,
-        &[
-            "account",
-            "set",
-            "acc-0001",
-            "--proxy-file",
-            file.to_str().unwrap(),
-        ],
-    );
+    let set_from_file = || {
+        cli(
+            &state,
+            &[
+                "account",
+                "set",
+                "acc-0001",
+                "--proxy-file",
+                file.to_str().unwrap(),
+            ],
+        )
+    };
+    let from_file = set_from_file();
     assert!(from_file.status.success(), "{}", stderr(&from_file));
     assert!(
         stdout(&from_file).contains("proxy http://dave:***@127.0.0.1:3128"),
@@ -356,16 +359,7 @@ fn account_set_stores_the_proxy_sealed_and_refuses_a_bad_one() {
         stdout(&from_stdin)
     );
     std::fs::write(&file, "ftp://x:1\n").unwrap();
-    let bad = cli(
-        &state,
-        &[
-            "account",
-            "set",
-            "acc-0001",
-            "--proxy-file",
-            file.to_str().unwrap(),
-        ],
-    );
+    let bad = set_from_file();
     assert!(!bad.status.success());
     assert!(stderr(&bad).contains("--proxy-file"), "{}", stderr(&bad));
     std::fs::write(&file, "\n").unwrap();

@@ -379,7 +379,12 @@ impl Gw {
 
     /// The `/metrics` exposition.
     pub async fn metrics_text(&self) -> String {
-        self.http
+        self.metrics_text_via(&self.http).await
+    }
+
+    /// The `/metrics` exposition, asked with `client`.
+    pub async fn metrics_text_via(&self, client: &reqwest::Client) -> String {
+        client
             .get(self.url("/metrics"))
             .send()
             .await
