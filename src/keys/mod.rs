@@ -86,6 +86,9 @@ pub struct KeyRing {
     store: Store,
     clock: SharedClock,
     gates: Gates,
+    /// Held from a new key's name check to its insertion: of concurrent creates under one
+    /// name exactly one wins.
+    naming: Arc<tokio::sync::Mutex<()>>,
 }
 
 fn sha256(s: &str) -> [u8; 32] {
@@ -129,6 +132,7 @@ impl KeyRing {
             store,
             clock,
             gates: Gates::default(),
+            naming: Arc::default(),
         })
     }
 
@@ -157,8 +161,10 @@ impl KeyRing {
             .collect()
     }
 
-    /// The key an id or a name stands for. A name shared by several keys (a revoked one and
-    /// its successor) is an error that lists their ids, unless exactly one of them is active.
+    /// The key an id or a name stands for. A name is the active key's that bears it (names
+    /// are unique among active keys; a revoked key keeps its name in history only); with no
+    /// active one, the one revoked key of that name, and several are an error that lists
+    /// their ids.
     pub fn resolve(&self, id_or_name: &str) -> Result<ClientKeyRecord, KeyError> {
         let inner = self.read();
         if let Some(e) = inner.by_id.get(id_or_name) {
@@ -171,10 +177,11 @@ impl KeyRing {
             .filter(|r| r.name == id_or_name)
             .collect();
         named.sort_by(|a, b| a.created_at.cmp(&b.created_at).then(a.id.cmp(&b.id)));
-        match named.as_slice() {
-            [] => Err(KeyError::NotFound(id_or_name.to_string())),
-            [one] => Ok((*one).clone()),
-            many => Err(KeyError::Ambiguous {
+        let active: Vec<&ClientKeyRecord> = named.iter().copied().filter(|r| r.enabled).collect();
+        match (active.as_slice(), named.as_slice()) {
+            ([one], _) | ([], [one]) => Ok((*one).clone()),
+            (_, []) => Err(KeyError::NotFound(id_or_name.to_string())),
+            (_, many) => Err(KeyError::Ambiguous {
                 name: id_or_name.to_string(),
                 ids: many.iter().map(|r| r.id.clone()).collect(),
             }),
@@ -203,6 +210,16 @@ impl KeyRing {
         let policy = Policy::default()
             .patched(policy)
             .map_err(KeyError::BadPolicy)?;
+        let now = self.clock.now_secs();
+        if let Some(at) = policy.expires_at.filter(|at| *at <= now) {
+            return Err(KeyError::BadPolicy(format!(
+                "it would expire at {}, which has passed: a key must expire in the future",
+                crate::base::clock::rfc3339(at)
+            )));
+        }
+        // The name is checked and the key inserted under one lock: a concurrent create of the
+        // same name waits and then finds it taken.
+        let _naming = self.naming.lock().await;
         if self
             .read()
             .by_id
@@ -218,7 +235,7 @@ impl KeyRing {
             prefix: secret[..SHOWN_PREFIX_LEN].to_string(),
             sha256: sha256(&secret),
             enabled: true,
-            created_at: self.clock.now_secs(),
+            created_at: now,
             revoked_at: None,
             policy: policy.to_row(),
         };
@@ -276,22 +293,7 @@ impl KeyRing {
     /// Revokes a key: it stops authenticating at once and stays listed as revoked. Revoking a
     /// revoked key changes nothing.
     pub async fn revoke(&self, id_or_name: &str) -> Result<ClientKeyRecord, KeyError> {
-        let id = match self.resolve(id_or_name) {
-            Ok(r) => r.id,
-            // Of several keys with one name, the active one is meant.
-            Err(KeyError::Ambiguous { name, ids }) => {
-                let inner = self.read();
-                let active: Vec<&String> = ids
-                    .iter()
-                    .filter(|id| inner.by_id.get(*id).is_some_and(|e| e.record.enabled))
-                    .collect();
-                match active.as_slice() {
-                    [one] => (*one).clone(),
-                    _ => return Err(KeyError::Ambiguous { name, ids }),
-                }
-            }
-            Err(e) => return Err(e),
-        };
+        let id = self.resolve(id_or_name)?.id;
         let record = {
             let mut inner = self.write();
             let e = inner
@@ -539,6 +541,78 @@ mod tests {
             r.revoke("key_nope").await,
             Err(KeyError::NotFound(_))
         ));
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn of_concurrent_creates_under_one_name_exactly_one_wins() {
+        let r = ring();
+        let tries: Vec<_> = (0..8)
+            .map(|_| {
+                let r = r.clone();
+                tokio::spawn(async move { r.create("twin", &none()).await })
+            })
+            .collect();
+        let mut won = 0;
+        for t in tries {
+            match t.await.unwrap() {
+                Ok(_) => won += 1,
+                Err(KeyError::Duplicate(name)) => assert_eq!(name, "twin"),
+                Err(e) => panic!("{e}"),
+            }
+        }
+        assert_eq!(won, 1);
+        assert_eq!(r.list().iter().filter(|k| k.name == "twin").count(), 1);
+    }
+
+    #[tokio::test]
+    async fn after_a_rotation_a_name_is_the_active_key() {
+        let r = ring();
+        let old = r.create("ci", &none()).await.unwrap().info;
+        r.revoke("ci").await.unwrap();
+        // Alone, a revoked key is still found by its name (its history).
+        assert_eq!(r.resolve("ci").unwrap().id, old.id);
+        let new = r.create("ci", &none()).await.unwrap().info;
+        assert_eq!(r.resolve("ci").unwrap().id, new.id);
+        let patch = PolicyPatch {
+            rpm: Some(Some(3)),
+            ..PolicyPatch::default()
+        };
+        assert_eq!(r.update("ci", &patch).await.unwrap().id, new.id);
+        // Revoked again, and rotated again: two revoked and one active.
+        r.revoke("ci").await.unwrap();
+        let newest = r.create("ci", &none()).await.unwrap().info;
+        assert_eq!(r.resolve("ci").unwrap().id, newest.id);
+        // With none active, two revoked keys of one name are named by their ids.
+        r.revoke("ci").await.unwrap();
+        match r.resolve("ci") {
+            Err(KeyError::Ambiguous { ids, .. }) => assert_eq!(ids.len(), 3),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(r.resolve(&new.id).unwrap().id, new.id);
+    }
+
+    #[tokio::test]
+    async fn a_key_that_would_be_born_expired_is_refused() {
+        let r = ring();
+        let past = PolicyPatch {
+            expires_at: Some(Some("1970-01-01T00:00:01Z".into())),
+            ..PolicyPatch::default()
+        };
+        match r.create("late", &past).await {
+            Err(KeyError::BadPolicy(why)) => {
+                assert!(
+                    why.contains("1970-01-01T00:00:01Z") && why.contains("passed"),
+                    "{why}"
+                )
+            }
+            other => panic!("{:?}", other.map(|k| k.info)),
+        }
+        assert!(r.list().is_empty());
+        let future = PolicyPatch {
+            expires_at: Some(Some("2999-01-01T00:00:00Z".into())),
+            ..PolicyPatch::default()
+        };
+        r.create("later", &future).await.unwrap();
     }
 
     #[test]

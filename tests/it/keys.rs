@@ -605,11 +605,12 @@ fn the_key_commands_set_show_change_and_revoke_a_policy_by_name() {
     let nothing = cli(&state, &["key", "update", "team"]);
     assert_one_line_error(&nothing, &["nothing to change"]);
 
-    // Revoked by name; a second key of that name makes the name ambiguous where both count,
-    // and the error lists every key of that name.
+    // The documented rotation: revoked by name, created again under it. Every command that
+    // takes the name means the active key; the revoked one keeps the name in history only.
     let id = k["id"].as_str().unwrap();
     assert!(cli(&state, &["key", "revoke", "team"]).status.success());
-    assert!(cli(&state, &["key", "create", "team"]).status.success());
+    let again = cli(&state, &["key", "create", "team"]);
+    assert!(again.status.success(), "{}", stderr(&again));
     let listed: Value =
         serde_json::from_str(&stdout(&cli(&state, &["key", "list", "--json"]))).unwrap();
     let ids: Vec<&str> = listed
@@ -620,20 +621,32 @@ fn the_key_commands_set_show_change_and_revoke_a_policy_by_name() {
         .map(|k| k["id"].as_str().unwrap())
         .collect();
     assert_eq!(ids.len(), 2, "{listed}");
-    assert!(ids.contains(&id));
-    for args in [
-        &["key", "show", "team"][..],
-        &["key", "update", "team", "--rpm", "5"],
-    ] {
-        let ambiguous = cli(&state, args);
-        let mut needles = vec!["more than one key"];
-        needles.extend(&ids);
-        assert_one_line_error(&ambiguous, &needles);
-    }
+    let new_id = *ids.iter().find(|i| **i != id).unwrap();
+    let show = cli(&state, &["key", "show", "team", "--json"]);
+    assert!(show.status.success(), "{}", stderr(&show));
+    let shown: Value = serde_json::from_str(&stdout(&show)).unwrap();
+    assert_eq!(shown["id"], new_id, "{shown}");
+    let updated = cli(&state, &["key", "update", "team", "--rpm", "5"]);
+    assert!(updated.status.success(), "{}", stderr(&updated));
+    assert!(stdout(&updated).contains(new_id), "{}", stdout(&updated));
+    let usage = cli(&state, &["usage", "--key", "team"]);
+    assert!(usage.status.success(), "{}", stderr(&usage));
+    // The old key is still there by its id.
+    let old = cli(&state, &["key", "show", id, "--json"]);
+    let old: Value = serde_json::from_str(&stdout(&old)).unwrap();
+    assert_eq!(old["id"], id);
+    // A second active key of the name is refused.
+    let twin = cli(&state, &["key", "create", "team"]);
+    assert_one_line_error(&twin, &["already exists", "team"]);
     // Revoking by the shared name means the active one.
     let revoked = cli(&state, &["key", "revoke", "team"]);
     assert!(revoked.status.success(), "{}", stderr(&revoked));
-    assert!(!stdout(&revoked).contains(id), "{}", stdout(&revoked));
+    assert!(stdout(&revoked).contains(new_id), "{}", stdout(&revoked));
+    // Two revoked keys and none active: the name is ambiguous, and the error lists them.
+    let ambiguous = cli(&state, &["key", "show", "team"]);
+    let mut needles = vec!["more than one key"];
+    needles.extend(&ids);
+    assert_one_line_error(&ambiguous, &needles);
     let unknown = cli(&state, &["key", "update", "nobody", "--rpm", "5"]);
     assert_one_line_error(&unknown, &["nobody"]);
 }
@@ -686,4 +699,46 @@ fn an_expiry_given_as_a_duration_counts_from_now() {
     let cleared = cli(&state, &["key", "update", "temp", "--expires", "none"]);
     assert!(cleared.status.success(), "{}", stderr(&cleared));
     assert_eq!(expires_at(), None);
+}
+
+/// A provisioning script run four times at once: four `key create twin` against the running
+/// daemon make one key; the other three say the name is taken.
+#[test]
+fn four_simultaneous_creates_of_one_name_make_one_active_key() {
+    use crate::common::{Daemon, cli, stderr, stdout};
+    let tmp = tempfile::tempdir().unwrap();
+    let state = tmp.path().join("state");
+    let _daemon = Daemon::start(&state);
+    let runs: Vec<std::thread::JoinHandle<std::process::Output>> = (0..4)
+        .map(|_| {
+            let state = state.clone();
+            std::thread::spawn(move || cli(&state, &["key", "create", "twin"]))
+        })
+        .collect();
+    let outs: Vec<std::process::Output> = runs.into_iter().map(|r| r.join().unwrap()).collect();
+    let won = outs.iter().filter(|o| o.status.success()).count();
+    assert_eq!(won, 1, "{:?}", outs.iter().map(stderr).collect::<Vec<_>>());
+    for lost in outs.iter().filter(|o| !o.status.success()) {
+        assert!(
+            stderr(lost).contains("an active key named `twin` already exists"),
+            "{}",
+            stderr(lost)
+        );
+    }
+    let listed: Value =
+        serde_json::from_str(&stdout(&cli(&state, &["key", "list", "--json"]))).unwrap();
+    let twins = listed
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|k| k["name"] == "twin")
+        .count();
+    assert_eq!(twins, 1, "{listed}");
+    // Born expired is refused, with the time it named.
+    let late = cli(
+        &state,
+        &["key", "create", "late", "--expires", "2020-01-01"],
+    );
+    assert!(!late.status.success());
+    assert!(stderr(&late).contains("has passed"), "{}", stderr(&late));
 }
