@@ -416,6 +416,9 @@ pub struct ImportedAccount {
     #[serde(flatten)]
     pub account: Account,
     pub created: bool,
+    /// Why the import changed nothing: the file's login is the account's own, or older.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unchanged: Option<String>,
 }
 
 /// `POST /accounts/{id}/export`: the login as a Codex `auth.json`, and the account

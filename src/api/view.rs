@@ -124,6 +124,7 @@ pub fn imported(i: &Imported) -> wire::ImportedAccount {
     wire::ImportedAccount {
         account: account(&i.account),
         created: i.created,
+        unchanged: i.unchanged.clone(),
     }
 }
 

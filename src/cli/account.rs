@@ -127,6 +127,13 @@ pub(super) async fn account_with(
         AccountCommand::Import { no_refresh, .. } => {
             for (_, bytes) in files {
                 let imported = backend.import_account(config, &bytes).await?;
+                if let Some(why) = &imported.unchanged {
+                    println!(
+                        "unchanged {}: {why}; nothing changed",
+                        describe_account(&imported.account)
+                    );
+                    continue;
+                }
                 let verb = if imported.created {
                     "imported"
                 } else {
@@ -204,6 +211,13 @@ pub(super) async fn account_with(
             let imported = backend
                 .import_account(config, auth.to_string().as_bytes())
                 .await?;
+            if let Some(why) = &imported.unchanged {
+                println!(
+                    "unchanged {}: {why}; nothing changed",
+                    describe_account(&imported.account)
+                );
+                return Ok(());
+            }
             let verb = match (&expected, imported.created) {
                 (Some(_), _) => "logged in again",
                 (None, true) => "logged in",

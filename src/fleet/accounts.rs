@@ -8,7 +8,7 @@ use super::auth_file::{self, ParsedAuth};
 use super::health::{AccountState, Class, Effective, Health, Reauth, State};
 use super::{Entry, Fleet, FleetError, account_id};
 use crate::store::Store;
-use crate::store::records::AccountRecord;
+use crate::store::records::{AccountRecord, AccountSecrets};
 use crate::upstream::quota::QuotaSnapshot;
 
 /// One account as the pool sees it at a moment. The admin API and the console get it
@@ -65,6 +65,39 @@ pub struct AccountView {
 pub struct Imported {
     pub account: AccountView,
     pub created: bool,
+    /// Why nothing changed: the file's login is the account's own, or older than it.
+    pub unchanged: Option<String>,
+}
+
+/// Why an auth file's login must not replace what the account holds (`alive`: the account's
+/// login works), if it must not: the same login, a refresh token the account's chain has
+/// already spent or replaced, or tokens that expire before the account's do.
+fn stale_login(holds: &AccountSecrets, file: &AccountSecrets, alive: bool) -> Option<String> {
+    let date = crate::base::clock::rfc3339;
+    let same = if file.refreshable() {
+        file.refresh_token == holds.refresh_token
+    } else {
+        file.access_token == holds.access_token
+    };
+    if same {
+        return Some("already imported: the account holds this very login".into());
+    }
+    if let Some(at) = holds.replaced_at(file.refresh_token.expose()) {
+        return Some(format!(
+            "already imported; this file's tokens were replaced on {} (a refresh spent its \
+             refresh token, which cannot be used again)",
+            date(at)
+        ));
+    }
+    match (file.access_expires_at, holds.access_expires_at) {
+        (Some(file_exp), Some(holds_exp)) if alive && file_exp < holds_exp => Some(format!(
+            "this file's login is older than the account's (its access token expires {}, the \
+             account's {})",
+            date(file_exp),
+            date(holds_exp)
+        )),
+        _ => None,
+    }
 }
 
 impl Fleet {
@@ -224,7 +257,31 @@ impl Fleet {
             parsed.chatgpt_user_id.as_deref(),
         );
         let now = self.clock.now_secs();
-        let existing = self.read().accounts.get(&id).map(|e| e.record.clone());
+        let (existing, holds, alive, view) = match self.read().accounts.get(&id) {
+            Some(e) => (
+                Some(e.record.clone()),
+                e.secrets.clone(),
+                e.health.state != State::NeedsReauth,
+                Some(Self::view(e, self.clock.now_ms())),
+            ),
+            None => (None, None, false, None),
+        };
+        // A login is never replaced by an older one (a provisioning script run again brings
+        // back the file whose refresh token the first import's refresh spent).
+        if let (Some(holds), Some(account)) = (&holds, view)
+            && let Some(why) = stale_login(holds, &parsed.secrets, alive)
+        {
+            tracing::info!(account = %id, "import changed nothing: {why}");
+            return Ok(Imported {
+                account,
+                created: false,
+                unchanged: Some(why),
+            });
+        }
+        let secrets = match &holds {
+            Some(holds) => holds.succeeded_by(parsed.secrets, now),
+            None => parsed.secrets,
+        };
         let created = existing.is_none();
         let record = match existing {
             Some(mut a) => {
@@ -261,7 +318,7 @@ impl Fleet {
         self.store
             .write(vec![
                 Store::account_mutation(&record)?,
-                self.store.secrets_mutation(&record.id, &parsed.secrets)?,
+                self.store.secrets_mutation(&record.id, &secrets)?,
                 Store::health_mutation(&record.id, &health.to_record())?,
             ])
             .await?;
@@ -279,14 +336,18 @@ impl Fleet {
             || Entry::new(first, Health::default(), None, limit),
             |entry| {
                 entry.record = record;
-                entry.secrets = Some(parsed.secrets);
+                entry.secrets = Some(secrets);
                 // Its routing is asked again with the new login.
                 entry.route = super::Route::Unknown;
                 entry.health = health;
                 Self::view(entry, now_ms)
             },
         );
-        Ok(Imported { account, created })
+        Ok(Imported {
+            account,
+            created,
+            unchanged: None,
+        })
     }
 
     pub async fn set_enabled(
@@ -416,5 +477,78 @@ impl Fleet {
             *m.entry(Self::state_of(e, now)).or_insert(0) += 1;
         }
         m
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::secrets::Secret;
+
+    fn login(refresh: &str, exp: u64) -> AccountSecrets {
+        AccountSecrets {
+            access_token: Secret::new(format!("at-{refresh}")),
+            refresh_token: Secret::new(refresh),
+            id_token: Secret::new("id"),
+            access_expires_at: Some(exp),
+            refreshed_at: exp - 3600,
+            replaced: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn a_login_is_kept_against_itself_its_spent_tokens_and_an_older_file() {
+        let imported = login("rt-1", 10_000);
+        // The import's ownership refresh spends rt-1, and a later refresh rt-2.
+        let holds = imported
+            .succeeded_by(login("rt-2", 20_000), 15_000)
+            .succeeded_by(login("rt-3", 30_000), 25_000);
+        assert_eq!(holds.replaced_at("rt-1"), Some(15_000));
+        assert_eq!(holds.replaced_at("rt-2"), Some(25_000));
+        assert_eq!(holds.replaced_at("rt-3"), None);
+        // The file of the first import, again: its tokens were replaced, alive or not.
+        for alive in [true, false] {
+            let why = stale_login(&holds, &imported, alive).unwrap();
+            assert!(
+                why.contains(
+                    "already imported; this file's tokens were replaced on 1970-01-01T04:10:00Z"
+                ),
+                "{why}"
+            );
+        }
+        // The very login the account holds.
+        let same = stale_login(&holds, &login("rt-3", 30_000), true).unwrap();
+        assert!(same.contains("holds this very login"), "{same}");
+        // Another login that expires before the account's: older while the account's works,
+        // worth a try when it does not.
+        let older = login("rt-other", 29_000);
+        assert!(
+            stale_login(&holds, &older, true)
+                .unwrap()
+                .contains("older than the account's")
+        );
+        assert_eq!(stale_login(&holds, &older, false), None);
+        // A newer login replaces it.
+        assert_eq!(stale_login(&holds, &login("rt-new", 40_000), true), None);
+    }
+
+    #[test]
+    fn an_account_remembers_its_last_replaced_logins_only() {
+        let mut holds = login("rt-0", 1_000_000);
+        for n in 1..=20u64 {
+            holds = holds.succeeded_by(login(&format!("rt-{n}"), 1_000_000 + n), n);
+        }
+        let kept = crate::store::records::REPLACED_KEPT as u64;
+        assert_eq!(holds.replaced.len() as u64, kept);
+        assert_eq!(holds.replaced_at("rt-19"), Some(20));
+        assert_eq!(
+            holds.replaced_at(&format!("rt-{}", 20 - kept)),
+            Some(21 - kept)
+        );
+        assert_eq!(holds.replaced_at(&format!("rt-{}", 19 - kept)), None);
+        // A login brought back is not its own replaced one.
+        let back = holds.succeeded_by(login("rt-5", 2_000_000), 30);
+        assert_eq!(back.replaced_at("rt-5"), None);
+        assert_eq!(back.replaced_at("rt-20"), Some(30));
     }
 }

@@ -135,6 +135,7 @@ pub fn parse(bytes: &[u8], now: u64) -> Result<ParsedAuth, AuthFileError> {
             id_token: Secret::new(id_token),
             access_expires_at: access_claims.and_then(|c| c.exp),
             refreshed_at: now,
+            replaced: Vec::new(),
         },
     })
 }
@@ -164,6 +165,7 @@ pub fn from_whoami(
             id_token: Secret::new(String::new()),
             access_expires_at: exp,
             refreshed_at: now,
+            replaced: Vec::new(),
         },
     })
 }

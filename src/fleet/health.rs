@@ -58,8 +58,10 @@ impl Reauth {
     pub fn describe(self) -> &'static str {
         match self {
             Reauth::RefreshTokenReused => {
-                "this login's refresh token was used by another client (a Codex CLI sharing this \
-                 login refreshed first)"
+                "this login's refresh token had already been used: another holder of the same \
+                 login refreshed it first (a Codex CLI or another gateway using the same \
+                 auth.json, or a copy exported with --keep), or a copy older than the login this \
+                 account held was imported over it"
             }
             Reauth::RefreshTokenExpired => "this login's refresh token has expired",
             Reauth::RefreshTokenInvalidated => {

@@ -300,16 +300,22 @@ impl Fleet {
         let exp = super::auth_file::decode_claims(&t.access_token)
             .ok()
             .and_then(|c| c.exp);
-        AccountSecrets {
-            access_token: Secret::new(t.access_token),
-            refresh_token: Secret::new(t.refresh_token),
-            id_token: t
-                .id_token
-                .map(Secret::new)
-                .unwrap_or_else(|| current.id_token.clone()),
-            access_expires_at: exp,
-            refreshed_at: self.clock.now_secs(),
-        }
+        let now = self.clock.now_secs();
+        // The spent refresh token is remembered: an auth file that brings it back is older.
+        current.succeeded_by(
+            AccountSecrets {
+                access_token: Secret::new(t.access_token),
+                refresh_token: Secret::new(t.refresh_token),
+                id_token: t
+                    .id_token
+                    .map(Secret::new)
+                    .unwrap_or_else(|| current.id_token.clone()),
+                access_expires_at: exp,
+                refreshed_at: now,
+                replaced: Vec::new(),
+            },
+            now,
+        )
     }
 
     /// Operator-requested refresh (admin API).
@@ -610,7 +616,7 @@ mod tests {
         assert!(
             Reauth::RefreshTokenReused
                 .describe()
-                .contains("used by another client")
+                .contains("another holder of the same login")
         );
     }
 

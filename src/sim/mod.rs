@@ -219,6 +219,28 @@ impl Sim {
         self.lock().account(account_id).map(|a| a.auth_json(now))
     }
 
+    /// The auth.json of a new login of the account (what `codex login` writes after signing in
+    /// again): a refresh family of its own, next to the ones already issued, which stay valid.
+    pub fn fresh_login(&self, account_id: &str) -> Option<Value> {
+        let (now, ttl) = (self.now_secs(), self.inner.ttl_secs);
+        let nonce = self.nonce().to_string();
+        let mut st = self.lock();
+        let account = st.account_mut(account_id)?;
+        let tokens = account.login(now, ttl, &nonce);
+        let chatgpt_account_id = account.id().to_string();
+        Some(serde_json::json!({
+            "auth_mode": "chatgpt",
+            "OPENAI_API_KEY": null,
+            "tokens": {
+                "id_token": tokens["id_token"],
+                "access_token": tokens["access_token"],
+                "refresh_token": tokens["refresh_token"],
+                "account_id": chatgpt_account_id,
+            },
+            "last_refresh": crate::base::clock::rfc3339(now),
+        }))
+    }
+
     /// A workspace access token (`at-…`) for the account, valid for `ttl` by the sim clock:
     /// what a Business or Enterprise workspace hands out instead of a login. The whoami
     /// endpoint names its account; the backend accepts it until it expires.

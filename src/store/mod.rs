@@ -952,6 +952,7 @@ mod tests {
             id_token: secrets::Secret::new("id"),
             access_expires_at: Some(5),
             refreshed_at: 1,
+            replaced: Vec::new(),
         }
     }
 

@@ -50,7 +50,9 @@ impl AccountRecord {
     }
 }
 
-/// An account's OAuth tokens; stored only sealed. Version 1 (0.1.0).
+/// An account's OAuth tokens; stored only sealed.
+///
+/// Version 2 (0.5.0): the logins it replaced. Version 1 (0.1.0): the tokens only.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AccountSecrets {
     pub access_token: Secret,
@@ -60,6 +62,57 @@ pub struct AccountSecrets {
     pub access_expires_at: Option<u64>,
     /// When the tokens were last obtained (unix seconds).
     pub refreshed_at: u64,
+    /// The refresh tokens this login replaced (by a refresh, which spends the old one, or by
+    /// an import), newest last, at most [`REPLACED_KEPT`]: an auth file that brings one of
+    /// them back is older than what the account holds.
+    pub replaced: Vec<ReplacedLogin>,
+}
+
+/// Replaced logins an account remembers.
+pub const REPLACED_KEPT: usize = 8;
+
+/// A refresh token an account no longer holds: its SHA-256, and when it was replaced.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReplacedLogin {
+    pub refresh_sha256: [u8; 32],
+    /// Unix seconds.
+    pub at: u64,
+}
+
+#[derive(Deserialize)]
+struct AccountSecretsV1 {
+    access_token: Secret,
+    refresh_token: Secret,
+    id_token: Secret,
+    access_expires_at: Option<u64>,
+    refreshed_at: u64,
+}
+
+impl Versioned for AccountSecrets {
+    const NAME: &'static str = "account tokens";
+    const VERSION: u8 = 2;
+    fn decode_version(version: u8, b: &[u8]) -> Result<Self, CodecError> {
+        match version {
+            2 => body(b),
+            1 => {
+                let v: AccountSecretsV1 = body(b)?;
+                Ok(AccountSecrets {
+                    access_token: v.access_token,
+                    refresh_token: v.refresh_token,
+                    id_token: v.id_token,
+                    access_expires_at: v.access_expires_at,
+                    refreshed_at: v.refreshed_at,
+                    replaced: Vec::new(),
+                })
+            }
+            found => Err(unknown::<Self>(found)),
+        }
+    }
+}
+
+fn sha256(s: &str) -> [u8; 32] {
+    use sha2::Digest;
+    sha2::Sha256::digest(s.as_bytes()).into()
 }
 
 impl AccountSecrets {
@@ -67,6 +120,34 @@ impl AccountSecrets {
     /// token and is used until it expires.
     pub fn refreshable(&self) -> bool {
         !self.refresh_token.expose().is_empty()
+    }
+
+    /// `next`, remembering that it replaced this login at `at` (with what this one replaced).
+    pub fn succeeded_by(&self, mut next: AccountSecrets, at: u64) -> AccountSecrets {
+        let mut replaced = self.replaced.clone();
+        if self.refreshable() && self.refresh_token != next.refresh_token {
+            let refresh_sha256 = sha256(self.refresh_token.expose());
+            replaced.retain(|r| r.refresh_sha256 != refresh_sha256);
+            replaced.push(ReplacedLogin { refresh_sha256, at });
+        }
+        let next_sha = sha256(next.refresh_token.expose());
+        replaced.retain(|r| r.refresh_sha256 != next_sha);
+        let extra = replaced.len().saturating_sub(REPLACED_KEPT);
+        replaced.drain(..extra);
+        next.replaced = replaced;
+        next
+    }
+
+    /// When `refresh_token` was replaced in this login's chain, if it was.
+    pub fn replaced_at(&self, refresh_token: &str) -> Option<u64> {
+        if refresh_token.is_empty() {
+            return None;
+        }
+        let sha = sha256(refresh_token);
+        self.replaced
+            .iter()
+            .find(|r| r.refresh_sha256 == sha)
+            .map(|r| r.at)
     }
 }
 
@@ -177,7 +258,6 @@ pub struct AccountProxyRecord {
 
 versioned_once!(
     AccountRecord => "account",
-    AccountSecrets => "account tokens",
     AccountProxyRecord => "account proxy",
     SnapshotRecord => "snapshot",
     UsageBucketRow => "usage bucket",
@@ -690,15 +770,21 @@ mod tests {
             v1::SNAPSHOT
         );
 
+        // Tokens as 0.1.0 to 0.4.0 wrote them: they read with no replaced logins.
         let secrets = AccountSecrets {
             access_token: Secret::new("at"),
             refresh_token: Secret::new("rt"),
             id_token: Secret::new("it"),
             access_expires_at: Some(7),
             refreshed_at: 5,
+            replaced: Vec::new(),
         };
+        assert_eq!(
+            decode::<AccountSecrets>(&hex("01026174027274026974010705")).unwrap(),
+            secrets
+        );
         let bytes = encode(&secrets).unwrap();
-        assert_eq!(to_hex(&bytes), "01026174027274026974010705");
+        assert_eq!(to_hex(&bytes), "0202617402727402697401070500");
         assert_eq!(decode::<AccountSecrets>(&bytes).unwrap(), secrets);
     }
 

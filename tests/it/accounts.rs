@@ -289,6 +289,90 @@ mod ownership {
         assert_eq!(after, before);
     }
 
+    /// A provisioning script run again: the same auth.json imported a second time (its refresh
+    /// token spent by the first import's ownership refresh), with the daemon stopped and then
+    /// running, changes nothing and says so; the account keeps its working login and serves.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn importing_the_same_file_again_keeps_the_newer_login_and_says_so() {
+        let gw = Gw::start(1).await;
+        let tmp = tempfile::tempdir().unwrap();
+        let cfg = config_for(&gw, tmp.path());
+        let acct = gw.ids.keys().next().unwrap().clone();
+        let file = tmp.path().join("auth.json");
+        std::fs::write(&file, gw.sim.sim.auth_json(&acct).unwrap().to_string()).unwrap();
+        let state = tmp.path().join("provisioned");
+        let import = args(
+            Some(&cfg),
+            &state,
+            &["account", "import", file.to_str().unwrap()],
+        );
+        let first = run(import.clone()).await;
+        assert!(first.status.success(), "{}", stderr(&first));
+        assert!(
+            stdout(&first).starts_with("imported "),
+            "{}",
+            stdout(&first)
+        );
+        let refreshes = || {
+            gw.sim
+                .sim
+                .all_requests()
+                .iter()
+                .filter(|r| r.path == "/oauth/token")
+                .count()
+        };
+        let after_first = refreshes();
+        // Again, the daemon stopped: nothing changes, and it says why.
+        let again = run(import.clone()).await;
+        assert!(again.status.success(), "{}", stderr(&again));
+        let said = stdout(&again);
+        assert!(
+            said.starts_with("unchanged ")
+                && said.contains("already imported; this file's tokens were replaced on")
+                && said.contains("nothing changed"),
+            "{said}"
+        );
+        assert_eq!(
+            refreshes(),
+            after_first,
+            "no refresh for an unchanged login"
+        );
+        let listed: Value = serde_json::from_slice(
+            &run(args(Some(&cfg), &state, &["account", "list", "--json"]))
+                .await
+                .stdout,
+        )
+        .unwrap();
+        assert_ne!(listed[0]["state"], "needs_reauth", "{listed}");
+        // Again, through the running daemon: the same.
+        let daemon = crate::common::Daemon::start_with(
+            &state,
+            crate::common::DaemonOptions {
+                config: Some(&cfg),
+                ..Default::default()
+            },
+        );
+        let third = run(import).await;
+        assert!(third.status.success(), "{}", stderr(&third));
+        assert!(
+            stdout(&third).contains("already imported; this file's tokens were replaced on"),
+            "{}",
+            stdout(&third)
+        );
+        // The login it kept works: a request is served by it.
+        let created = run(args(Some(&cfg), &state, &["key", "create", "ci"])).await;
+        assert!(created.status.success(), "{}", stderr(&created));
+        let resp = reqwest::Client::new()
+            .post(format!("http://{}/v1/responses", daemon.http))
+            .bearer_auth(stdout(&created).trim())
+            .json(&body("gpt-5.5", "hello", false))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 200, "{}", resp.text().await.unwrap());
+        assert!(daemon.terminate().success());
+    }
+
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_login_refreshed_first_by_its_source_shows_why_it_needs_a_new_login() {
         let gw = Gw::start(1).await;
@@ -324,7 +408,7 @@ mod ownership {
         assert_eq!(a["reason"], "auth_dead");
         let detail = a["detail"].as_str().unwrap();
         assert!(
-            detail.contains("refresh token was used by another client"),
+            detail.contains("refresh token had already been used"),
             "{detail}"
         );
         assert!(
@@ -335,7 +419,7 @@ mod ownership {
         let out = run(args(None, &gw.dir, &["account", "list"])).await;
         assert!(
             stdout(&out).contains(&format!(
-                "{id}: this login's refresh token was used by another client"
+                "{id}: this login's refresh token had already been used"
             )),
             "{}",
             stdout(&out)
@@ -371,7 +455,7 @@ mod ownership {
         assert_eq!(rec["attempts"][1]["class"], "auth_dead", "{rec}");
         assert!(
             error.contains("refresh_token_reused")
-                && error.contains("used by another client")
+                && error.contains("had already been used")
                 && error.contains(&format!("switchyard account login --account {id}")),
             "{rec}"
         );

@@ -341,7 +341,7 @@ async fn a_refresh_token_used_by_another_client_needs_a_new_login_and_says_so() 
     assert_eq!(view["reason"], "auth_dead", "{view}");
     let detail = view["detail"].as_str().unwrap();
     assert!(
-        detail.contains("refresh token was used by another client"),
+        detail.contains("refresh token had already been used"),
         "{detail}"
     );
     assert!(

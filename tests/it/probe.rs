@@ -48,8 +48,9 @@ async fn probe(gw: &Gw, account: &str) -> Value {
     .await
 }
 
+/// The operator logs the account in again and imports the new login.
 async fn reimport(gw: &Gw, account: &str) -> Value {
-    let auth = gw.sim.sim.auth_json(account).unwrap();
+    let auth = gw.sim.sim.fresh_login(account).unwrap();
     gw.admin_call(Method::POST, "/api/admin/accounts", Some(auth))
         .await
 }
