@@ -256,7 +256,20 @@ impl Gw {
     /// Stops and starts the gateway on the same state directory and simulator.
     pub async fn restart(&mut self) {
         self.shutdown().await;
-        let store = Store::open(&self.dir).unwrap();
+        // A connection task of the stopped daemon (a console's feed, cut at shutdown) may
+        // still hold the store for a moment after the daemon returned: a process would have
+        // exited; here the store is free once the last of them has ended.
+        let deadline = tokio::time::Instant::now() + crate::common::SIGNAL_DEADLINE;
+        let store = loop {
+            match Store::open(&self.dir) {
+                Err(switchyard::store::StoreError::Locked { .. })
+                    if tokio::time::Instant::now() < deadline =>
+                {
+                    tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+                }
+                other => break other.unwrap(),
+            }
+        };
         self.launch(store).await;
     }
 
