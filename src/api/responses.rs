@@ -290,7 +290,11 @@ async fn handle(
     let head = head_ctx(&key, &headers, kind, received);
     let permit = match state
         .dispatcher
-        .admit_head(&head, std::future::pending())
+        .admit_head(
+            &head,
+            declared_length(&headers).unwrap_or(0),
+            std::future::pending(),
+        )
         .await
     {
         Ok(p) => p,

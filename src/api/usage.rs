@@ -30,7 +30,8 @@ fn budget(b: &BudgetState) -> Value {
         "window": b.window.as_str(),
         "limit": b.limit,
         "used": b.used,
-        "remaining": b.limit.saturating_sub(b.used),
+        "reserved": b.reserved,
+        "remaining": b.limit.saturating_sub(b.used + b.reserved),
         "exhausted": b.exhausted,
         "resets_in_seconds": b.resets_in_s,
     })

@@ -64,6 +64,7 @@ impl Dispatcher {
     pub async fn admit_head(
         &self,
         ctx: &RequestCtx,
+        body_bytes: u64,
         gone: impl std::future::Future<Output = ()>,
     ) -> Result<Arc<KeyPermit>, Vec<Frame>> {
         let settings = self.fleet.settings();
@@ -74,7 +75,7 @@ impl Dispatcher {
         let admitted = self
             .keys
             .admit_head(
-                &ctx.key_id,
+                (&ctx.key_id, body_bytes),
                 &self.usage,
                 wait,
                 settings.queue_max_waiting,
@@ -129,8 +130,7 @@ impl Dispatcher {
             None => self
                 .keys
                 .admit(
-                    &ctx.key_id,
-                    &ctx.model,
+                    (&ctx.key_id, &ctx.model, ctx.body.len() as u64),
                     &self.usage,
                     wait,
                     settings.queue_max_waiting,

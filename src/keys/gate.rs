@@ -82,6 +82,8 @@ pub struct KeyPermit {
     key_id: String,
     /// When its request was counted against the key's rate (unix ms).
     pub(super) counted_at_ms: Option<u64>,
+    /// What its request holds of the key's token budgets until it ends.
+    pub(super) reservation: Option<super::usage::Reservation>,
 }
 
 impl Drop for KeyPermit {
@@ -167,6 +169,7 @@ impl Gates {
             gates: self.clone(),
             key_id: key_id.to_string(),
             counted_at_ms: None,
+            reservation: None,
         };
         let started = Instant::now();
         let (id, rx) = {

@@ -337,15 +337,20 @@ impl KeyRing {
     /// life. A refusal is counted for the console and the metrics.
     pub async fn admit(
         &self,
-        key_id: &str,
-        model: &str,
+        (key_id, model, input_bytes): (&str, &str, u64),
         usage: &UsageBook,
         wait: Duration,
         max_waiting: usize,
         gone: impl Future<Output = ()>,
     ) -> Result<KeyPermit, Denied> {
-        self.admit_for(key_id, Some(model), usage, wait, max_waiting, gone)
-            .await
+        self.admit_for(
+            (key_id, Some(model), input_bytes),
+            usage,
+            wait,
+            max_waiting,
+            gone,
+        )
+        .await
     }
 
     /// [`KeyRing::admit`] for a request whose model is not known yet: everything its head
@@ -353,13 +358,13 @@ impl KeyRing {
     /// The model is checked once the body is ([`KeyRing::allow_model`]).
     pub async fn admit_head(
         &self,
-        key_id: &str,
+        (key_id, input_bytes): (&str, u64),
         usage: &UsageBook,
         wait: Duration,
         max_waiting: usize,
         gone: impl Future<Output = ()>,
     ) -> Result<KeyPermit, Denied> {
-        self.admit_for(key_id, None, usage, wait, max_waiting, gone)
+        self.admit_for((key_id, None, input_bytes), usage, wait, max_waiting, gone)
             .await
     }
 
@@ -384,10 +389,11 @@ impl KeyRing {
         })
     }
 
+    /// `input_bytes`: the request body's size (as its head announces it, before it is read),
+    /// for the estimate its key's token budgets reserve while it runs.
     async fn admit_for(
         &self,
-        key_id: &str,
-        model: Option<&str>,
+        (key_id, model, input_bytes): (&str, Option<&str>, u64),
         usage: &UsageBook,
         wait: Duration,
         max_waiting: usize,
@@ -412,17 +418,27 @@ impl KeyRing {
                 allowed: policy.models.clone(),
             });
         }
-        for (window, limit) in policy.budgets() {
-            let b = usage.budget(key_id, window, limit);
-            if b.exhausted {
-                return refused(Refusal::BudgetExhausted {
-                    window,
-                    limit,
-                    used: b.used,
-                    resets_in_s: b.resets_in_s.unwrap_or(1),
-                });
+        // Requests in flight count at their estimate until they end: a burst on one budget
+        // is refused once what was used and what is reserved reach the limit.
+        let budgets: Vec<_> = policy.budgets().collect();
+        let reservation = if budgets.is_empty() {
+            None
+        } else {
+            let estimate = usage.estimate(key_id, input_bytes);
+            match usage.reserve(key_id, &budgets, estimate) {
+                Ok(r) => Some(r),
+                Err(b) => {
+                    return refused(Refusal::BudgetExhausted {
+                        window: b.window,
+                        limit: b.limit,
+                        used: b.used,
+                        reserved: b.reserved,
+                        // Over by what is in flight only: retry when a request ends.
+                        resets_in_s: b.resets_in_s.filter(|_| b.exhausted).unwrap_or(1),
+                    });
+                }
             }
-        }
+        };
         if let Err(retry_after_s) = self.gates.admit_rate(key_id, policy.rpm, now_ms) {
             return refused(Refusal::RateLimited {
                 rpm: policy.rpm.unwrap_or_default(),
@@ -436,6 +452,7 @@ impl KeyRing {
         {
             Ok(mut p) => {
                 p.counted_at_ms = Some(now_ms);
+                p.reservation = reservation;
                 Ok(p)
             }
             Err(NoSlot::Gone) => Err(Denied::Gone),
@@ -613,6 +630,110 @@ mod tests {
             ..PolicyPatch::default()
         };
         r.create("later", &future).await.unwrap();
+    }
+
+    fn answer(output: u64) -> usage::Counters {
+        usage::Counters {
+            requests: 1,
+            input_tokens: 10,
+            output_tokens: output,
+            ..usage::Counters::default()
+        }
+    }
+
+    /// Six requests at once on a budget one answer (120 tokens) nearly fills: each in flight
+    /// holds an estimate until it ends, so the burst cannot spend six answers. At most one is
+    /// admitted beyond the budget.
+    #[tokio::test]
+    async fn a_burst_on_one_budget_is_admitted_against_used_and_reserved_tokens() {
+        let clock = Arc::new(ManualClock::new(1_800_000_000_000));
+        let store = Store::open_in_memory().unwrap();
+        let r = KeyRing::load(store.clone(), clock.clone()).unwrap();
+        let book = UsageBook::load(store, clock.clone()).unwrap();
+        let patch = PolicyPatch {
+            tokens_per_5h: Some(Some(130)),
+            ..PolicyPatch::default()
+        };
+        let k = r.create("bot", &patch).await.unwrap().info;
+        let admit = || {
+            r.admit(
+                (&k.id, "gpt-5.5", 40),
+                &book,
+                Duration::ZERO,
+                0,
+                std::future::pending(),
+            )
+        };
+        // No answers yet: the first holds a whole answer's default estimate; the rest wait for it.
+        let first = admit().await.unwrap();
+        for _ in 0..5 {
+            match admit().await {
+                Err(Denied::Refused(r @ Refusal::BudgetExhausted { used: 0, .. })) => {
+                    assert_eq!(r.retry_after_s(), Some(1));
+                    assert!(
+                        r.message().contains("in flight hold 1034 more"),
+                        "{}",
+                        r.message()
+                    );
+                }
+                other => panic!("{other:?}"),
+            }
+        }
+        // It ends with its real usage: the estimate is given back, the usage counts.
+        book.add(1_800_000_000_000, (&k.id, "gpt-5.5", None), answer(110));
+        drop(first);
+        assert_eq!(
+            book.budget(&k.id, policy::Window::FiveHours, 130).reserved,
+            0
+        );
+        // 120 of 130 used: one more is admitted, and that one is the most the key overshoots.
+        // Its estimate follows the key's answers now (110 out, 10 in).
+        let second = admit().await.unwrap();
+        assert_eq!(book.estimate(&k.id, 40), 120);
+        assert!(matches!(
+            admit().await,
+            Err(Denied::Refused(Refusal::BudgetExhausted {
+                used: 120,
+                reserved: 120,
+                ..
+            }))
+        ));
+        book.add(1_800_000_000_000, (&k.id, "gpt-5.5", None), answer(110));
+        drop(second);
+        match admit().await {
+            Err(Denied::Refused(
+                r @ Refusal::BudgetExhausted {
+                    used: 240,
+                    reserved: 0,
+                    ..
+                },
+            )) => {
+                assert!(
+                    r.message()
+                        .contains("used 240 of its 130 tokens per 5 hours"),
+                    "{}",
+                    r.message()
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+        // A key without budgets reserves nothing.
+        let free = r
+            .create("free", &PolicyPatch::default())
+            .await
+            .unwrap()
+            .info;
+        let p = r
+            .admit(
+                (&free.id, "gpt-5.5", 40),
+                &book,
+                Duration::ZERO,
+                0,
+                std::future::pending(),
+            )
+            .await
+            .unwrap();
+        assert!(p.reservation.is_none());
     }
 
     #[test]

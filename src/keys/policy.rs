@@ -192,6 +192,8 @@ pub enum Refusal {
         window: Window,
         limit: u64,
         used: u64,
+        /// Reserved by the key's requests in flight.
+        reserved: u64,
         resets_in_s: u64,
     },
     /// The key's own queue did not give a slot within the wait (or was full).
@@ -260,16 +262,26 @@ impl Refusal {
                 window,
                 limit,
                 used,
+                reserved,
                 resets_in_s,
-            } => format!(
-                "This API key used {used} of its {limit} tokens per {}. It resets in {}.",
-                match window {
+            } => {
+                let per = match window {
                     Window::FiveHours => "5 hours",
                     Window::Day => "day",
                     Window::Week => "week",
-                },
-                crate::base::duration::human_duration(resets_in_s.saturating_mul(1000))
-            ),
+                };
+                if used >= limit {
+                    format!(
+                        "This API key used {used} of its {limit} tokens per {per}. It resets in {}.",
+                        crate::base::duration::human_duration(resets_in_s.saturating_mul(1000))
+                    )
+                } else {
+                    format!(
+                        "This API key used {used} of its {limit} tokens per {per}, and its \
+                         requests in flight hold {reserved} more. Retry when one of them ends."
+                    )
+                }
+            }
             Refusal::ConcurrencyExceeded { limit, waited_ms } => format!(
                 "This API key already has {limit} requests running; waited {waited_ms} ms for one \
                  to finish."

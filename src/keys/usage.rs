@@ -100,6 +100,51 @@ struct Book {
     tokens: HashMap<String, BTreeMap<u64, u64>>,
     /// Key id -> totals since this process started (the metrics' counters).
     since_start: HashMap<String, Counters>,
+    /// Key id -> tokens reserved by its requests in flight, settled when each ends.
+    reserved: HashMap<String, u64>,
+    /// Key id -> the output tokens of its recent answers (a moving average), for estimates.
+    recent_output: HashMap<String, u64>,
+}
+
+/// Output tokens a request is expected to take when its key has no answers to go by yet.
+pub const DEFAULT_ANSWER_TOKENS: u64 = 1024;
+
+/// Bytes of request body counted as one input token in an estimate.
+const BYTES_PER_TOKEN: u64 = 4;
+
+/// Tokens held for a request in flight against its key's budgets; given back when dropped, as
+/// its real usage is added.
+pub struct Reservation {
+    book: Arc<Mutex<Book>>,
+    key_id: String,
+    tokens: u64,
+}
+
+impl Reservation {
+    pub fn tokens(&self) -> u64 {
+        self.tokens
+    }
+}
+
+impl Drop for Reservation {
+    fn drop(&mut self) {
+        let mut book = self.book.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(r) = book.reserved.get_mut(&self.key_id) {
+            *r = r.saturating_sub(self.tokens);
+            if *r == 0 {
+                book.reserved.remove(&self.key_id);
+            }
+        }
+    }
+}
+
+impl std::fmt::Debug for Reservation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Reservation")
+            .field("key_id", &self.key_id)
+            .field("tokens", &self.tokens)
+            .finish()
+    }
 }
 
 /// How a key stands against one of its token budgets.
@@ -108,11 +153,55 @@ pub struct BudgetState {
     pub window: Window,
     pub limit: u64,
     pub used: u64,
+    /// Reserved by the key's requests in flight.
+    pub reserved: u64,
     /// At or over the limit: requests are refused.
     pub exhausted: bool,
     /// When exhausted, seconds until enough tokens age out for the key to be under its limit;
     /// otherwise until the oldest counted hour leaves the window (`None`: nothing counted).
     pub resets_in_s: Option<u64>,
+}
+
+/// How `key_id` stands against one budget, from the book.
+fn budget_of(book: &Book, now: u64, key_id: &str, window: Window, limit: u64) -> BudgetState {
+    let start = now.saturating_sub(window.secs());
+    let hours: Vec<(u64, u64)> = book
+        .tokens
+        .get(key_id)
+        .map(|t| {
+            t.range(hour_of(start)..)
+                .filter(|(h, _)| **h + 3600 > start)
+                .map(|(h, n)| (*h, *n))
+                .collect()
+        })
+        .unwrap_or_default();
+    let reserved = book.reserved.get(key_id).copied().unwrap_or(0);
+    let used: u64 = hours.iter().map(|(_, n)| n).sum();
+    // An hour leaves the window when the window's start passes the hour's end.
+    let leaves = |h: u64| (h + 3600 + window.secs()).saturating_sub(now).max(1);
+    let exhausted = used >= limit;
+    let resets_in_s = if exhausted {
+        let mut left = used;
+        let mut at = 1;
+        for (h, n) in &hours {
+            left -= n;
+            if left < limit {
+                at = leaves(*h);
+                break;
+            }
+        }
+        Some(at)
+    } else {
+        hours.iter().find(|(_, n)| *n > 0).map(|(h, _)| leaves(*h))
+    };
+    BudgetState {
+        window,
+        limit,
+        used,
+        reserved,
+        exhausted,
+        resets_in_s,
+    }
 }
 
 /// The usage book. Cloning shares it.
@@ -185,6 +274,13 @@ impl UsageBook {
             book.tokens
                 .insert(key_id.to_string(), BTreeMap::from([(hour, c.tokens())]));
         }
+        if c.output_tokens > 0 {
+            let recent = book
+                .recent_output
+                .entry(key_id.to_string())
+                .or_insert(c.output_tokens);
+            *recent = (*recent * 3 + c.output_tokens).div_ceil(4);
+        }
         match book.since_start.get_mut(key_id) {
             Some(t) => t.add(&c),
             None => {
@@ -203,45 +299,46 @@ impl UsageBook {
     /// window's start counts whole. With the limit, when the key is at or over it, how long
     /// until enough hours age out.
     pub fn budget(&self, key_id: &str, window: Window, limit: u64) -> BudgetState {
-        let now = self.clock.now_secs();
-        let start = now.saturating_sub(window.secs());
-        let book = self.lock();
-        let hours: Vec<(u64, u64)> = book
-            .tokens
+        budget_of(&self.lock(), self.clock.now_secs(), key_id, window, limit)
+    }
+
+    /// What a request of `input_bytes` is expected to take: its input (a token per 4 bytes)
+    /// and an answer as long as the key's recent ones ([`DEFAULT_ANSWER_TOKENS`] before it
+    /// has any).
+    pub fn estimate(&self, key_id: &str, input_bytes: u64) -> u64 {
+        let answer = self
+            .lock()
+            .recent_output
             .get(key_id)
-            .map(|t| {
-                t.range(hour_of(start)..)
-                    .filter(|(h, _)| **h + 3600 > start)
-                    .map(|(h, n)| (*h, *n))
-                    .collect()
-            })
-            .unwrap_or_default();
-        drop(book);
-        let used: u64 = hours.iter().map(|(_, n)| n).sum();
-        // An hour leaves the window when the window's start passes the hour's end.
-        let leaves = |h: u64| (h + 3600 + window.secs()).saturating_sub(now).max(1);
-        let exhausted = used >= limit;
-        let resets_in_s = if exhausted {
-            let mut left = used;
-            let mut at = 1;
-            for (h, n) in &hours {
-                left -= n;
-                if left < limit {
-                    at = leaves(*h);
-                    break;
-                }
+            .copied()
+            .unwrap_or(DEFAULT_ANSWER_TOKENS);
+        input_bytes.div_ceil(BYTES_PER_TOKEN) + answer
+    }
+
+    /// Reserves `tokens` for one request of `key_id` under each of its `budgets`, unless one
+    /// of them has already reached its limit with what was used and what its requests in
+    /// flight reserved; then that budget's state. Checked and reserved under one lock, so
+    /// concurrent requests see each other's reservations.
+    pub fn reserve(
+        &self,
+        key_id: &str,
+        budgets: &[(Window, u64)],
+        tokens: u64,
+    ) -> Result<Reservation, BudgetState> {
+        let now = self.clock.now_secs();
+        let mut book = self.lock();
+        for (window, limit) in budgets {
+            let b = budget_of(&book, now, key_id, *window, *limit);
+            if b.used + b.reserved >= b.limit {
+                return Err(b);
             }
-            Some(at)
-        } else {
-            hours.iter().find(|(_, n)| *n > 0).map(|(h, _)| leaves(*h))
-        };
-        BudgetState {
-            window,
-            limit,
-            used,
-            exhausted,
-            resets_in_s,
         }
+        *book.reserved.entry(key_id.to_string()).or_default() += tokens;
+        Ok(Reservation {
+            book: self.book.clone(),
+            key_id: key_id.to_string(),
+            tokens,
+        })
     }
 
     /// Tokens of `key_id` since `from` (unix seconds, counted by whole hours from its hour).

@@ -130,17 +130,26 @@ async fn over_its_rate_a_key_gets_429_with_retry_after() {
 async fn an_exhausted_budget_is_429_with_its_reset_and_running_streams_finish() {
     let gw = Gw::start(2).await;
     let (_, key) = gw.make_key("small", json!({"tokens_per_5h": 1})).await;
-    // Both are admitted while nothing is used; both finish although together they overrun.
+    // Sent at once: the one admitted first holds an estimate while it runs, so the other is
+    // refused (or, if it comes after the first ended, finds the budget used). It finishes.
     let (first, second) = (
         body("gpt-5.5", "first", true),
         body("gpt-5.5", "second", true),
     );
     let (a, b) = tokio::join!(post(&gw, &key, &first), post(&gw, &key, &second));
+    let mut statuses = Vec::new();
     for resp in [a, b] {
-        assert_eq!(resp.status().as_u16(), 200);
-        let sse = read_sse(resp).await;
-        assert_eq!(sse.last().0, "response.completed");
+        statuses.push(resp.status().as_u16());
+        if resp.status() == 200 {
+            let sse = read_sse(resp).await;
+            assert_eq!(sse.last().0, "response.completed");
+        } else {
+            let v: Value = resp.json().await.unwrap();
+            assert_eq!(v["error"]["code"], "key_budget_exhausted", "{v}");
+        }
     }
+    statuses.sort();
+    assert_eq!(statuses, [200, 429]);
     let (status, retry, v) = ask(&gw, &key, "gpt-5.5").await;
     assert_eq!(status, 429, "{v}");
     assert_eq!(v["error"]["code"], "key_budget_exhausted");
@@ -150,7 +159,7 @@ async fn an_exhausted_budget_is_429_with_its_reset_and_running_streams_finish() 
     // The hour it was used in leaves the 5-hour window between 5 and 6 hours from now.
     assert!((5 * 3600..=6 * 3600).contains(&resets), "{resets}");
     assert_eq!(retry, Some(resets));
-    assert_eq!(served_total(&gw), 2);
+    assert_eq!(served_total(&gw), 1);
     // Raised live, the next request runs.
     gw.admin_call(
         Method::PATCH,
@@ -159,6 +168,83 @@ async fn an_exhausted_budget_is_429_with_its_reset_and_running_streams_finish() 
     )
     .await;
     assert_eq!(ask(&gw, &key, "gpt-5.5").await.0, 200);
+}
+
+/// A multi-agent session on one budget: six requests at once on a budget about one answer
+/// long. Each admitted request holds an estimate until it ends, so at most one is admitted
+/// beyond the budget; the others are refused before any account is touched.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn six_requests_at_once_on_a_one_answer_budget_admit_at_most_one_beyond_it() {
+    let gw = Gw::start(2).await;
+    // What one answer costs here, measured on another key.
+    let (_, probe) = gw.make_key("probe", json!({})).await;
+    assert_eq!(ask(&gw, &probe, "gpt-5.5").await.0, 200);
+    let one: u64 = gw
+        .metrics_text()
+        .await
+        .lines()
+        .filter_map(|l| {
+            let rest = l.strip_prefix("switchyard_key_tokens_total{key=\"probe\",kind=\"")?;
+            let (kind, n) = rest.split_once("\"} ")?;
+            matches!(kind, "input" | "output").then(|| n.parse::<u64>().ok())?
+        })
+        .sum();
+    assert!(one > 0);
+    let (_, key) = gw
+        .make_key("agents", json!({"tokens_per_5h": one + 10}))
+        .await;
+    let before = served_total(&gw);
+    let sent: Vec<_> = (0..6)
+        .map(|i| {
+            let (http, url, key) = (gw.http.clone(), gw.url("/v1/responses"), key.clone());
+            let b = body("gpt-5.5", &format!("agent {i}"), false);
+            tokio::spawn(async move {
+                let resp = http
+                    .post(url)
+                    .bearer_auth(key)
+                    .json(&b)
+                    .send()
+                    .await
+                    .unwrap();
+                let status = resp.status().as_u16();
+                (status, resp.json::<Value>().await.unwrap_or(Value::Null))
+            })
+        })
+        .collect();
+    let mut admitted = 0;
+    for s in sent {
+        let (status, v) = s.await.unwrap();
+        match status {
+            200 => admitted += 1,
+            429 => assert_eq!(v["error"]["code"], "key_budget_exhausted", "{v}"),
+            other => panic!("{other}: {v}"),
+        }
+    }
+    assert!((1..=2).contains(&admitted), "{admitted} admitted");
+    assert_eq!(
+        served_total(&gw) - before,
+        admitted,
+        "a refusal touched an account"
+    );
+    // What the key used: at most one answer beyond its budget.
+    let usage: Value = gw
+        .http
+        .get(gw.url("/v1/usage"))
+        .bearer_auth(&key)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let used = usage["limits"]["tokens_per_5h"]["used"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("{usage}"));
+    assert!(
+        used <= one + 10 + one,
+        "{used} used of {}: {usage}",
+        one + 10
+    );
 }
 
 #[tokio::test]
