@@ -233,10 +233,15 @@ pub(super) async fn account_with(
                 None => print!("{text}"),
             }
             let account = describe_account(&exported.account);
-            if keep {
+            if keep && exported.account.enabled {
                 eprintln!(
                     "exported {account}; still enabled here (--keep): the two copies will refresh \
                      over each other, and one of them will need a new login"
+                );
+            } else if keep {
+                eprintln!(
+                    "exported {account}; it stays disabled here (it was already): the login lives \
+                     where you import the file"
                 );
             } else {
                 eprintln!(

@@ -505,6 +505,15 @@ mod ownership {
         }
         assert!(auth["last_refresh"].as_str().unwrap().ends_with('Z'));
         assert_eq!(gw.account(&acct).await["state"], "disabled");
+        // --keep of the exported, disabled account does not say it is enabled.
+        let again = run(args(None, &gw.dir, &["account", "export", &acct, "--keep"])).await;
+        assert!(again.status.success(), "{}", stderr(&again));
+        assert!(
+            stderr(&again).contains("stays disabled here")
+                && !stderr(&again).contains("still enabled"),
+            "{}",
+            stderr(&again)
+        );
         // The gateway keeps serving with the other account only.
         let other = gw.rr_order()[1].clone();
         let served = gw.served(&other);
