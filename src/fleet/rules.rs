@@ -293,6 +293,20 @@ impl TryFrom<RuleToml> for Rule {
                     .into(),
             ));
         }
+        // A cooldown that cannot take effect is refused rather than silently ignored.
+        // (With scope session it is how long the session avoids the account; with scope
+        // model how long the model is marked unsupported there.)
+        if cooldown.is_some()
+            && let Some(c) = class.filter(|c| {
+                scope == Scope::Account && (!c.cools_account() || *c == Class::AuthDead)
+            })
+        {
+            return Err(at(format!(
+                "cooldown takes no effect with class `{}` (it does not cool the account for a \
+                 while): drop it, or use quota, rate_limited, edge_challenge or transient",
+                c.as_str()
+            )));
+        }
         if !t.pass_through && class.is_none() && cooldown.is_none() && t.scope.is_none() {
             return Err(at(
                 "it does nothing: give class, cooldown, scope or pass_through = true".into(),
@@ -489,6 +503,14 @@ cooldown = "1m"
             (
                 "name = \"x\"\nstatus = 429\nclas = \"caller\"",
                 "unknown field",
+            ),
+            (
+                "name = \"x\"\nstatus = 400\nclass = \"caller\"\ncooldown = \"5m\"",
+                "cooldown takes no effect with class `caller`",
+            ),
+            (
+                "name = \"x\"\nstatus = 401\nclass = \"auth_dead\"\ncooldown = \"5m\"",
+                "cooldown takes no effect with class `auth_dead`",
             ),
         ] {
             let err = rule(&format!("[[rules]]\n{toml}\n")).unwrap_err();

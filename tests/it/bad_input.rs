@@ -20,6 +20,41 @@ fn unknown_config_key_is_named_with_its_line() {
     assert_one_line_error(&out, &["bad.toml:3", "server.listen_port", "unknown field"]);
 }
 
+/// A rule whose cooldown could never take effect (its class does not cool the account) is
+/// refused by `config check`, naming the rule, instead of being accepted and ignored.
+#[test]
+fn a_rule_cooldown_that_cannot_take_effect_is_refused_by_config_check() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cfg = tmp.path().join("rules.toml");
+    std::fs::write(
+        &cfg,
+        "[[rules]]\nname = \"fix the client\"\nstatus = 400\nclass = \"caller\"\ncooldown = \"1m\"\n",
+    )
+    .unwrap();
+    let out = cli(
+        tmp.path(),
+        &["--config", cfg.to_str().unwrap(), "config", "check"],
+    );
+    assert_one_line_error(
+        &out,
+        &[
+            "fix the client",
+            "cooldown takes no effect with class `caller`",
+        ],
+    );
+    // With a class that cools, the same cooldown is taken.
+    std::fs::write(
+        &cfg,
+        "[[rules]]\nname = \"shed\"\nstatus = 503\nclass = \"transient\"\ncooldown = \"1m\"\n",
+    )
+    .unwrap();
+    let ok = cli(
+        tmp.path(),
+        &["--config", cfg.to_str().unwrap(), "config", "check"],
+    );
+    assert!(ok.status.success(), "{}", stderr(&ok));
+}
+
 #[test]
 fn malformed_config_is_named_with_its_line() {
     let tmp = tempfile::tempdir().unwrap();
