@@ -68,8 +68,8 @@ pub async fn usage(State(state): State<Arc<AppState>>, headers: HeaderMap) -> Re
             })),
             "rpm": policy.rpm.map(|l| json!({
                 "limit": l,
-                "used": live.rpm,
-                "remaining": l.saturating_sub(live.rpm),
+                "used": live.rpm_counted,
+                "remaining": l.saturating_sub(live.rpm_counted),
                 "resets_in_seconds": live.rpm_resets_in_ms.map(|ms| ms.div_ceil(1000)),
             })),
             "tokens_per_5h": budget_of(policy.tokens_per_5h, Window::FiveHours),

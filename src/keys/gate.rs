@@ -49,6 +49,9 @@ pub struct KeyNow {
     pub waiting: usize,
     /// Requests admitted in the last 60 s.
     pub rpm: u32,
+    /// Of them, those counted against the key's `rpm` (counted only while it has one: after
+    /// `--rpm` is set, the minute starts empty).
+    pub rpm_counted: u32,
     /// When the oldest of them leaves the minute (ms).
     pub rpm_resets_in_ms: Option<u64>,
     pub last_refusal: Option<(&'static str, u64)>,
@@ -271,6 +274,7 @@ impl Gates {
             in_flight: k.in_flight,
             waiting: k.waiters.len(),
             rpm: k.per_second.iter().map(|(_, n)| n).sum(),
+            rpm_counted: u32::try_from(k.admitted.len()).unwrap_or(u32::MAX),
             rpm_resets_in_ms: k
                 .admitted
                 .front()

@@ -247,6 +247,48 @@ async fn six_requests_at_once_on_a_one_answer_budget_admit_at_most_one_beyond_it
     );
 }
 
+/// `/v1/usage` says what the rate check will do: an rpm set on a key that was already busy
+/// starts its minute empty, and the endpoint says 3 remaining while 3 more are admitted.
+#[tokio::test]
+async fn an_rpm_set_on_a_busy_key_shows_the_requests_it_will_admit() {
+    let gw = Gw::start(1).await;
+    let (_, key) = gw.make_key("busy", json!({})).await;
+    for _ in 0..4 {
+        assert_eq!(ask(&gw, &key, "gpt-5.5").await.0, 200);
+    }
+    gw.admin_call(
+        Method::PATCH,
+        "/api/admin/keys/busy",
+        Some(json!({"rpm": 3})),
+    )
+    .await;
+    let usage = || async {
+        let v: Value = gw
+            .http
+            .get(gw.url("/v1/usage"))
+            .bearer_auth(&key)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        v["limits"]["rpm"].clone()
+    };
+    let rpm = usage().await;
+    assert_eq!(
+        (rpm["used"].as_u64(), rpm["remaining"].as_u64()),
+        (Some(0), Some(3)),
+        "{rpm}"
+    );
+    for _ in 0..3 {
+        assert_eq!(ask(&gw, &key, "gpt-5.5").await.0, 200);
+    }
+    let rpm = usage().await;
+    assert_eq!(rpm["remaining"], 0, "{rpm}");
+    assert_eq!(ask(&gw, &key, "gpt-5.5").await.0, 429);
+}
+
 #[tokio::test]
 async fn an_expired_key_is_refused_on_http_and_on_the_websocket_handshake() {
     let gw = Gw::start(1).await;
