@@ -140,6 +140,9 @@ pub(crate) struct Attempt<'a> {
     pub(super) endpoint: Endpoint,
     /// The operator's rule that judged the last failure, for its record.
     rule: Option<String>,
+    /// What the built-in classification made of a failure a rule passed through, for its
+    /// record.
+    passed: Option<Class>,
 }
 
 impl<'a> Attempt<'a> {
@@ -186,6 +189,7 @@ impl<'a> Attempt<'a> {
             token_refused: false,
             endpoint: Endpoint::Responses,
             rule: None,
+            passed: None,
         };
         tracing::debug!(account = %a.lease.id, "attempt_start");
         let rejected = match a.send().await {
@@ -560,6 +564,7 @@ impl<'a> Attempt<'a> {
             self.trace.refusal = Some(caller_reply(facts));
         }
         self.rule = verdict.rule;
+        self.passed = verdict.passed;
         class
     }
 
@@ -696,7 +701,7 @@ impl<'a> Attempt<'a> {
     ) {
         let record = AttemptRecord {
             account: self.lease.chatgpt_account_id.clone(),
-            class,
+            class: self.passed.take().unwrap_or(class),
             status,
             phase,
             ms: ms_since(self.started),

@@ -79,6 +79,11 @@ pub struct Verdict {
     /// account (for `cooldown`, at most an hour).
     pub scope: rules::Scope,
     pub cooldown: Option<Duration>,
+    /// A failure a `pass_through` rule answered the client with as it was: what the built-in
+    /// classification makes of it (the request's record says this, so the failure counts as
+    /// the upstream's when it is one, under its account and its rule), while `class` — the
+    /// effect — is `Caller`: no failover, no cooldown.
+    pub passed: Option<Class>,
 }
 
 /// How long an (account, model) pair stays marked unsupported.
@@ -478,6 +483,7 @@ impl Fleet {
                 rule: None,
                 scope: rules::Scope::Account,
                 cooldown: None,
+                passed: None,
             };
         };
         let verdict = Verdict {
@@ -490,6 +496,9 @@ impl Fleet {
             rule: Some(rule.name.clone()),
             scope: rule.scope,
             cooldown: rule.cooldown,
+            passed: rule
+                .pass_through
+                .then(|| health::classify(facts, origin.model)),
         };
         tracing::info!(account = %id, rule = %rule.name, class = verdict.class.as_str(), scope = rule.scope.as_str(), "operator rule matched");
         match rule.scope {

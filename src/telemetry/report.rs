@@ -333,10 +333,18 @@ fn suggest(w: &WindowReport, names: &Names) -> Vec<Suggestion> {
             }
         }
     }
-    // Frequent messages that no rule judges.
+    // Frequent messages that no rule judges, of a class a rule's cooldown acts on: a failure
+    // the built-in classification judges by its meaning (a quota, a dead login, a model an
+    // account lacks, the caller's own error) needs no rule, and one would change nothing.
     let mut frequent: BTreeMap<(Option<u16>, String), (u64, Class)> = BTreeMap::new();
+    let cools = |g: &FailureGroup| {
+        matches!(
+            g.class,
+            Class::Transient | Class::RateLimited | Class::EdgeChallenge
+        )
+    };
     for a in &w.accounts {
-        for g in a.failures.iter().filter(|g| g.rule.is_none()) {
+        for g in a.failures.iter().filter(|g| g.rule.is_none() && cools(g)) {
             let e = frequent
                 .entry((g.status, g.message.clone()))
                 .or_insert((0, g.class.clone()));

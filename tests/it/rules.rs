@@ -394,3 +394,71 @@ fn config_check_names_a_bad_rule_and_its_line() {
     );
     assert!(out.status.success(), "{}", stderr(&out));
 }
+
+/// The report tells the whole truth about failures a rule passed through: each is an upstream
+/// error of the account that produced it, with the rule's name, and failures the built-in
+/// classification already judges get no rule suggested.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_report_counts_passed_through_failures_under_their_account_and_rule() {
+    let gw = Gw::start_with(2, pass_503_through).await;
+    let (a, b) = first(&gw);
+    // Every answer of both accounts a 503 for a while: each is passed through as it is.
+    for acct in [&a, &b] {
+        gw.fault(acct, FaultKind::ServerError { status: 503 }, Some(2));
+    }
+    for _ in 0..4 {
+        assert_eq!(ask(&gw, Via::Json, None, "gpt-5.5").await.0, 503);
+    }
+    // A model the accounts lack, often: the built-in judges it (model_unsupported).
+    for acct in [&a, &b] {
+        gw.fault(acct, FaultKind::ModelUnsupported, Some(3));
+    }
+    for _ in 0..3 {
+        assert_eq!(ask(&gw, Via::Json, None, "gpt-9-test").await.0, 404);
+    }
+    let dir = gw.dir.clone();
+    let out = tokio::task::spawn_blocking(move || cli(&dir, &["report", "--format", "json"]))
+        .await
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    let r: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let w = r["windows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .max_by_key(|w| w["minutes"].as_u64())
+        .unwrap();
+    let passed: Vec<(String, u64)> = w["accounts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|acc| {
+            acc["failures"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter(|f| f["rule"] == "answer overload as it is" && f["status"] == 503)
+                .map(move |f| {
+                    (
+                        acc["account"].as_str().unwrap().to_string(),
+                        f["count"].as_u64().unwrap(),
+                    )
+                })
+        })
+        .collect();
+    let total: u64 = passed.iter().map(|(_, n)| n).sum();
+    assert_eq!(
+        total, 4,
+        "every passed-through failure, under its account: {passed:?} {w}"
+    );
+    assert!(w["upstream_errors"].as_u64().unwrap() >= 4, "{w}");
+    assert!(
+        r["suggestions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|s| s["kind"] != "add_rule"),
+        "no rule for what a rule or the built-in already judges: {}",
+        r["suggestions"]
+    );
+}
