@@ -37,6 +37,42 @@ pub fn state_text(a: &Account) -> String {
     s
 }
 
+/// [`state_text`] in at most 17 characters, for the narrow table: a cooling account by its
+/// reason in a short word and its countdown (`quota 41m`, `rate 4m`, `edge 20s`), so the
+/// reason and the countdown are never cut.
+pub fn state_short(a: &Account) -> String {
+    let mut s = match &a.state {
+        AccountState::Cooling => {
+            let reason = a.reason.as_ref().map(|r| match r.as_str() {
+                "rate_limited" => "rate",
+                "edge_challenge" => "edge",
+                "auth_expired" => "auth",
+                "auth_dead" => "dead",
+                "model_unsupported" => "model",
+                other => other,
+            });
+            let mut s = reason.unwrap_or("cooling").to_string();
+            if let Some(left) = a.cooldown_remaining_s {
+                s.push(' ');
+                s.push_str(&human_secs(left));
+            }
+            s
+        }
+        AccountState::HalfOpen => "half-open".to_string(),
+        AccountState::NeedsReauth => "re-login".to_string(),
+        other => other.to_string(),
+    };
+    if a.draining {
+        s.push_str(" drain");
+    }
+    s
+}
+
+/// The width from which the table has every column at its full width.
+const WIDE: u16 = 157;
+/// The State column's width there: a longer state is said in [`state_short`]'s words.
+const WIDE_STATE: usize = 28;
+
 /// A rate as a whole percentage, `–` without anything to count.
 pub fn pct(rate: Option<f64>) -> String {
     rate.map_or("–".to_string(), |r| format!("{:.0}%", r * 100.0))
@@ -100,7 +136,7 @@ fn gauge(used: Option<f64>, reset_at: Option<&str>, now_ms: u64, width: usize) -
 
 pub fn render(frame: &mut Frame, area: Rect, app: &App) {
     let s = &app.state;
-    let wide = area.width >= 110;
+    let wide = area.width >= WIDE;
     let block = pane_block(
         app,
         Pane::Accounts,
@@ -127,7 +163,13 @@ pub fn render(frame: &mut Frame, area: Rect, app: &App) {
         } else {
             a.label.clone()
         };
-        let state = Cell::from(state_text(a)).style(Style::new().fg(state_color(&a.state)));
+        let long = state_text(a);
+        let text = if wide && long.chars().count() <= WIDE_STATE {
+            long
+        } else {
+            state_short(a)
+        };
+        let state = Cell::from(text).style(Style::new().fg(state_color(&a.state)));
         let mut cells = vec![Cell::from(name)];
         if wide {
             cells.push(Cell::from(a.plan.clone().unwrap_or_default()));
@@ -176,9 +218,9 @@ pub fn render(frame: &mut Frame, area: Rect, app: &App) {
                 "Last error",
             ],
             vec![
-                Constraint::Length(32),
+                Constraint::Length(30),
                 Constraint::Length(5),
-                Constraint::Length(26),
+                Constraint::Length(WIDE_STATE as u16),
                 Constraint::Length(5),
                 Constraint::Length(4),
                 Constraint::Length(20),
@@ -195,7 +237,8 @@ pub fn render(frame: &mut Frame, area: Rect, app: &App) {
                 "Account", "State", "Slots", "Wt", "5h", "Week", "OK", "TTFT",
             ],
             vec![
-                Constraint::Length(11),
+                // The account's name takes what is left.
+                Constraint::Min(11),
                 Constraint::Length(17),
                 Constraint::Length(5),
                 Constraint::Length(2),

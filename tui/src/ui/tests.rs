@@ -329,13 +329,8 @@ fn accounts_pane_shows_state_slots_quota_and_rates() {
     has(&wide, "25%/13%");
     let narrow = screen(&app, 80, 24);
     has(&narrow, "1 Accounts");
-    for text in [
-        "cooling quota 41m",
-        "half-open",
-        "needs re-login",
-        "2/4",
-        "sim-acct-5",
-    ] {
+    // In shorter words: the reason and the countdown of a cooling account.
+    for text in ["quota 41m", "half-open", "re-login", "2/4", "sim-acct-5"] {
         has(&narrow, text);
     }
     has(
@@ -855,4 +850,39 @@ fn r_opens_the_error_report_which_scrolls_and_closes() {
     app.on_key(key(KeyCode::Esc));
     app.on_report(Err("late".into()));
     assert_eq!(app.overlay, Overlay::None);
+}
+
+/// At 120×40 (a common terminal, above the tabs' threshold) the State column keeps the reason
+/// and the countdown of every cooling account, in shorter words rather than cut.
+#[test]
+fn at_120x40_the_state_column_keeps_reason_and_countdown() {
+    let mut app = fixture();
+    let mut rate = account(6, "cooling");
+    rate.reason = Some("rate_limited".into());
+    rate.cooldown_remaining_s = Some(4 * 60 + 59);
+    let mut edge = account(7, "cooling");
+    edge.reason = Some("edge_challenge".into());
+    edge.cooldown_remaining_s = Some(3 * 3600 + 7 * 60);
+    edge.draining = true;
+    let mut transient = account(8, "cooling");
+    transient.reason = Some("transient".into());
+    transient.cooldown_remaining_s = Some(20);
+    app.state.accounts.extend([rate, edge, transient]);
+    let s = screen(&app, 120, 40);
+    for text in [
+        "quota 41m",
+        "rate 4m",
+        "edge 3h07m drain",
+        "transient 20s",
+        "half-open",
+        "re-login",
+    ] {
+        has(&s, text);
+    }
+    // At 160 columns every column has its full width, with the long words.
+    let s = screen(&app, 160, 48);
+    has(&s, "cooling rate_limited 4m");
+    has(&s, "cooling transient 20s");
+    // Longer than the column even there: the short words.
+    has(&s, "edge 3h07m drain");
 }
