@@ -34,5 +34,6 @@ mod sim_ws;
 mod upgrade;
 mod upstream_face;
 mod usage;
+mod walkthrough;
 mod windows;
 mod ws;

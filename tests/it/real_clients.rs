@@ -38,7 +38,7 @@ fn python() -> PathBuf {
     )
 }
 
-fn codex() -> PathBuf {
+pub(crate) fn codex() -> PathBuf {
     tool(
         "SWITCHYARD_TEST_CODEX",
         ".ci/.node/node_modules/.bin/codex",
