@@ -35,6 +35,19 @@ async fn ask(gw: &Gw, key: &str, model: &str) -> (u16, Option<u64>, Value) {
     (status, retry, resp.json().await.unwrap_or(Value::Null))
 }
 
+/// What `/v1/usage` tells `key` of itself.
+async fn key_usage(gw: &Gw, key: &str) -> Value {
+    gw.http
+        .get(gw.url("/v1/usage"))
+        .bearer_auth(key)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap()
+}
+
 fn served_total(gw: &Gw) -> usize {
     gw.ids.keys().map(|a| gw.served(a)).sum()
 }
@@ -227,16 +240,7 @@ async fn six_requests_at_once_on_a_one_answer_budget_admit_at_most_one_beyond_it
         "a refusal touched an account"
     );
     // What the key used: at most one answer beyond its budget.
-    let usage: Value = gw
-        .http
-        .get(gw.url("/v1/usage"))
-        .bearer_auth(&key)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let usage = key_usage(&gw, &key).await;
     let used = usage["limits"]["tokens_per_5h"]["used"]
         .as_u64()
         .unwrap_or_else(|| panic!("{usage}"));
@@ -262,19 +266,7 @@ async fn an_rpm_set_on_a_busy_key_shows_the_requests_it_will_admit() {
         Some(json!({"rpm": 3})),
     )
     .await;
-    let usage = || async {
-        let v: Value = gw
-            .http
-            .get(gw.url("/v1/usage"))
-            .bearer_auth(&key)
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
-        v["limits"]["rpm"].clone()
-    };
+    let usage = || async { key_usage(&gw, &key).await["limits"]["rpm"].clone() };
     let rpm = usage().await;
     assert_eq!(
         (rpm["used"].as_u64(), rpm["remaining"].as_u64()),
