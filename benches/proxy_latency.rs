@@ -112,7 +112,7 @@ fn main() {
             models: Some(vec!["gpt-*".into()]), max_concurrency: Some(Some(100_000)), rpm: Some(Some(100_000_000)),
             tokens_per_5h: Some(Some(1_000_000_000_000)), tokens_per_day: Some(Some(1_000_000_000_000)),
             tokens_per_week: Some(Some(1_000_000_000_000)), expires_at: Some(Some("2100-01-01T00:00:00Z".into())),
-            note: None,
+            note: None, tiers: Some(vec!["default".into(), "priority".into()]),
         };
         let key = KeyRing::load(store.clone(), clock::system()).expect("keys").create("bench", &policy).await.expect("key").key;
         let mut config = Config::default();

@@ -71,6 +71,7 @@ wire_enum! {
         KeyRevoked => "key_revoked",
         KeyExpired => "key_expired",
         ModelNotAllowed => "model_not_allowed",
+        TierNotAllowed => "tier_not_allowed",
         KeyRateLimited => "key_rate_limited",
         KeyBudgetExhausted => "key_budget_exhausted",
         KeyConcurrencyExceeded => "key_concurrency_exceeded",
@@ -531,6 +532,9 @@ pub struct KeyPolicy {
     pub expires_at: Option<String>,
     #[serde(default)]
     pub note: Option<String>,
+    /// Service tiers (`default`, `priority`, …) a request may ask for; empty means every one.
+    #[serde(default)]
+    pub tiers: Vec<String>,
 }
 
 /// A change to a key's policy (`PATCH /keys/{id}`, and the policy part of a
@@ -539,6 +543,9 @@ pub struct KeyPolicy {
 pub struct KeyPolicyPatch {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub models: Option<Vec<String>>,
+    /// Service tiers; an empty list allows every one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tiers: Option<Vec<String>>,
     #[serde(
         default,
         deserialize_with = "present",

@@ -389,6 +389,8 @@ struct Peek<'a> {
     #[serde(borrow, default)]
     previous_response_id: Option<std::borrow::Cow<'a, str>>,
     #[serde(borrow, default)]
+    service_tier: Option<std::borrow::Cow<'a, str>>,
+    #[serde(borrow, default)]
     client_metadata: Option<PeekMetadata<'a>>,
 }
 
@@ -459,14 +461,16 @@ pub fn request_ctx_from_bytes(
             .filter(|s| !s.is_empty())
             .map(str::to_string);
         let model = model.to_string();
-        return Ok(ctx_of(
+        let mut ctx = ctx_of(
             key,
             headers,
             (model, mode, turn),
             (session, previous_response_id),
             (bytes.clone(), ids),
             received,
-        ));
+        );
+        ctx.service_tier = peek.service_tier.map(Cow::into_owned);
+        return Ok(ctx);
     }
     request_ctx(state, key, headers, parse_object(&bytes)?, turn, received)
 }
@@ -539,6 +543,7 @@ pub fn request_ctx(
         .str("previous_response_id")
         .filter(|s| !s.is_empty())
         .map(Cow::into_owned);
+    let service_tier = obj.str("service_tier").map(Cow::into_owned);
     let body = Bytes::from(obj.encode());
     drop(obj);
     let mut ctx = ctx_of(
@@ -549,6 +554,7 @@ pub fn request_ctx(
         (body, ids),
         received,
     );
+    ctx.service_tier = service_tier;
     if normalised {
         normalise_headers(&mut ctx.pass_headers);
     }
@@ -589,6 +595,7 @@ fn ctx_of(
         received,
         key_permit: None,
         memory: None,
+        service_tier: None,
     }
 }
 

@@ -150,6 +150,7 @@ pub fn key_policy(p: &Policy) -> wire::KeyPolicy {
         tokens_per_week: p.tokens_per_week,
         expires_at: p.expires_at.map(clock::rfc3339),
         note: p.note.clone(),
+        tiers: p.tiers.clone(),
     }
 }
 
@@ -167,6 +168,7 @@ pub fn account_change(p: wire::AccountPatch) -> AccountChange {
 pub fn policy_patch(p: wire::KeyPolicyPatch) -> PolicyPatch {
     PolicyPatch {
         models: p.models,
+        tiers: p.tiers,
         max_concurrency: p.max_concurrency,
         rpm: p.rpm,
         tokens_per_5h: p.tokens_per_5h,

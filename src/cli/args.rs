@@ -203,8 +203,18 @@ pub struct PolicyArgs {
     /// A note for operators.
     #[arg(long, value_name = "TEXT", value_parser = text)]
     pub note: Option<Setting<String>>,
+    /// Service tiers a request may ask for: `default,priority` (`default` is a request that
+    /// asks for none; Codex's Fast mode is `priority`; `none`: every tier).
+    #[arg(long, value_name = "TIER,…", value_parser = text)]
+    pub tiers: Option<Setting<String>>,
     #[arg(long, conflicts_with = "models", help = "Remove the model restriction")]
     pub clear_models: bool,
+    #[arg(
+        long,
+        conflicts_with = "tiers",
+        help = "Remove the service tier restriction"
+    )]
+    pub clear_tiers: bool,
     #[arg(
         long,
         conflicts_with = "max_concurrency",

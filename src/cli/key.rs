@@ -91,6 +91,16 @@ pub(super) fn policy_patch(p: &PolicyArgs) -> Result<wire::KeyPolicyPatch, Comma
         ),
         (None, false) => None,
     };
+    let tiers = match (&p.tiers, p.clear_tiers) {
+        (_, true) | (Some(Setting::Clear), _) => Some(Vec::new()),
+        (Some(Setting::Set(list)), _) => Some(
+            list.split(',')
+                .map(|t| t.trim().to_string())
+                .filter(|t| !t.is_empty())
+                .collect(),
+        ),
+        (None, false) => None,
+    };
     let expires_at = match (&p.expires, p.clear_expires) {
         (_, true) | (Some(Setting::Clear), _) => Some(None),
         (Some(Setting::Set(t)), _) => Some(Some(expiry(t)?)),
@@ -103,6 +113,7 @@ pub(super) fn policy_patch(p: &PolicyArgs) -> Result<wire::KeyPolicyPatch, Comma
     };
     Ok(wire::KeyPolicyPatch {
         models,
+        tiers,
         max_concurrency: num(
             "max-concurrency",
             &p.max_concurrency,
@@ -160,6 +171,14 @@ pub(super) fn key_detail(k: &wire::Key) -> String {
                 p.models.join(", ")
             },
         ),
+        (
+            "service tiers",
+            if p.tiers.is_empty() {
+                "any".to_string()
+            } else {
+                p.tiers.join(", ")
+            },
+        ),
         ("max concurrency", num(p.max_concurrency.map(u64::from))),
         ("rpm", num(p.rpm.map(u64::from))),
         ("tokens per 5h", num(p.tokens_per_5h)),
@@ -192,6 +211,9 @@ pub(super) fn limits_summary(p: &wire::KeyPolicy) -> String {
     let mut parts = Vec::new();
     if !p.models.is_empty() {
         parts.push(p.models.join(","));
+    }
+    if !p.tiers.is_empty() {
+        parts.push(format!("tiers {}", p.tiers.join(",")));
     }
     if let Some(n) = p.max_concurrency {
         parts.push(format!("{n} at once"));

@@ -126,6 +126,8 @@ pub struct RequestCtx {
     pub key_permit: Option<Arc<crate::keys::KeyPermit>>,
     /// The key's memory its body (or frame) holds while the request runs.
     pub memory: Option<Arc<crate::keys::memory::Charge>>,
+    /// The `service_tier` the request asked for, as sent (it is forwarded unchanged).
+    pub service_tier: Option<String>,
 }
 
 /// What a downstream WebSocket turn carries beyond its expanded body.

@@ -124,13 +124,18 @@ impl Dispatcher {
         let admitted = match ctx.key_permit.clone() {
             Some(permit) => self
                 .keys
-                .allow_model(&permit, &ctx.model)
+                .allow_model(&permit, &ctx.model, ctx.service_tier.as_deref())
                 .map(|()| permit)
                 .map_err(Denied::Refused),
             None => self
                 .keys
                 .admit(
-                    (&ctx.key_id, &ctx.model, ctx.body.len() as u64),
+                    (
+                        &ctx.key_id,
+                        &ctx.model,
+                        ctx.service_tier.as_deref(),
+                        ctx.body.len() as u64,
+                    ),
                     &self.usage,
                     wait,
                     settings.queue_max_waiting,
@@ -705,6 +710,7 @@ fn refusal_outcome(r: &Refusal) -> Outcome {
         Refusal::Revoked => Outcome::KeyRevoked,
         Refusal::Expired { .. } => Outcome::KeyExpired,
         Refusal::ModelNotAllowed { .. } => Outcome::ModelNotAllowed,
+        Refusal::TierNotAllowed { .. } => Outcome::TierNotAllowed,
         Refusal::RateLimited { .. } => Outcome::KeyRateLimited,
         Refusal::BudgetExhausted { .. } => Outcome::KeyBudgetExhausted,
         Refusal::ConcurrencyExceeded { .. } => Outcome::KeyConcurrencyExceeded,

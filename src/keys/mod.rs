@@ -91,6 +91,24 @@ pub struct KeyRing {
     naming: Arc<tokio::sync::Mutex<()>>,
 }
 
+/// What the key's policy says of what a request's body asks for: its model, then its service
+/// tier.
+fn body_refusal(policy: &Policy, model: &str, tier: Option<&str>) -> Option<Refusal> {
+    if !policy.allows_model(model) {
+        return Some(Refusal::ModelNotAllowed {
+            model: model.to_string(),
+            allowed: policy.models.clone(),
+        });
+    }
+    if !policy.allows_tier(tier) {
+        return Some(Refusal::TierNotAllowed {
+            tier: tier.unwrap_or(policy::DEFAULT_TIER).to_string(),
+            allowed: policy.tiers.clone(),
+        });
+    }
+    None
+}
+
 fn sha256(s: &str) -> [u8; 32] {
     Sha256::digest(s.as_bytes()).into()
 }
@@ -337,14 +355,14 @@ impl KeyRing {
     /// life. A refusal is counted for the console and the metrics.
     pub async fn admit(
         &self,
-        (key_id, model, input_bytes): (&str, &str, u64),
+        (key_id, model, tier, input_bytes): (&str, &str, Option<&str>, u64),
         usage: &UsageBook,
         wait: Duration,
         max_waiting: usize,
         gone: impl Future<Output = ()>,
     ) -> Result<KeyPermit, Denied> {
         self.admit_for(
-            (key_id, Some(model), input_bytes),
+            (key_id, Some((model, tier)), input_bytes),
             usage,
             wait,
             max_waiting,
@@ -368,32 +386,35 @@ impl KeyRing {
             .await
     }
 
-    /// The model check of a request admitted from its head. A refused one is not counted
-    /// against the key's rate, as it would not have been had its model been known first.
-    pub fn allow_model(&self, permit: &KeyPermit, model: &str) -> Result<(), Refusal> {
+    /// The model and service tier check of a request admitted from its head. A refused one
+    /// is not counted against the key's rate, as it would not have been had its body been
+    /// known first.
+    pub fn allow_model(
+        &self,
+        permit: &KeyPermit,
+        model: &str,
+        tier: Option<&str>,
+    ) -> Result<(), Refusal> {
         let key_id = permit.key_id();
         let Some(policy) = self.active_policy(key_id) else {
             return Err(Refusal::Revoked);
         };
-        if policy.allows_model(model) {
+        let Some(refusal) = body_refusal(&policy, model, tier) else {
             return Ok(());
-        }
+        };
         if let Some(at) = permit.counted_at_ms {
             self.gates.uncount(key_id, at);
         }
         self.gates
-            .note_refusal(key_id, "model_not_allowed", self.clock.now_ms());
-        Err(Refusal::ModelNotAllowed {
-            model: model.to_string(),
-            allowed: policy.models.clone(),
-        })
+            .note_refusal(key_id, refusal.code(), self.clock.now_ms());
+        Err(refusal)
     }
 
     /// `input_bytes`: the request body's size (as its head announces it, before it is read),
     /// for the estimate its key's token budgets reserve while it runs.
     async fn admit_for(
         &self,
-        (key_id, model, input_bytes): (&str, Option<&str>, u64),
+        (key_id, asked, input_bytes): (&str, Option<(&str, Option<&str>)>, u64),
         usage: &UsageBook,
         wait: Duration,
         max_waiting: usize,
@@ -410,13 +431,8 @@ impl KeyRing {
         if let Some(at) = policy.expires_at.filter(|at| now_ms / 1000 >= *at) {
             return refused(Refusal::Expired { at });
         }
-        if let Some(model) = model
-            && !policy.allows_model(model)
-        {
-            return refused(Refusal::ModelNotAllowed {
-                model: model.to_string(),
-                allowed: policy.models.clone(),
-            });
+        if let Some(r) = asked.and_then(|(model, tier)| body_refusal(&policy, model, tier)) {
+            return refused(r);
         }
         // Requests in flight count at their estimate until they end: a burst on one budget
         // is refused once what was used and what is reserved reach the limit.
@@ -657,7 +673,7 @@ mod tests {
         let k = r.create("bot", &patch).await.unwrap().info;
         let admit = || {
             r.admit(
-                (&k.id, "gpt-5.5", 40),
+                (&k.id, "gpt-5.5", None, 40),
                 &book,
                 Duration::ZERO,
                 0,
@@ -725,7 +741,7 @@ mod tests {
             .info;
         let p = r
             .admit(
-                (&free.id, "gpt-5.5", 40),
+                (&free.id, "gpt-5.5", None, 40),
                 &book,
                 Duration::ZERO,
                 0,

@@ -43,7 +43,15 @@ pub struct Policy {
     /// Unix seconds.
     pub expires_at: Option<u64>,
     pub note: Option<String>,
+    /// Service tiers a request may ask for; empty allows every one.
+    pub tiers: Vec<String>,
 }
+
+/// Most service tiers a key may list.
+const MAX_TIERS: usize = 8;
+
+/// The tier of a request that asks for none.
+pub const DEFAULT_TIER: &str = "default";
 
 impl Policy {
     pub fn from_row(r: &KeyPolicyRow) -> Policy {
@@ -56,6 +64,7 @@ impl Policy {
             tokens_per_week: r.tokens_per_week,
             expires_at: r.expires_at,
             note: r.note.clone(),
+            tiers: r.tiers.clone(),
         }
     }
 
@@ -69,7 +78,15 @@ impl Policy {
             tokens_per_week: self.tokens_per_week,
             expires_at: self.expires_at,
             note: self.note.clone(),
+            tiers: self.tiers.clone(),
         }
+    }
+
+    /// Whether the key may ask for `tier` (`service_tier` as the request sent it; none is
+    /// [`DEFAULT_TIER`]).
+    pub fn allows_tier(&self, tier: Option<&str>) -> bool {
+        let tier = tier.unwrap_or(DEFAULT_TIER);
+        self.tiers.is_empty() || self.tiers.iter().any(|t| t == tier)
     }
 
     /// Whether the key may use `model` (the name sent upstream, after aliases).
@@ -122,6 +139,32 @@ impl Policy {
             }
             p.models = models;
         }
+        if let Some(tiers) = &patch.tiers {
+            let tiers: Vec<String> = tiers
+                .iter()
+                .map(|t| t.trim().to_string())
+                .filter(|t| !t.is_empty())
+                .collect();
+            if tiers.len() > MAX_TIERS {
+                return Err(format!("at most {MAX_TIERS} service tiers"));
+            }
+            if let Some(bad) = tiers
+                .iter()
+                .find(|t| t.len() > 32 || !t.chars().all(|c| c.is_ascii_lowercase() || c == '_'))
+            {
+                return Err(format!(
+                    "invalid service tier `{bad}` (a word such as default, priority, flex)"
+                ));
+            }
+            if tiers.iter().any(|t| t == "fast") {
+                return Err(
+                    "service tier `fast` never reaches the backend: Codex sends Fast mode as \
+                     `priority`; list priority"
+                        .into(),
+                );
+            }
+            p.tiers = tiers;
+        }
         p.max_concurrency = positive("max_concurrency", patch.max_concurrency, p.max_concurrency)?;
         p.rpm = positive("rpm", patch.rpm, p.rpm)?;
         p.tokens_per_5h = positive("tokens_per_5h", patch.tokens_per_5h, p.tokens_per_5h)?;
@@ -154,6 +197,8 @@ impl Policy {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct PolicyPatch {
     pub models: Option<Vec<String>>,
+    /// Service tiers (an empty list allows every one).
+    pub tiers: Option<Vec<String>>,
     pub max_concurrency: Option<Option<u32>>,
     pub rpm: Option<Option<u32>>,
     pub tokens_per_5h: Option<Option<u64>>,
@@ -184,6 +229,11 @@ pub enum Refusal {
         model: String,
         allowed: Vec<String>,
     },
+    /// The request asked for a service tier the key may not use.
+    TierNotAllowed {
+        tier: String,
+        allowed: Vec<String>,
+    },
     RateLimited {
         rpm: u32,
         retry_after_s: u64,
@@ -210,6 +260,7 @@ impl Refusal {
             Refusal::Revoked => "invalid_api_key",
             Refusal::Expired { .. } => "key_expired",
             Refusal::ModelNotAllowed { .. } => "model_not_allowed",
+            Refusal::TierNotAllowed { .. } => "tier_not_allowed",
             Refusal::RateLimited { .. } => "key_rate_limited",
             Refusal::BudgetExhausted { .. } => "key_budget_exhausted",
             Refusal::ConcurrencyExceeded { .. } => "key_concurrency_exceeded",
@@ -219,7 +270,7 @@ impl Refusal {
     pub fn status(&self) -> u16 {
         match self {
             Refusal::Revoked | Refusal::Expired { .. } => 401,
-            Refusal::ModelNotAllowed { .. } => 403,
+            Refusal::ModelNotAllowed { .. } | Refusal::TierNotAllowed { .. } => 403,
             _ => 429,
         }
     }
@@ -227,9 +278,10 @@ impl Refusal {
     /// The OpenAI error type.
     pub fn kind(&self) -> &'static str {
         match self {
-            Refusal::Revoked | Refusal::Expired { .. } | Refusal::ModelNotAllowed { .. } => {
-                "invalid_request_error"
-            }
+            Refusal::Revoked
+            | Refusal::Expired { .. }
+            | Refusal::ModelNotAllowed { .. }
+            | Refusal::TierNotAllowed { .. } => "invalid_request_error",
             _ => "rate_limit_error",
         }
     }
@@ -253,6 +305,10 @@ impl Refusal {
             ),
             Refusal::ModelNotAllowed { model, allowed } => format!(
                 "This API key may not use the model '{model}' (allowed: {}).",
+                allowed.join(", ")
+            ),
+            Refusal::TierNotAllowed { tier, allowed } => format!(
+                "This API key may not use the service tier '{tier}' (allowed: {}).",
                 allowed.join(", ")
             ),
             Refusal::RateLimited { rpm, retry_after_s } => format!(
@@ -293,6 +349,44 @@ impl Refusal {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_tier_list_allows_its_tiers_and_a_request_without_one_is_default() {
+        let any = Policy::default();
+        assert!(any.allows_tier(Some("priority")) && any.allows_tier(None));
+        let p = any
+            .patched(&PolicyPatch {
+                tiers: Some(vec!["default".into(), " priority ".into(), "".into()]),
+                ..PolicyPatch::default()
+            })
+            .unwrap();
+        assert_eq!(p.tiers, vec!["default".to_string(), "priority".to_string()]);
+        assert!(p.allows_tier(None) && p.allows_tier(Some("priority")));
+        assert!(!p.allows_tier(Some("flex")));
+        let only = Policy {
+            tiers: vec!["priority".into()],
+            ..Policy::default()
+        };
+        assert!(!only.allows_tier(None), "no tier asked is the default tier");
+        // Cleared with an empty list; `fast` and odd words refused.
+        let cleared = p
+            .patched(&PolicyPatch {
+                tiers: Some(Vec::new()),
+                ..PolicyPatch::default()
+            })
+            .unwrap();
+        assert!(cleared.tiers.is_empty());
+        for (bad, says) in [("fast", "priority"), ("Priority", "invalid service tier")] {
+            let e = Policy::default()
+                .patched(&PolicyPatch {
+                    tiers: Some(vec![bad.into()]),
+                    ..PolicyPatch::default()
+                })
+                .unwrap_err();
+            assert!(e.contains(says), "{bad}: {e}");
+        }
+        assert_eq!(Policy::from_row(&p.to_row()), p);
+    }
 
     #[test]
     fn a_patch_sets_clears_and_keeps_and_refuses_nonsense() {

@@ -153,7 +153,8 @@ impl AccountSecrets {
 
 /// A client key: only its SHA-256 is kept.
 ///
-/// Version 2 (0.3.0): its policy. Version 1 (0.1.0): no policy.
+/// Version 3 (0.5.0): the service tiers its policy allows. Version 2 (0.3.0): its policy.
+/// Version 1 (0.1.0): no policy.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ClientKeyRecord {
     pub id: String,
@@ -167,7 +168,7 @@ pub struct ClientKeyRecord {
     pub policy: KeyPolicyRow,
 }
 
-/// Part of version 2 of [`ClientKeyRecord`]: frozen.
+/// Part of version 3 of [`ClientKeyRecord`]: frozen.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct KeyPolicyRow {
     /// Model globs; empty allows every model.
@@ -180,6 +181,33 @@ pub struct KeyPolicyRow {
     /// Unix seconds.
     pub expires_at: Option<u64>,
     pub note: Option<String>,
+    /// Service tiers a request may ask for (`default` for none asked); empty allows every one.
+    pub tiers: Vec<String>,
+}
+
+/// The policy as version 2 of [`ClientKeyRecord`] holds it: frozen.
+#[derive(Deserialize)]
+struct KeyPolicyRowV2 {
+    models: Vec<String>,
+    max_concurrency: Option<u32>,
+    rpm: Option<u32>,
+    tokens_per_5h: Option<u64>,
+    tokens_per_day: Option<u64>,
+    tokens_per_week: Option<u64>,
+    expires_at: Option<u64>,
+    note: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct ClientKeyRecordV2 {
+    id: String,
+    name: String,
+    prefix: String,
+    sha256: [u8; 32],
+    enabled: bool,
+    created_at: u64,
+    revoked_at: Option<u64>,
+    policy: KeyPolicyRowV2,
 }
 
 #[derive(Deserialize)]
@@ -195,10 +223,34 @@ struct ClientKeyRecordV1 {
 
 impl Versioned for ClientKeyRecord {
     const NAME: &'static str = "client key";
-    const VERSION: u8 = 2;
+    const VERSION: u8 = 3;
     fn decode_version(version: u8, b: &[u8]) -> Result<Self, CodecError> {
         match version {
-            2 => body(b),
+            3 => body(b),
+            2 => {
+                let v: ClientKeyRecordV2 = body(b)?;
+                let p = v.policy;
+                Ok(ClientKeyRecord {
+                    id: v.id,
+                    name: v.name,
+                    prefix: v.prefix,
+                    sha256: v.sha256,
+                    enabled: v.enabled,
+                    created_at: v.created_at,
+                    revoked_at: v.revoked_at,
+                    policy: KeyPolicyRow {
+                        models: p.models,
+                        max_concurrency: p.max_concurrency,
+                        rpm: p.rpm,
+                        tokens_per_5h: p.tokens_per_5h,
+                        tokens_per_day: p.tokens_per_day,
+                        tokens_per_week: p.tokens_per_week,
+                        expires_at: p.expires_at,
+                        note: p.note,
+                        tiers: Vec::new(),
+                    },
+                })
+            }
             1 => {
                 let v: ClientKeyRecordV1 = body(b)?;
                 Ok(ClientKeyRecord {
@@ -750,13 +802,13 @@ mod tests {
         assert_eq!((k.name.as_str(), k.enabled), ("bob", false));
         assert_eq!(k.revoked_at.map(|r| r - k.created_at), Some(1));
         assert_eq!(k.policy, KeyPolicyRow::default());
-        // Written again, it is version 2: version 1 with an empty policy after it.
+        // Written again, it is version 3: version 1 with an empty policy after it.
         let again = encode(&k).unwrap();
         assert_eq!(
             to_hex(&again[1..]),
-            format!("{}{}", &v1::KEY[2..], "0000000000000000")
+            format!("{}{}", &v1::KEY[2..], "000000000000000000")
         );
-        assert_eq!(again[0], 2);
+        assert_eq!(again[0], 3);
         assert_eq!(decode::<ClientKeyRecord>(&again).unwrap(), k);
 
         let SnapshotRecord(rows) = decode(&hex(v1::SNAPSHOT)).unwrap();
@@ -937,6 +989,7 @@ mod tests {
                 tokens_per_week: Some(5_000_000),
                 expires_at: Some(1_801_353_600),
                 note: Some("agents".into()),
+                tiers: Vec::new(),
             },
         }
     }
@@ -958,9 +1011,18 @@ mod tests {
     }
 
     #[test]
-    fn key_version_2_and_usage_version_1_round_trip_exactly() {
-        assert_eq!(to_hex(&encode(&key_v2()).unwrap()), v3::KEY);
+    fn key_version_2_decodes_and_usage_version_1_round_trips_exactly() {
+        // A key as 0.3.0 and 0.4.0 wrote it: no tier restriction.
         assert_eq!(decode::<ClientKeyRecord>(&hex(v3::KEY)).unwrap(), key_v2());
+        let mut k = key_v2();
+        k.policy.tiers = vec!["default".into()];
+        let bytes = encode(&k).unwrap();
+        assert_eq!(bytes[0], 3);
+        assert_eq!(
+            to_hex(&bytes[1..]),
+            format!("{}0107{}", &v3::KEY[2..], to_hex(b"default"))
+        );
+        assert_eq!(decode::<ClientKeyRecord>(&bytes).unwrap(), k);
         assert_eq!(to_hex(&encode(&usage_v1()).unwrap()), v3::USAGE);
         assert_eq!(
             decode::<UsageBucketRow>(&hex(v3::USAGE)).unwrap(),

@@ -56,6 +56,7 @@ named! {
         KeyRevoked => "key_revoked",
         KeyExpired => "key_expired",
         ModelNotAllowed => "model_not_allowed",
+        TierNotAllowed => "tier_not_allowed",
         KeyRateLimited => "key_rate_limited",
         KeyBudgetExhausted => "key_budget_exhausted",
         KeyConcurrencyExceeded => "key_concurrency_exceeded",

@@ -66,6 +66,7 @@ pub fn counts(r: &RequestRecord) -> bool {
         Outcome::KeyRevoked
             | Outcome::KeyExpired
             | Outcome::ModelNotAllowed
+            | Outcome::TierNotAllowed
             | Outcome::KeyRateLimited
             | Outcome::KeyBudgetExhausted
             | Outcome::KeyConcurrencyExceeded

@@ -122,6 +122,60 @@ async fn a_model_outside_the_keys_globs_is_refused_before_any_account() {
     assert_eq!(status, 200, "{v}");
 }
 
+/// A key limited to the default tier: a request for `priority` (Codex's Fast mode) is 403
+/// before any account is touched, over HTTP and on the WebSocket; one that asks for no tier
+/// runs. A key that allows `priority` has it forwarded unchanged.
+#[tokio::test]
+async fn a_tier_outside_the_keys_list_is_refused_before_any_account() {
+    let gw = Gw::start(2).await;
+    let (_, key) = gw.make_key("standard", json!({"tiers": ["default"]})).await;
+    let mut fast = body("gpt-5.5", "hello", false);
+    fast["service_tier"] = json!("priority");
+    let resp = post(&gw, &key, &fast).await;
+    assert_eq!(resp.status().as_u16(), 403);
+    let v: Value = resp.json().await.unwrap();
+    assert_eq!(v["error"]["code"], "tier_not_allowed", "{v}");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("service tier 'priority' (allowed: default)"),
+        "{v}"
+    );
+    let mut ws = ws_connect(&gw, &key).await.unwrap();
+    let mut frame = fast.clone();
+    frame["type"] = json!("response.create");
+    frame["stream"] = json!(true);
+    ws.send(Message::Text(frame.to_string().into()))
+        .await
+        .unwrap();
+    let refused = loop {
+        match ws.next().await.unwrap().unwrap() {
+            Message::Text(t) => break serde_json::from_str::<Value>(t.as_str()).unwrap(),
+            _ => continue,
+        }
+    };
+    assert_eq!(refused["status"], 403, "{refused}");
+    assert_eq!(refused["error"]["code"], "tier_not_allowed", "{refused}");
+    assert_eq!(served_total(&gw), 0, "no account was asked");
+    assert_eq!(record(&gw).await["outcome"], "tier_not_allowed");
+    // No tier asked is the default tier.
+    assert_eq!(ask(&gw, &key, "gpt-5.5").await.0, 200);
+    // A key that allows priority: the tier goes to the backend as the client sent it.
+    let (_, fast_key) = gw
+        .make_key("fast", json!({"tiers": ["default", "priority"]}))
+        .await;
+    assert_eq!(post(&gw, &fast_key, &fast).await.status().as_u16(), 200);
+    let sent: Vec<Value> = gw
+        .ids
+        .keys()
+        .flat_map(|a| gw.sim.sim.requests(a))
+        .map(|r| r.body)
+        .filter(|b| b["service_tier"] == "priority")
+        .collect();
+    assert_eq!(sent.len(), 1, "forwarded once, unchanged");
+}
+
 #[tokio::test]
 async fn over_its_rate_a_key_gets_429_with_retry_after() {
     let gw = Gw::start(2).await;
@@ -861,4 +915,29 @@ fn four_simultaneous_creates_of_one_name_make_one_active_key() {
     );
     assert!(!late.status.success());
     assert!(stderr(&late).contains("has passed"), "{}", stderr(&late));
+}
+
+/// `--tiers` on the command line: set, shown, refused when it names Fast mode's alias, and
+/// cleared.
+#[test]
+fn the_tiers_of_a_key_are_set_shown_and_cleared_on_the_command_line() {
+    use crate::common::{assert_one_line_error, cli, stderr, stdout};
+    let tmp = tempfile::tempdir().unwrap();
+    let state = tmp.path().join("state");
+    let created = cli(
+        &state,
+        &["key", "create", "t", "--tiers", "default,priority"],
+    );
+    assert!(created.status.success(), "{}", stderr(&created));
+    let show = stdout(&cli(&state, &["key", "show", "t"]));
+    assert!(
+        show.contains("service tiers    default, priority"),
+        "{show}"
+    );
+    let fast = cli(&state, &["key", "update", "t", "--tiers", "fast"]);
+    assert_one_line_error(&fast, &["fast", "priority"]);
+    let cleared = cli(&state, &["key", "update", "t", "--clear-tiers"]);
+    assert!(cleared.status.success(), "{}", stderr(&cleared));
+    let show = stdout(&cli(&state, &["key", "show", "t"]));
+    assert!(show.contains("service tiers    any"), "{show}");
 }
