@@ -23,6 +23,9 @@ enum Route {
     Usage,
     /// `wham/accounts/check`: workspace routing.
     AccountsCheck,
+    /// `wham/rate-limit-reset-credits` and its `/consume`.
+    ResetCredits,
+    ConsumeCredit,
 }
 
 /// Session headers, in the order the backend derives prompt-cache affinity from them.
@@ -36,11 +39,13 @@ pub(crate) fn handle(sim: &Sim, req: &SimRequest) -> Outcome {
         "/backend-api/codex/models" => Route::Models,
         "/backend-api/wham/usage" => Route::Usage,
         "/backend-api/wham/accounts/check" => Route::AccountsCheck,
+        "/backend-api/wham/rate-limit-reset-credits" => Route::ResetCredits,
+        "/backend-api/wham/rate-limit-reset-credits/consume" => Route::ConsumeCredit,
         _ => return json(404, &json!({"detail": "Not Found"})).into(),
     };
     let method = match route {
-        Route::Models | Route::Usage | Route::AccountsCheck => Method::GET,
-        Route::Responses | Route::Compact => Method::POST,
+        Route::Models | Route::Usage | Route::AccountsCheck | Route::ResetCredits => Method::GET,
+        Route::Responses | Route::Compact | Route::ConsumeCredit => Method::POST,
     };
     if req.method != method {
         return json(405, &json!({"detail": "Method Not Allowed"})).into();
@@ -70,6 +75,18 @@ pub(crate) fn handle(sim: &Sim, req: &SimRequest) -> Outcome {
         }
         Route::Usage => {
             let mut r = json(200, &catalog::usage(account, now));
+            decorate(&mut r, account, now, &ray);
+            r.into()
+        }
+        Route::ResetCredits => {
+            let mut r = json(200, &super::credits::list(account, now));
+            decorate(&mut r, account, now, &ray);
+            r.into()
+        }
+        Route::ConsumeCredit => {
+            let body: Value = serde_json::from_slice(&req.body).unwrap_or(Value::Null);
+            let (status, answer) = super::credits::consume(account, &body, now);
+            let mut r = json(status, &answer);
             decorate(&mut r, account, now, &ray);
             r.into()
         }

@@ -135,8 +135,8 @@ fn window_json(w: &super::state::Window, now: u64) -> Value {
 
 /// `GET /wham/usage`.
 pub(crate) fn usage(account: &Account, now: u64) -> Value {
-    let limit_reached =
-        account.primary.used_percent >= 100.0 || account.secondary.used_percent >= 100.0;
+    let limit_reached = account.primary.used_percent >= 100.0
+        || (!account.single_window && account.secondary.used_percent >= 100.0);
     json!({
         "user_id": account.spec.chatgpt_user_id,
         "account_id": account.id(),
@@ -146,9 +146,16 @@ pub(crate) fn usage(account: &Account, now: u64) -> Value {
             "allowed": !limit_reached,
             "limit_reached": limit_reached,
             "primary_window": window_json(&account.primary, now),
-            "secondary_window": window_json(&account.secondary, now),
+            "secondary_window": if account.single_window {
+                Value::Null
+            } else {
+                window_json(&account.secondary, now)
+            },
         },
         "credits": {"has_credits": false, "unlimited": false, "balance": "0"},
+        "rate_limit_reset_credits": {
+            "available_count": super::credits::available_count(account, now),
+        },
     })
 }
 

@@ -75,6 +75,30 @@ struct UsageBody {
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
+struct CreditsBody {
+    #[serde(default = "one")]
+    count: u32,
+    /// Default 30 days, as the real credits.
+    #[serde(default = "thirty_days")]
+    expires_in_secs: u64,
+}
+
+fn one() -> u32 {
+    1
+}
+
+fn thirty_days() -> u64 {
+    30 * 86_400
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SingleWindowBody {
+    single_window: bool,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
 struct ModelsBody {
     models: Vec<String>,
 }
@@ -180,6 +204,25 @@ fn account_route(sim: &Sim, req: &SimRequest, id: &str, rest: &[&str]) -> Outcom
             }
             Err(e) => bad_request(e),
         },
+        ["credits"] if m == Method::POST => match parse::<CreditsBody>(req) {
+            Ok(b) => {
+                let ids = sim.grant_credits(
+                    id,
+                    b.count,
+                    std::time::Duration::from_secs(b.expires_in_secs),
+                );
+                ok(json!({"granted": ids, "credits": sim.reset_credits(id)}))
+            }
+            Err(e) => bad_request(e),
+        },
+        ["credits"] if m == Method::GET => ok(sim.reset_credits(id).unwrap_or(Value::Null)),
+        ["single-window"] if m == Method::PUT => match parse::<SingleWindowBody>(req) {
+            Ok(b) => {
+                sim.set_single_window(id, b.single_window);
+                ok(json!({"single_window": b.single_window}))
+            }
+            Err(e) => bad_request(e),
+        },
         ["requests"] if m == Method::GET => ok(json!({"requests": sim.requests(id)})),
         []
         | ["auth"]
@@ -190,6 +233,8 @@ fn account_route(sim: &Sim, req: &SimRequest, id: &str, rest: &[&str]) -> Outcom
         | ["usage"]
         | ["models"]
         | ["deactivated"]
+        | ["credits"]
+        | ["single-window"]
         | ["requests"] => method_not_allowed(),
         _ => not_found("path"),
     }

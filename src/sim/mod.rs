@@ -34,6 +34,7 @@ pub mod auth;
 mod backend;
 mod catalog;
 mod control;
+mod credits;
 mod faults;
 pub mod injector;
 mod login;
@@ -375,6 +376,45 @@ impl Sim {
             a.primary.used_percent = primary_used_percent;
             a.secondary.used_percent = secondary_used_percent;
         })
+    }
+
+    /// Banks `count` reset credits on the account, each expiring `expires_in` from now (by
+    /// the sim clock). Returns the ids, or `None` for an unknown account.
+    pub fn grant_credits(
+        &self,
+        account_id: &str,
+        count: u32,
+        expires_in: Duration,
+    ) -> Option<Vec<String>> {
+        let now = self.now_secs();
+        let nonce = self.nonce().to_string();
+        let mut st = self.lock();
+        let a = st.account_mut(account_id)?;
+        let ids: Vec<String> = (0..count)
+            .map(|_| {
+                let id = format!("rlrc_{nonce}{:04}", a.credits.len());
+                a.credits.push(credits::Credit {
+                    id: id.clone(),
+                    redeemed: false,
+                    granted_at: now,
+                    expires_at: now + expires_in.as_secs(),
+                });
+                id
+            })
+            .collect();
+        Some(ids)
+    }
+
+    /// Whether the account has only its primary window (its consume fails server-side).
+    pub fn set_single_window(&self, account_id: &str, single: bool) -> bool {
+        self.with_account(account_id, |a| a.single_window = single)
+    }
+
+    /// The account's reset credits as the backend lists them now.
+    pub fn reset_credits(&self, account_id: &str) -> Option<Value> {
+        let now = self.now_secs();
+        let st = self.lock();
+        st.account(account_id).map(|a| credits::list(a, now))
     }
 
     /// (primary, secondary) used percent, as the rate-limit headers would say now.

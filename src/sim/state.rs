@@ -150,6 +150,11 @@ pub(crate) struct Account {
     /// Profile quota: exhausted until (unix s), and requests since the last reset.
     pub script_quota_until: Option<u64>,
     pub script_since_reset: u64,
+    /// Banked rate-limit reset credits, and the answers given per redeem id.
+    pub credits: Vec<super::credits::Credit>,
+    pub redemptions: HashMap<String, Value>,
+    /// Only the primary window exists (`secondary_window` null in the usage).
+    pub single_window: bool,
 }
 
 impl Account {
@@ -187,6 +192,9 @@ impl Account {
             script_quota_until: None,
             script_since_reset: 0,
             script,
+            credits: Vec::new(),
+            redemptions: HashMap::new(),
+            single_window: false,
         };
         if let Some((p, s)) = a.script.initial_usage {
             a.primary.used_percent = p;

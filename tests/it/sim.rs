@@ -1288,3 +1288,150 @@ async fn the_backend_reads_a_zstd_body_and_knows_its_workspace_tokens() {
         (401, Some("token_expired"))
     );
 }
+
+/// Reset credits as the Codex source's backend client speaks them: listed with their expiry,
+/// counted in the usage, spent by the soonest to expire on a spent account, once per redeem
+/// id, never when nothing is spent, and refused server-side on a single-window account.
+#[tokio::test]
+async fn reset_credits_are_listed_spent_once_per_redeem_id_and_refused_on_a_single_window() {
+    let h = start(2).await;
+    let c = client();
+    let wham = format!("{}/backend-api/wham", h.url());
+    let control = |path: &str| format!("{}/sim/accounts/{path}", h.url());
+    let ask = |method: reqwest::Method, path: &str, id: &str, body: Option<Value>| {
+        let mut r = c
+            .request(method, format!("{wham}/{path}"))
+            .bearer_auth(access(&h, id))
+            .header("ChatGPT-Account-ID", id);
+        if let Some(b) = body {
+            r = r.json(&b);
+        }
+        async move {
+            let resp = r.send().await.unwrap();
+            (resp.status().as_u16(), resp.json::<Value>().await.unwrap())
+        }
+    };
+    // Two credits: the later one first, the sooner one second.
+    for secs in [2 * 86_400, 86_400] {
+        let granted = c
+            .post(control("sim-acct-1/credits"))
+            .json(&json!({"expires_in_secs": secs}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(granted.status(), 200);
+    }
+    let (status, listed) = ask(
+        reqwest::Method::GET,
+        "rate-limit-reset-credits",
+        "sim-acct-1",
+        None,
+    )
+    .await;
+    assert_eq!(status, 200, "{listed}");
+    assert_eq!(listed["available_count"], 2);
+    let credits = listed["credits"].as_array().unwrap();
+    let sooner = credits
+        .iter()
+        .min_by_key(|c| c["expires_at"].as_str().unwrap().to_string())
+        .unwrap()["id"]
+        .clone();
+    assert!(
+        credits
+            .iter()
+            .all(|c| c["status"] == "available" && c["reset_type"] == "codex_rate_limits")
+    );
+    let (_, usage) = ask(reqwest::Method::GET, "usage", "sim-acct-1", None).await;
+    assert_eq!(usage["rate_limit_reset_credits"]["available_count"], 2);
+    // Nothing spent: nothing to reset, and no credit goes.
+    let consume = |redeem: &str| json!({"redeem_request_id": redeem});
+    let (_, nothing) = ask(
+        reqwest::Method::POST,
+        "rate-limit-reset-credits/consume",
+        "sim-acct-1",
+        Some(consume("r-0")),
+    )
+    .await;
+    assert_eq!(nothing["code"], "nothing_to_reset", "{nothing}");
+    // Spent: the soonest credit resets both windows, once per redeem id.
+    c.put(control("sim-acct-1/usage"))
+        .json(&json!({"primary_used_percent": 100.0, "secondary_used_percent": 100.0}))
+        .send()
+        .await
+        .unwrap();
+    let (status, reset) = ask(
+        reqwest::Method::POST,
+        "rate-limit-reset-credits/consume",
+        "sim-acct-1",
+        Some(consume("r-1")),
+    )
+    .await;
+    assert_eq!(
+        (status, reset["code"].as_str()),
+        (200, Some("reset")),
+        "{reset}"
+    );
+    assert_eq!(reset["windows_reset"], 2);
+    assert_eq!(reset["credit"]["id"], sooner);
+    assert_eq!(h.sim.usage("sim-acct-1"), Some((0.0, 0.0)));
+    c.put(control("sim-acct-1/usage"))
+        .json(&json!({"primary_used_percent": 100.0, "secondary_used_percent": 0.0}))
+        .send()
+        .await
+        .unwrap();
+    let (_, again) = ask(
+        reqwest::Method::POST,
+        "rate-limit-reset-credits/consume",
+        "sim-acct-1",
+        Some(consume("r-1")),
+    )
+    .await;
+    assert_eq!(again["code"], "already_redeemed", "{again}");
+    let (_, listed) = ask(
+        reqwest::Method::GET,
+        "rate-limit-reset-credits",
+        "sim-acct-1",
+        None,
+    )
+    .await;
+    assert_eq!(
+        listed["available_count"], 1,
+        "the repeat spent nothing: {listed}"
+    );
+    // No credit left on the other account; a single-window account fails server-side.
+    let (_, none) = ask(
+        reqwest::Method::POST,
+        "rate-limit-reset-credits/consume",
+        "sim-acct-2",
+        Some(consume("r-2")),
+    )
+    .await;
+    assert_eq!(none["code"], "no_credit", "{none}");
+    c.put(control("sim-acct-1/single-window"))
+        .json(&json!({"single_window": true}))
+        .send()
+        .await
+        .unwrap();
+    let (_, usage) = ask(reqwest::Method::GET, "usage", "sim-acct-1", None).await;
+    assert_eq!(
+        usage["rate_limit"]["secondary_window"],
+        Value::Null,
+        "{usage}"
+    );
+    let (status, failed) = ask(
+        reqwest::Method::POST,
+        "rate-limit-reset-credits/consume",
+        "sim-acct-1",
+        Some(consume("r-3")),
+    )
+    .await;
+    assert_eq!(status, 500, "{failed}");
+    let (_, listed) = ask(
+        reqwest::Method::GET,
+        "rate-limit-reset-credits",
+        "sim-acct-1",
+        None,
+    )
+    .await;
+    assert_eq!(listed["available_count"], 1, "nothing spent: {listed}");
+}
