@@ -409,6 +409,9 @@ pub struct Quota {
     pub plan: Option<String>,
     /// When the backend reported it (RFC 3339).
     pub observed_at: Option<String>,
+    /// Rate-limit reset credits the account can spend, as its last usage poll said.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reset_credits: Option<u64>,
 }
 
 /// `POST /accounts`: the account, and whether it was new or updated.

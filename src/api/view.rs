@@ -53,6 +53,7 @@ pub fn account(a: &AccountView) -> wire::Account {
             secondary_reset_at: rfc(q.secondary_reset_at),
             plan: q.plan.clone(),
             observed_at: Some(clock::rfc3339(q.observed_ms / 1000)),
+            reset_credits: q.reset_credits,
         }),
         proxy: a.proxy.clone(),
         login: if a.access_token_only {

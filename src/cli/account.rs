@@ -380,6 +380,18 @@ pub(super) fn account_table(accounts: &[wire::Account]) -> String {
         if let Some(proxy) = &a.proxy {
             out.push_str(&format!("{}: goes out through {proxy}\n", a.id));
         }
+        if let Some(n) = a
+            .quota
+            .as_ref()
+            .and_then(|q| q.reset_credits)
+            .filter(|n| *n > 0)
+        {
+            let s = if n == 1 { "" } else { "s" };
+            out.push_str(&format!(
+                "{}: {n} rate-limit reset credit{s} banked\n",
+                a.id
+            ));
+        }
         if let Some(origin) = &a.origin {
             out.push_str(&format!("{}: its workspace is served at {origin}\n", a.id));
         }

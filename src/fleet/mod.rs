@@ -678,9 +678,13 @@ impl Fleet {
         !usable.is_empty() && usable.iter().all(|e| e.is_unsupported(model, now))
     }
 
-    /// Records the usage windows the backend reported for an account.
-    pub fn update_quota(&self, id: &str, q: QuotaSnapshot) {
+    /// Records the usage windows the backend reported for an account. The count of reset
+    /// credits comes from the usage poll only: an answer's headers keep the last one known.
+    pub fn update_quota(&self, id: &str, mut q: QuotaSnapshot) {
         if let Some(mut e) = self.write().accounts.get_mut(id) {
+            if q.reset_credits.is_none() {
+                q.reset_credits = e.quota.as_ref().and_then(|old| old.reset_credits);
+            }
             e.quota = Some(q);
         }
     }

@@ -371,6 +371,21 @@ impl Metrics {
                 }
             }
         }
+        h(
+            &mut out,
+            "switchyard_account_reset_credits",
+            "gauge",
+            "Rate-limit reset credits each account can spend, as its last usage poll said.",
+        );
+        for a in &accounts {
+            if let Some(n) = a.quota.as_ref().and_then(|q| q.reset_credits) {
+                let _ = writeln!(
+                    out,
+                    "switchyard_account_reset_credits{{account=\"{}\"}} {n}",
+                    escape(&a.chatgpt_account_id)
+                );
+            }
+        }
         let (pool, sticky) = fleet.waiting();
         h(
             &mut out,

@@ -43,6 +43,9 @@ pub struct QuotaSnapshot {
     pub secondary_window_minutes: Option<u64>,
     pub secondary_reset_at: Option<u64>,
     pub plan: Option<String>,
+    /// Rate-limit reset credits the account can spend (`rate_limit_reset_credits.
+    /// available_count` of the usage; answer headers do not carry it).
+    pub reset_credits: Option<u64>,
     /// Unix ms when this was observed.
     pub observed_ms: u64,
 }
@@ -67,6 +70,7 @@ impl QuotaSnapshot {
             secondary_window_minutes: u(&headers::SECONDARY_WINDOW),
             secondary_reset_at: reset(&headers::SECONDARY_RESET),
             plan: get(&headers::PLAN).map(str::to_string),
+            reset_credits: None,
             observed_ms: now_ms,
         };
         (snap.primary_used_percent.is_some()
@@ -96,6 +100,7 @@ impl QuotaSnapshot {
             secondary_window_minutes: sm,
             secondary_reset_at: sr,
             plan: v["plan_type"].as_str().map(str::to_string),
+            reset_credits: v["rate_limit_reset_credits"]["available_count"].as_u64(),
             observed_ms: now_ms,
         }
     }
@@ -148,7 +153,14 @@ mod tests {
         assert_eq!(q.primary_window_minutes, Some(300));
         assert_eq!(q.secondary_reset_at, Some(105));
         assert_eq!(q.plan.as_deref(), Some("pro"));
+        assert_eq!(q.reset_credits, None);
         assert!(q.exhaustion().is_none());
+        let with: Value =
+            serde_json::from_str(r#"{"rate_limit_reset_credits":{"available_count":2}}"#).unwrap();
+        assert_eq!(
+            QuotaSnapshot::from_usage(&with, 5_000).reset_credits,
+            Some(2)
+        );
         let full = QuotaSnapshot {
             secondary_used_percent: Some(100.0),
             ..q

@@ -209,3 +209,35 @@ async fn a_probe_refused_as_a_dead_login_leaves_the_account_needing_one() {
     assert_eq!(sse.last().0, "response.completed");
     assert!(!seen(&gw, &a).iter().any(|(_, t)| t == "x"));
 }
+
+/// An account's banked reset credits, from its usage: kept by the pool, shown by `account
+/// list` and `/metrics`, and not forgotten when an answer's headers update its windows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_usage_polls_reset_credits_are_kept_and_shown() {
+    let gw = Gw::start(2).await;
+    let a = gw.rr_order()[0].clone();
+    gw.sim
+        .sim
+        .grant_credits(&a, 2, Duration::from_secs(30 * 86_400))
+        .unwrap();
+    let probed = probe(&gw, &a).await;
+    assert_eq!(probed["quota"]["reset_credits"], 2, "{probed}");
+    let line = format!("switchyard_account_reset_credits{{account=\"{a}\"}} 2\n");
+    assert!(gw.metrics_text().await.contains(&line));
+    // A request's answer headers update the windows; the count stays.
+    let sse = gw.stream(&body_plain("gpt-5.5", "hi", true), &[]).await;
+    assert_eq!(sse.last().0, "response.completed");
+    assert_eq!(gw.account(&a).await["quota"]["reset_credits"], 2);
+    let dir = gw.dir.clone();
+    let out = tokio::task::spawn_blocking(move || crate::common::cli(&dir, &["account", "list"]))
+        .await
+        .unwrap();
+    let listed = crate::common::stdout(&out);
+    assert!(
+        listed.contains(&format!(
+            "{}: 2 rate-limit reset credits banked",
+            gw.ids[&a]
+        )),
+        "{listed}"
+    );
+}

@@ -267,6 +267,15 @@ pub fn render(frame: &mut Frame, area: Rect, app: &App) {
                 spans.push(Span::raw(format!("{e} ")));
             }
             spans.push(colored(format!("id {} · ", a.id), Color::DarkGray));
+            if let Some(n) = a
+                .quota
+                .as_ref()
+                .and_then(|q| q.reset_credits)
+                .filter(|n| *n > 0)
+            {
+                let s = if n == 1 { "" } else { "s" };
+                spans.push(colored(format!("{n} reset credit{s} · "), Color::Green));
+            }
             if !a.unsupported_models.is_empty() {
                 spans.push(colored(
                     format!("not for {} · ", a.unsupported_models.join(", ")),

@@ -174,6 +174,7 @@ fn fixture() -> App {
         secondary_reset_at: Some(rfc(NOW_MS + 3 * 86_400_000)),
         plan: Some("plus".into()),
         observed_at: Some(rfc(NOW_MS)),
+        reset_credits: Some(2),
     });
     let mut a2 = account(2, "ready");
     a2.in_flight = 2;
@@ -335,7 +336,7 @@ fn accounts_pane_shows_state_slots_quota_and_rates() {
     }
     has(
         &narrow,
-        "sim-acct-1 acct1@example.com id id000001 · last error: usage limit reached",
+        "sim-acct-1 acct1@example.com id id000001 · 2 reset credits · last error: usage",
     );
 }
 
