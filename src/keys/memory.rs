@@ -54,12 +54,19 @@ impl MemoryLedger {
     fn grow(&self, key: &str, more: usize) -> bool {
         let limit = self.limit();
         let mut held = self.lock();
-        let now = held.get(key).copied().unwrap_or(0);
-        if now.saturating_add(more) > limit {
-            return false;
+        // A body pays chunk by chunk: the key's entry is made once, not per chunk.
+        match held.get_mut(key) {
+            Some(now) if now.saturating_add(more) > limit => false,
+            Some(now) => {
+                *now += more;
+                true
+            }
+            None if more > limit => false,
+            None => {
+                held.insert(key.to_string(), more);
+                true
+            }
         }
-        held.insert(key.to_string(), now + more);
-        true
     }
 
     fn release(&self, key: &str, less: usize) {

@@ -440,8 +440,7 @@ impl KeyRing {
         let reservation = if budgets.is_empty() {
             None
         } else {
-            let estimate = usage.estimate(key_id, input_bytes);
-            match usage.reserve(key_id, &budgets, estimate) {
+            match usage.reserve(key_id, &budgets, input_bytes) {
                 Ok(r) => Some(r),
                 Err(b) => {
                     return refused(Refusal::BudgetExhausted {

@@ -162,6 +162,16 @@ pub struct BudgetState {
     pub resets_in_s: Option<u64>,
 }
 
+/// [`UsageBook::estimate`], from the book.
+fn estimate_of(book: &Book, key_id: &str, input_bytes: u64) -> u64 {
+    let answer = book
+        .recent_output
+        .get(key_id)
+        .copied()
+        .unwrap_or(DEFAULT_ANSWER_TOKENS);
+    input_bytes.div_ceil(BYTES_PER_TOKEN) + answer
+}
+
 /// How `key_id` stands against one budget, from the book.
 fn budget_of(book: &Book, now: u64, key_id: &str, window: Window, limit: u64) -> BudgetState {
     let start = now.saturating_sub(window.secs());
@@ -306,27 +316,23 @@ impl UsageBook {
     /// and an answer as long as the key's recent ones ([`DEFAULT_ANSWER_TOKENS`] before it
     /// has any).
     pub fn estimate(&self, key_id: &str, input_bytes: u64) -> u64 {
-        let answer = self
-            .lock()
-            .recent_output
-            .get(key_id)
-            .copied()
-            .unwrap_or(DEFAULT_ANSWER_TOKENS);
-        input_bytes.div_ceil(BYTES_PER_TOKEN) + answer
+        estimate_of(&self.lock(), key_id, input_bytes)
     }
 
-    /// Reserves `tokens` for one request of `key_id` under each of its `budgets`, unless one
-    /// of them has already reached its limit with what was used and what its requests in
-    /// flight reserved; then that budget's state. Checked and reserved under one lock, so
-    /// concurrent requests see each other's reservations.
+    /// Reserves the [`UsageBook::estimate`] of a request of `input_bytes` for `key_id` under
+    /// each of its `budgets`, unless one of them has already reached its limit with what was
+    /// used and what its requests in flight reserved; then that budget's state. Estimated,
+    /// checked and reserved under one lock, so concurrent requests see each other's
+    /// reservations.
     pub fn reserve(
         &self,
         key_id: &str,
         budgets: &[(Window, u64)],
-        tokens: u64,
+        input_bytes: u64,
     ) -> Result<Reservation, BudgetState> {
         let now = self.clock.now_secs();
         let mut book = self.lock();
+        let tokens = estimate_of(&book, key_id, input_bytes);
         for (window, limit) in budgets {
             let b = budget_of(&book, now, key_id, *window, *limit);
             if b.used + b.reserved >= b.limit {
