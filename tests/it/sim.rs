@@ -1311,6 +1311,17 @@ async fn reset_credits_are_listed_spent_once_per_redeem_id_and_refused_on_a_sing
             (resp.status().as_u16(), resp.json::<Value>().await.unwrap())
         }
     };
+    let consume = |id: &'static str, redeem: &str| {
+        let body = json!({"redeem_request_id": redeem});
+        ask(
+            reqwest::Method::POST,
+            "rate-limit-reset-credits/consume",
+            id,
+            Some(body),
+        )
+    };
+    let list = |id: &'static str| ask(reqwest::Method::GET, "rate-limit-reset-credits", id, None);
+    let usage_of = |id: &'static str| ask(reqwest::Method::GET, "usage", id, None);
     // Two credits: the later one first, the sooner one second.
     for secs in [2 * 86_400, 86_400] {
         let granted = c
@@ -1321,13 +1332,7 @@ async fn reset_credits_are_listed_spent_once_per_redeem_id_and_refused_on_a_sing
             .unwrap();
         assert_eq!(granted.status(), 200);
     }
-    let (status, listed) = ask(
-        reqwest::Method::GET,
-        "rate-limit-reset-credits",
-        "sim-acct-1",
-        None,
-    )
-    .await;
+    let (status, listed) = list("sim-acct-1").await;
     assert_eq!(status, 200, "{listed}");
     assert_eq!(listed["available_count"], 2);
     let credits = listed["credits"].as_array().unwrap();
@@ -1341,31 +1346,14 @@ async fn reset_credits_are_listed_spent_once_per_redeem_id_and_refused_on_a_sing
             .iter()
             .all(|c| c["status"] == "available" && c["reset_type"] == "codex_rate_limits")
     );
-    let (_, usage) = ask(reqwest::Method::GET, "usage", "sim-acct-1", None).await;
+    let (_, usage) = usage_of("sim-acct-1").await;
     assert_eq!(usage["rate_limit_reset_credits"]["available_count"], 2);
     // Nothing spent: nothing to reset, and no credit goes.
-    let consume = |redeem: &str| json!({"redeem_request_id": redeem});
-    let (_, nothing) = ask(
-        reqwest::Method::POST,
-        "rate-limit-reset-credits/consume",
-        "sim-acct-1",
-        Some(consume("r-0")),
-    )
-    .await;
+    let (_, nothing) = consume("sim-acct-1", "r-0").await;
     assert_eq!(nothing["code"], "nothing_to_reset", "{nothing}");
     // Spent: the soonest credit resets both windows, once per redeem id.
-    c.put(control("sim-acct-1/usage"))
-        .json(&json!({"primary_used_percent": 100.0, "secondary_used_percent": 100.0}))
-        .send()
-        .await
-        .unwrap();
-    let (status, reset) = ask(
-        reqwest::Method::POST,
-        "rate-limit-reset-credits/consume",
-        "sim-acct-1",
-        Some(consume("r-1")),
-    )
-    .await;
+    h.sim.set_usage("sim-acct-1", 100.0, 100.0);
+    let (status, reset) = consume("sim-acct-1", "r-1").await;
     assert_eq!(
         (status, reset["code"].as_str()),
         (200, Some("reset")),
@@ -1374,64 +1362,30 @@ async fn reset_credits_are_listed_spent_once_per_redeem_id_and_refused_on_a_sing
     assert_eq!(reset["windows_reset"], 2);
     assert_eq!(reset["credit"]["id"], sooner);
     assert_eq!(h.sim.usage("sim-acct-1"), Some((0.0, 0.0)));
-    c.put(control("sim-acct-1/usage"))
-        .json(&json!({"primary_used_percent": 100.0, "secondary_used_percent": 0.0}))
-        .send()
-        .await
-        .unwrap();
-    let (_, again) = ask(
-        reqwest::Method::POST,
-        "rate-limit-reset-credits/consume",
-        "sim-acct-1",
-        Some(consume("r-1")),
-    )
-    .await;
+    h.sim.set_usage("sim-acct-1", 100.0, 0.0);
+    let (_, again) = consume("sim-acct-1", "r-1").await;
     assert_eq!(again["code"], "already_redeemed", "{again}");
-    let (_, listed) = ask(
-        reqwest::Method::GET,
-        "rate-limit-reset-credits",
-        "sim-acct-1",
-        None,
-    )
-    .await;
+    let (_, listed) = list("sim-acct-1").await;
     assert_eq!(
         listed["available_count"], 1,
         "the repeat spent nothing: {listed}"
     );
     // No credit left on the other account; a single-window account fails server-side.
-    let (_, none) = ask(
-        reqwest::Method::POST,
-        "rate-limit-reset-credits/consume",
-        "sim-acct-2",
-        Some(consume("r-2")),
-    )
-    .await;
+    let (_, none) = consume("sim-acct-2", "r-2").await;
     assert_eq!(none["code"], "no_credit", "{none}");
     c.put(control("sim-acct-1/single-window"))
         .json(&json!({"single_window": true}))
         .send()
         .await
         .unwrap();
-    let (_, usage) = ask(reqwest::Method::GET, "usage", "sim-acct-1", None).await;
+    let (_, usage) = usage_of("sim-acct-1").await;
     assert_eq!(
         usage["rate_limit"]["secondary_window"],
         Value::Null,
         "{usage}"
     );
-    let (status, failed) = ask(
-        reqwest::Method::POST,
-        "rate-limit-reset-credits/consume",
-        "sim-acct-1",
-        Some(consume("r-3")),
-    )
-    .await;
+    let (status, failed) = consume("sim-acct-1", "r-3").await;
     assert_eq!(status, 500, "{failed}");
-    let (_, listed) = ask(
-        reqwest::Method::GET,
-        "rate-limit-reset-credits",
-        "sim-acct-1",
-        None,
-    )
-    .await;
+    let (_, listed) = list("sim-acct-1").await;
     assert_eq!(listed["available_count"], 1, "nothing spent: {listed}");
 }
