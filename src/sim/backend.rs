@@ -85,10 +85,24 @@ pub(crate) fn handle(sim: &Sim, req: &SimRequest) -> Outcome {
         }
         Route::ConsumeCredit => {
             let body: Value = serde_json::from_slice(&req.body).unwrap_or(Value::Null);
-            let (status, answer) = super::credits::consume(account, &body, now);
+            let mut delay = None;
+            let (status, answer) = match account.take_fault(faults::Endpoint::Consume) {
+                Some(FaultKind::ConsumeFails { status }) => (
+                    status,
+                    json!({"detail": {"code": "internal_error", "message": "simulated consume failure"}}),
+                ),
+                Some(FaultKind::SlowConsume { ms }) => {
+                    delay = Some(Duration::from_millis(ms));
+                    super::credits::consume(account, &body, now)
+                }
+                _ => super::credits::consume(account, &body, now),
+            };
             let mut r = json(status, &answer);
             decorate(&mut r, account, now, &ray);
-            r.into()
+            Outcome {
+                reply: Reply::Response(r),
+                headers_delay: delay,
+            }
         }
         Route::AccountsCheck => match &account.routing {
             Routing::Refuse { status } => json(
@@ -305,7 +319,22 @@ pub(crate) fn decide(account: &mut Account, req: &TurnRequest<'_>, ctx: &Ctx<'_>
     let mut answer_bytes = None;
     let mut incomplete = None;
     match fault {
-        None => {}
+        // A spent window refuses every turn until it resets (or a credit resets it).
+        None => {
+            let spent = [
+                (&account.primary, true),
+                (&account.secondary, !account.single_window),
+            ]
+            .into_iter()
+            .filter(|(w, counts)| *counts && w.used_percent >= 100.0)
+            .map(|(w, _)| w.reset_at)
+            .max();
+            if let Some(reset_at) = spent {
+                let plan = account.spec.plan.clone();
+                let resets_in = reset_at.saturating_sub(now).max(1);
+                return refuse(faults::usage_limit(&plan, now + resets_in, resets_in));
+            }
+        }
         Some(FaultKind::Quota { resets_in_seconds }) => {
             account.primary.used_percent = 100.0;
             account.primary.reset_at = now + resets_in_seconds;
@@ -386,7 +415,9 @@ pub(crate) fn decide(account: &mut Account, req: &TurnRequest<'_>, ctx: &Ctx<'_>
             | FaultKind::RefreshError { .. }
             | FaultKind::WsRefuse426
             | FaultKind::WsHandshakeError { .. }
-            | FaultKind::WsSlowHandshake { .. },
+            | FaultKind::WsSlowHandshake { .. }
+            | FaultKind::SlowConsume { .. }
+            | FaultKind::ConsumeFails { .. },
         ) => {}
     }
     if !account.supported_models.iter().any(|m| m == model) {

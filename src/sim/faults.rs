@@ -90,6 +90,11 @@ pub enum FaultKind {
     /// A normal stream that ends with `response.incomplete` for `reason` (`content_filter`,
     /// `max_output_tokens`) instead of `response.completed`.
     Incomplete { reason: String },
+    /// A reset-credit consume that is carried out, but answered only after `ms` (a client that
+    /// gives up sooner never learns that it spent the credit).
+    SlowConsume { ms: u64 },
+    /// A reset-credit consume answered with this status, nothing spent.
+    ConsumeFails { status: u16 },
 }
 
 /// A fault queued on an account. Faults are consumed in FIFO order by the requests they apply
@@ -136,6 +141,8 @@ pub(crate) enum Endpoint {
     WsTurn,
     /// `POST /oauth/token`.
     Refresh,
+    /// `POST wham/rate-limit-reset-credits/consume`.
+    Consume,
 }
 
 impl FaultKind {
@@ -149,6 +156,9 @@ impl FaultKind {
             | FaultKind::WsHandshakeError { .. } => endpoint == Endpoint::WsHandshake,
             FaultKind::WsCloseMidTurn { .. } | FaultKind::WsErrorFrame { .. } => {
                 endpoint == Endpoint::WsTurn
+            }
+            FaultKind::SlowConsume { .. } | FaultKind::ConsumeFails { .. } => {
+                endpoint == Endpoint::Consume
             }
             _ => matches!(endpoint, Endpoint::Responses | Endpoint::WsTurn),
         }

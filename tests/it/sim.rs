@@ -460,8 +460,13 @@ async fn quota_fault_is_a_429_usage_limit_and_fills_the_primary_window() {
         .as_secs();
     assert!(e["resets_at"].as_u64().unwrap().abs_diff(now + 2700) <= 5);
     assert_eq!(h.sim.usage("sim-acct-1").unwrap().0, 100.0);
-    // times = 1: the next request is served.
+    // The fault is spent, the window is not: it refuses every turn until it resets.
     let c = client();
+    let r = post(&c, &h, "sim-acct-1", &turn("hi", "k", true)).await;
+    assert_eq!(r.status(), 429);
+    let (_, v) = answer(r).await;
+    assert_eq!(v["error"]["type"], "usage_limit_reached");
+    assert!(h.sim.set_usage("sim-acct-1", 0.0, 0.0));
     let r = post(&c, &h, "sim-acct-1", &turn("hi", "k", true)).await;
     assert_eq!(r.status(), 200);
 }
