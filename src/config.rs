@@ -41,6 +41,8 @@ pub struct Config {
     /// Operators' rules for failures, checked in order before the built-in classification.
     #[serde(deserialize_with = "crate::fleet::rules::unique_names")]
     pub rules: Vec<crate::fleet::rules::Rule>,
+    /// When rate-limit reset credits are spent without an operator.
+    pub credits: crate::dispatch::credits::CreditsConfig,
 }
 
 /// A model's API price in USD per million tokens.

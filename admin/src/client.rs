@@ -187,6 +187,12 @@ impl AdminClient {
         self.call(Method::POST, &path, None).await
     }
 
+    /// `POST /accounts/{id}/reset-window`: spends one reset credit on the account.
+    pub async fn reset_window(&self, id: &str) -> Result<crate::wire::CreditSpend, ClientError> {
+        let path = format!("{}/reset-window", account_path(id));
+        self.call(Method::POST, &path, None).await
+    }
+
     /// `POST /accounts/{id}/export`: the login as an `auth.json`; the account is disabled in
     /// the pool unless `keep`.
     pub async fn export_account(

@@ -412,6 +412,9 @@ pub struct Quota {
     /// Rate-limit reset credits the account can spend, as its last usage poll said.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reset_credits: Option<u64>,
+    /// When the soonest of them expires (RFC 3339), from the credits list.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reset_credit_expires_at: Option<String>,
 }
 
 /// `POST /accounts`: the account, and whether it was new or updated.
@@ -780,6 +783,34 @@ pub struct RequestRecord {
     /// was kept.
     #[serde(default)]
     pub terminal_source: Option<TerminalSource>,
+    /// The `service_tier` the request asked for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub service_tier: Option<String>,
+    /// The `service_tier` the answer claimed: what the backend says, not proof of what ran.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub served_tier: Option<String>,
+    /// The reset-credit spend this request's need made.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub credit_spend: Option<CreditSpend>,
+}
+
+/// A spend of a rate-limit reset credit.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CreditSpend {
+    /// The account's `chatgpt_account_id` (or id).
+    pub account: String,
+    pub redeem_id: String,
+    /// `reset`, `already_redeemed`, `nothing_to_reset`, `no_credit`, `failed` or `unsettled`.
+    pub outcome: String,
+    pub windows_reset: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    /// Why it was spent: `when_dry`, `before_expiry` or `operator`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub need: Option<String>,
+    /// When it started (RFC 3339), where known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub at: Option<String>,
 }
 
 /// An account left out of a request's candidates.

@@ -40,6 +40,7 @@ pub fn routes() -> Router<Arc<AppState>> {
         )
         .route("/api/admin/accounts/{id}/refresh", post(refresh_account))
         .route("/api/admin/accounts/{id}/probe", post(probe_account))
+        .route("/api/admin/accounts/{id}/reset-window", post(reset_window))
         .route("/api/admin/accounts/{id}/export", post(export_account))
         .route("/api/admin/requests", get(requests))
         .route("/api/admin/console", get(console))
@@ -276,6 +277,24 @@ async fn probe_account(
         .get(&id)
         .map(|a| Json(view::account(&a)))
         .ok_or_else(|| ApiError::not_found("account removed"))
+}
+
+/// Spends one reset credit (the soonest to expire) on an account whose window is spent.
+/// 409 `not_eligible` when its windows are not spent, it has a single window or no credit.
+async fn reset_window(
+    State(state): State<Arc<AppState>>,
+    Path(id): Path<String>,
+) -> Result<Json<wire::CreditSpend>, ApiError> {
+    let id = state.fleet.resolve(&id)?;
+    match state.dispatcher.spend_on_account(&id).await {
+        Ok(spend) => Ok(Json(view::credit_spend(&spend, Some("operator"), None))),
+        Err(why) => Err(ApiError::new(
+            axum::http::StatusCode::CONFLICT,
+            "invalid_request_error",
+            Some("not_eligible"),
+            format!("no reset credit spent on {id}: {why}"),
+        )),
+    }
 }
 
 /// The console feed: a snapshot, then updates; closed with 1013 when the subscriber fell

@@ -54,6 +54,7 @@ pub fn account(a: &AccountView) -> wire::Account {
             plan: q.plan.clone(),
             observed_at: Some(clock::rfc3339(q.observed_ms / 1000)),
             reset_credits: q.reset_credits,
+            reset_credit_expires_at: rfc(q.credit_expires_at),
         }),
         proxy: a.proxy.clone(),
         login: if a.access_token_only {
@@ -281,6 +282,26 @@ pub fn request(r: &RequestRecord) -> wire::RequestRecord {
         ws: r.ws,
         ws_connect_ms: r.ws_connect_ms,
         terminal_source: r.terminal_source.map(|t| t.as_str().into()),
+        service_tier: r.service_tier.clone(),
+        served_tier: r.served_tier.clone(),
+        credit_spend: r.credit.as_ref().map(|c| credit_spend(c, None, None)),
+    }
+}
+
+/// A reset-credit spend, with why and when where known.
+pub fn credit_spend(
+    c: &crate::telemetry::records::CreditSpend,
+    need: Option<&str>,
+    at_ms: Option<u64>,
+) -> wire::CreditSpend {
+    wire::CreditSpend {
+        account: c.account.clone(),
+        redeem_id: c.redeem_id.clone(),
+        outcome: c.outcome.clone(),
+        windows_reset: c.windows_reset,
+        error: c.error.clone(),
+        need: need.map(str::to_string),
+        at: at_ms.map(|ms| clock::rfc3339(ms / 1000)),
     }
 }
 

@@ -117,6 +117,42 @@ pub(super) async fn account(config: &Config, cmd: AccountCommand) -> Result<(), 
     result
 }
 
+/// Asks a yes/no question on the terminal; a missing terminal is a no.
+fn confirm(question: &str) -> Result<bool, CommandError> {
+    use std::io::{BufRead, IsTerminal, Write};
+    if !std::io::stdin().is_terminal() {
+        return Ok(false);
+    }
+    eprint!("{question} [y/N] ");
+    let _ = std::io::stderr().flush();
+    let mut line = String::new();
+    std::io::stdin()
+        .lock()
+        .read_line(&mut line)
+        .map_err(|e| CommandError::Usage(format!("cannot read the answer: {e}")))?;
+    Ok(matches!(line.trim(), "y" | "Y" | "yes"))
+}
+
+/// One line on a spend's outcome.
+fn describe_spend(s: &wire::CreditSpend) -> String {
+    let what = match s.outcome.as_str() {
+        "reset" => format!(
+            "reset {} usage window{}",
+            s.windows_reset,
+            if s.windows_reset == 1 { "" } else { "s" }
+        ),
+        "already_redeemed" => "reset (the backend had already carried out this spend)".into(),
+        "nothing_to_reset" => "nothing to reset: no window was spent, no credit was used".into(),
+        "no_credit" => "the backend says the account holds no credit".into(),
+        "unsettled" => format!(
+            "no answer yet ({}); it is asked again with the same redeem id, never spent twice",
+            s.error.as_deref().unwrap_or("timeout")
+        ),
+        _ => format!("failed: {}", s.error.as_deref().unwrap_or("unknown")),
+    };
+    format!("{}: {what} (redeem id {})", s.account, s.redeem_id)
+}
+
 pub(super) async fn account_with(
     backend: &Backend,
     config: &Config,
@@ -270,6 +306,26 @@ pub(super) async fn account_with(
             "removed {}",
             describe_account(&backend.remove_account(&id).await?)
         ),
+        AccountCommand::ResetWindow { id, yes } => {
+            let Backend::Daemon(client) = backend else {
+                return Err(CommandError::Usage(
+                    "account reset-window needs the running daemon: it spends the credit with \
+                     the account's login and brings the account back at once"
+                        .into(),
+                ));
+            };
+            if !yes
+                && !confirm(&format!(
+                    "Spend one rate-limit reset credit on {id}? It cannot be undone."
+                ))?
+            {
+                return Err(CommandError::Usage(
+                    "not confirmed; nothing spent (--yes skips the question)".into(),
+                ));
+            }
+            let spend = client.reset_window(&id).await?;
+            println!("{}", describe_spend(&spend));
+        }
         AccountCommand::Set(mut args) => {
             if let Some(file) = &args.proxy_file {
                 let url = super::read_secret(file, "--proxy-file")?;

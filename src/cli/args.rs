@@ -387,6 +387,15 @@ pub enum AccountCommand {
     /// Change an account's label, priority (lower is preferred; equal priorities follow the
     /// strategy), its own concurrency cap or its egress proxy.
     Set(AccountSetArgs),
+    /// Spend one of the account's rate-limit reset credits (the soonest to expire) to reset
+    /// its spent usage windows now. A spend cannot be undone; refused when no window is
+    /// spent, the account has a single window, or it holds no credit. Needs the daemon.
+    ResetWindow {
+        id: String,
+        /// Do not ask for confirmation.
+        #[arg(long)]
+        yes: bool,
+    },
 }
 
 #[derive(Debug, Args)]

@@ -180,6 +180,7 @@ pub(super) fn dispatch_config(config: &Config) -> DispatchConfig {
         probe_model: config.upstream.probe_model.clone(),
         first_output_switches: config.upstream.first_output_switches,
         access_log: config.log.access,
+        credits: config.credits.clone(),
         ..DispatchConfig::default()
     }
 }

@@ -77,6 +77,10 @@ pub(crate) struct Trace {
     pub refusal: Option<ErrorReply>,
     /// Attempts that showed nothing within the first-output timeout.
     pub first_output_timeouts: u32,
+    /// The reset-credit spend this request's need made.
+    pub credit: Option<super::credits::SpendOutcome>,
+    /// The `service_tier` the answer claimed.
+    pub served_tier: Option<String>,
 }
 
 impl Trace {
@@ -96,6 +100,8 @@ impl Trace {
             blame: Blame::default(),
             refusal: None,
             first_output_timeouts: 0,
+            credit: None,
+            served_tier: None,
         }
     }
 

@@ -8,6 +8,7 @@
 //! encodes them once: as SSE (`api::responses`) or as WebSocket text frames (`api::ws`).
 
 pub mod attempt;
+pub mod credits;
 pub mod probe;
 pub mod request;
 pub mod stream;
@@ -60,6 +61,8 @@ pub struct DispatchConfig {
     pub first_output_switches: u32,
     /// Log each finished request at `info` (the access log).
     pub access_log: bool,
+    /// `[credits]`: when reset credits are spent on their own.
+    pub credits: credits::CreditsConfig,
 }
 
 impl Default for DispatchConfig {
@@ -76,6 +79,7 @@ impl Default for DispatchConfig {
             probe_model: crate::upstream::config::DEFAULT_PROBE_MODEL.into(),
             first_output_switches: 1,
             access_log: false,
+            credits: credits::CreditsConfig::default(),
         }
     }
 }
@@ -260,6 +264,8 @@ pub struct Shared {
     prober: tokio::sync::Notify,
     /// The accounts whose proof runs.
     proving: probe::ProvingSet,
+    /// Reset-credit spends: one at a time, each settled before another.
+    pub credits: credits::Pilot,
 }
 
 impl Dispatcher {
@@ -295,6 +301,7 @@ impl Dispatcher {
             usage,
             prober: tokio::sync::Notify::default(),
             proving: probe::ProvingSet::default(),
+            credits: credits::Pilot::default(),
         };
         Dispatcher {
             shared: Arc::new(shared),

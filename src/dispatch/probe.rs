@@ -48,6 +48,8 @@ impl PollError {
 
 /// How often the poller looks for work.
 const TICK: Duration = Duration::from_secs(5);
+/// How often it looks for credits that would lapse unspent.
+const EXPIRY_CHECK: Duration = Duration::from_secs(60);
 
 fn jittered(base: Duration) -> Duration {
     // ±20 %, so accounts added together do not poll together.
@@ -288,8 +290,11 @@ impl Dispatcher {
         let d = self.clone();
         tokio::spawn(async move {
             let mut next: HashMap<String, tokio::time::Instant> = HashMap::new();
+            let mut expiry_due = tokio::time::Instant::now();
             let mut ticker = Ticker::new(TICK, stop);
             while ticker.tick_or(d.prober.notified()).await {
+                // A spend left without an answer (a crash, a timeout) is settled first.
+                d.settle_spends().await;
                 let interval = d.fleet.settings().usage_poll_interval;
                 for a in d.fleet.list() {
                     if !a.enabled || a.state == AccountState::NeedsReauth {
@@ -312,10 +317,24 @@ impl Dispatcher {
                         .or_insert_with(|| now + jittered(Duration::from_secs(3)));
                     if now >= *due {
                         *due = now + jittered(interval);
-                        if let Err(e) = d.poll_usage(&a.id).await {
-                            tracing::debug!(account = %a.id, error = %e.summary(), "usage poll failed");
+                        match d.poll_usage(&a.id).await {
+                            Err(e) => {
+                                tracing::debug!(account = %a.id, error = %e.summary(), "usage poll failed");
+                            }
+                            // Banked credits: when the soonest expires.
+                            Ok(snap) if snap.reset_credits.is_some_and(|n| n > 0) => {
+                                if let Err(e) = d.list_credits(&a.id).await {
+                                    tracing::debug!(account = %a.id, error = %e, "reset credits not listed");
+                                }
+                            }
+                            Ok(_) => {}
                         }
                     }
+                }
+                let now = tokio::time::Instant::now();
+                if d.current().credits.auto.before_expiry() && now >= expiry_due {
+                    expiry_due = now + EXPIRY_CHECK;
+                    d.spend_before_expiry().await;
                 }
             }
         })

@@ -30,6 +30,10 @@ struct Walk {
     sticky_waited: bool,
     /// When the request must have a first answer by.
     deadline: Instant,
+    /// The reset-credit counter before the request was planned, and whether the request
+    /// already looked for a credit to spend.
+    credits_seen: u64,
+    credit_tried: bool,
 }
 
 impl Walk {
@@ -153,6 +157,8 @@ impl Dispatcher {
                 return;
             }
         };
+        // Before the plan: a reset made after this may serve a request its plan found dry.
+        let credits_seen = self.credits.resets();
         let (plan, refused) = match &ctx.previous_response_id {
             None => {
                 let scope = ctx
@@ -187,7 +193,7 @@ impl Dispatcher {
         tracing::debug!(candidates = ?candidate_pool, skipped = trace.skipped.len(), "candidate_pool");
         let end = match refused {
             Some(end) => end,
-            None => self.walk(&ctx, &plan, &tx, &mut trace).await,
+            None => self.walk(&ctx, &plan, &tx, &mut trace, credits_seen).await,
         };
         let tail = self.finish(&ctx, Some(&plan), trace, candidate_pool, end);
         self.send_tail(&tx, tail).await;
@@ -210,11 +216,14 @@ impl Dispatcher {
         plan: &Plan,
         tx: &mpsc::Sender<Frame>,
         trace: &mut Trace,
+        credits_seen: u64,
     ) -> End {
         let mut walk = Walk {
             remaining: plan.order.clone(),
             sticky_waited: false,
             deadline: ctx.received + self.config.request_deadline,
+            credits_seen,
+            credit_tried: false,
         };
         loop {
             if self.is_cut() {
@@ -237,6 +246,12 @@ impl Dispatcher {
                         Some(refusal) => End::Reply(refusal, Outcome::PolicyRefused),
                         None => {
                             let (reply, outcome) = self.exhausted(&ctx.model);
+                            if self
+                                .credit_revived(ctx, plan, &mut walk, trace, outcome)
+                                .await
+                            {
+                                continue;
+                            }
                             End::Reply(reply, outcome)
                         }
                     };
@@ -263,6 +278,53 @@ impl Dispatcher {
             }
             self.metrics.failover();
         }
+    }
+
+    /// The pool is dry for lack of quota: under `[credits] auto = "when_dry"`, a reset credit
+    /// spent now (or by another request since this one was planned) may bring an account
+    /// back. True when the walk should go on over a fresh plan. Once per request.
+    async fn credit_revived(
+        &self,
+        ctx: &RequestCtx,
+        plan: &Plan,
+        walk: &mut Walk,
+        trace: &mut Trace,
+        outcome: Outcome,
+    ) -> bool {
+        let dry = matches!(outcome, Outcome::QuotaExhausted | Outcome::NoAccount);
+        if !dry || walk.credit_tried || plan.owner_only || !self.config.credits.auto.when_dry() {
+            return false;
+        }
+        walk.credit_tried = true;
+        // Shutdown cuts a spend as a crash would: its record, written before the call, is
+        // settled with the same redeem id after the start.
+        let spend = tokio::select! {
+            spend = self.spend_when_dry(walk.credits_seen, trace.key) => spend,
+            () = self.cut_off() => return false,
+        };
+        let served = match spend {
+            Ok(spend) => {
+                let reset = spend.reset();
+                trace.credit = Some(spend);
+                reset
+            }
+            Err(crate::dispatch::credits::NoSpend::Served) => true,
+            Err(crate::dispatch::credits::NoSpend::NoCandidate(why)) => {
+                tracing::debug!(why = %why, "no reset credit to spend");
+                false
+            }
+        };
+        if served {
+            let scope = ctx
+                .session
+                .as_deref()
+                .map(|s| refusal_scope(&ctx.key_id, s));
+            let fresh = self
+                .fleet
+                .plan_for(&ctx.model, ctx.session.as_deref(), scope.as_deref());
+            walk.remaining = fresh.order;
+        }
+        served
     }
 
     /// Turns the request's end into its record (kept before the last frames go out, so a
@@ -369,6 +431,9 @@ impl Dispatcher {
             transport,
             ws_connect_ms: trace.ws_connect_ms,
             terminal_source: Some(terminal_source),
+            service_tier: ctx.service_tier.clone(),
+            served_tier: trace.served_tier,
+            credit: trace.credit,
         });
         tail
     }

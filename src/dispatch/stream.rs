@@ -48,6 +48,8 @@ struct ResponseFields {
     id: Option<Value>,
     #[serde(default, deserialize_with = "present")]
     usage: Option<Value>,
+    #[serde(default, deserialize_with = "present")]
+    service_tier: Option<Value>,
 }
 
 /// A field that is there, whatever its value (`null` included).
@@ -66,6 +68,7 @@ impl ResponsePeek {
             response: event.get("response").map(|r| ResponseFields {
                 id: r.get("id").cloned(),
                 usage: r.get("usage").cloned(),
+                service_tier: r.get("service_tier").cloned(),
             }),
         }
     }
@@ -74,6 +77,16 @@ impl ResponsePeek {
         self.response
             .as_ref()?
             .id
+            .as_ref()?
+            .as_str()
+            .map(str::to_string)
+    }
+
+    /// The tier the answer says it ran on.
+    fn service_tier(&self) -> Option<String> {
+        self.response
+            .as_ref()?
+            .service_tier
             .as_ref()?
             .as_str()
             .map(str::to_string)
@@ -282,8 +295,12 @@ impl Attempt<'_> {
                     .fleet
                     .report(&self.lease.id, Class::Success, None, &self.ctx.model);
                 self.trace.usage = peek.usage();
+                self.trace.served_tier = peek.service_tier();
             }
-            "response.incomplete" => self.trace.usage = peek.usage(),
+            "response.incomplete" => {
+                self.trace.usage = peek.usage();
+                self.trace.served_tier = peek.service_tier();
+            }
             _ => {}
         }
         tracing::debug!(account = %self.lease.id, class = class.as_str(), outcome = outcome.as_str(), "attempt_result");

@@ -9,6 +9,7 @@
 mod accounts;
 pub mod affinity;
 pub mod auth_file;
+pub mod credits;
 pub mod health;
 pub mod refresh;
 pub mod rules;
@@ -684,6 +685,9 @@ impl Fleet {
         if let Some(mut e) = self.write().accounts.get_mut(id) {
             if q.reset_credits.is_none() {
                 q.reset_credits = e.quota.as_ref().and_then(|old| old.reset_credits);
+            }
+            if q.credit_expires_at.is_none() && q.reset_credits != Some(0) {
+                q.credit_expires_at = e.quota.as_ref().and_then(|old| old.credit_expires_at);
             }
             e.quota = Some(q);
         }

@@ -32,8 +32,8 @@ pub use self::open::{
 
 use self::codec::{CodecError, Versioned};
 use self::records::{
-    AccountProxyRecord, AccountRecord, AccountSecrets, ClientKeyRecord, HealthRecord, RequestRow,
-    SettingsRecord, SnapshotRecord, UsageBucketRow,
+    AccountProxyRecord, AccountRecord, AccountSecrets, ClientKeyRecord, CreditSpendRecord,
+    HealthRecord, RequestRow, SettingsRecord, SnapshotRecord, UsageBucketRow,
 };
 use self::schema::{META, META_KEY_CHECK, META_SCHEMA_VERSION, SCHEMA_VERSION, Table};
 use self::secrets::{Sealer, Secret};
@@ -723,6 +723,21 @@ impl Store {
 
     pub async fn put_snapshot(&self, name: &str, value: &SnapshotRecord) -> Result<(), StoreError> {
         self.write(vec![Self::put(Table::Snapshots, name, value)?])
+            .await
+    }
+
+    /// Every reset-credit spend, keyed by its redeem request id.
+    pub fn load_credit_spends(&self) -> Result<Vec<(String, CreditSpendRecord)>, StoreError> {
+        self.list(schema::CREDIT_SPENDS)
+    }
+
+    /// Records a spend and waits until it is on disk.
+    pub async fn put_credit_spend(
+        &self,
+        redeem_id: &str,
+        spend: &CreditSpendRecord,
+    ) -> Result<(), StoreError> {
+        self.write(vec![Self::put(Table::CreditSpends, redeem_id, spend)?])
             .await
     }
 

@@ -308,8 +308,31 @@ pub struct AccountProxyRecord {
     pub url: Secret,
 }
 
+/// One spend of a reset credit, written (and synced) before the consume call, so a crash or
+/// a timeout mid-call resolves by asking again with the same redeem id, never by spending
+/// another credit. Version 1 (0.5.0).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CreditSpendRecord {
+    pub account: String,
+    /// The credit asked for (the soonest to expire), when the list named one.
+    pub credit_id: Option<String>,
+    /// `when_dry`, `before_expiry` or `operator`.
+    pub need: String,
+    /// The request record whose need it met, if a request's.
+    pub request: Option<u64>,
+    pub started_ms: u64,
+    /// `None` while the answer is not known; else `reset`, `nothing_to_reset`, `no_credit`,
+    /// `already_redeemed` or `failed`.
+    pub outcome: Option<String>,
+    pub windows_reset: u64,
+    pub finished_ms: Option<u64>,
+    /// Why it failed, or what the last try that left it unresolved met.
+    pub error: Option<String>,
+}
+
 versioned_once!(
     AccountRecord => "account",
+    CreditSpendRecord => "credit spend",
     AccountProxyRecord => "account proxy",
     SnapshotRecord => "snapshot",
     UsageBucketRow => "usage bucket",
@@ -496,7 +519,8 @@ impl Versioned for SettingsRecord {
 /// One `/v1` request with its attempt chain. The row's key is the record's key (unix ms << 16
 /// | a sequence number), so the id is not stored.
 ///
-/// Version 3 (0.4.0): where its terminal answer came from, and the operator rule that judged
+/// Version 4 (0.5.0): the service tier asked for and the one claimed, and the reset-credit
+/// spend the request's need made. Version 3 (0.4.0): where its terminal answer came from, and the operator rule that judged
 /// each attempt. Version 2 (0.2.0): the start
 /// as unix ms, no id, no `cached_tokens` (it is in `usage`). Version 1 (0.1.0): the admin
 /// API's JSON shape of the time, in postcard.
@@ -529,6 +553,21 @@ pub struct RequestRow {
     /// The operator rule that judged each attempt, by the attempt's index (so [`AttemptRow`]
     /// stays as versions 1 and 2 wrote it); empty before version 3.
     pub attempt_rules: Vec<Option<String>>,
+    /// The `service_tier` the client asked for, and the one the answer claimed; absent before
+    /// version 4.
+    pub service_tier: Option<String>,
+    pub served_tier: Option<String>,
+    /// The reset-credit spend this request's need made; absent before version 4.
+    pub credit: Option<CreditRow>,
+}
+
+/// A reset-credit spend as a request record tells it. Part of version 4 of [`RequestRow`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CreditRow {
+    pub account: String,
+    pub redeem_id: String,
+    pub outcome: String,
+    pub windows_reset: u64,
 }
 
 /// Part of versions 1 to 3 of [`RequestRow`]: frozen.
@@ -564,6 +603,32 @@ pub struct QueueRow {
     pub queue: String,
     pub outcome: String,
     pub wait_ms: u64,
+}
+
+#[derive(Deserialize)]
+struct RequestRowV3 {
+    started_ms: u64,
+    key_name: String,
+    model: String,
+    path: String,
+    stream: bool,
+    ws: bool,
+    outcome: String,
+    status: u16,
+    account: Option<String>,
+    attempts: Vec<AttemptRow>,
+    ttft_ms: Option<u64>,
+    duration_ms: u64,
+    usage: Option<UsageRow>,
+    session: Option<String>,
+    candidate_pool: Vec<String>,
+    skipped: Vec<SkipRow>,
+    affinity: String,
+    queue: Option<QueueRow>,
+    transport: String,
+    ws_connect_ms: Option<u64>,
+    terminal_source: Option<String>,
+    attempt_rules: Vec<Option<String>>,
 }
 
 #[derive(Deserialize)]
@@ -618,10 +683,40 @@ struct RequestRowV1 {
 
 impl Versioned for RequestRow {
     const NAME: &'static str = "request record";
-    const VERSION: u8 = 3;
+    const VERSION: u8 = 4;
     fn decode_version(version: u8, b: &[u8]) -> Result<Self, CodecError> {
         match version {
-            3 => body(b),
+            4 => body(b),
+            3 => {
+                let v: RequestRowV3 = body(b)?;
+                Ok(RequestRow {
+                    started_ms: v.started_ms,
+                    key_name: v.key_name,
+                    model: v.model,
+                    path: v.path,
+                    stream: v.stream,
+                    ws: v.ws,
+                    outcome: v.outcome,
+                    status: v.status,
+                    account: v.account,
+                    attempts: v.attempts,
+                    ttft_ms: v.ttft_ms,
+                    duration_ms: v.duration_ms,
+                    usage: v.usage,
+                    session: v.session,
+                    candidate_pool: v.candidate_pool,
+                    skipped: v.skipped,
+                    affinity: v.affinity,
+                    queue: v.queue,
+                    transport: v.transport,
+                    ws_connect_ms: v.ws_connect_ms,
+                    terminal_source: v.terminal_source,
+                    attempt_rules: v.attempt_rules,
+                    service_tier: None,
+                    served_tier: None,
+                    credit: None,
+                })
+            }
             2 => {
                 let v: RequestRowV2 = body(b)?;
                 Ok(RequestRow {
@@ -647,6 +742,9 @@ impl Versioned for RequestRow {
                     ws_connect_ms: v.ws_connect_ms,
                     terminal_source: None,
                     attempt_rules: Vec::new(),
+                    service_tier: None,
+                    served_tier: None,
+                    credit: None,
                 })
             }
             1 => {
@@ -678,6 +776,9 @@ impl Versioned for RequestRow {
                     ws_connect_ms: v.ws_connect_ms,
                     terminal_source: None,
                     attempt_rules: Vec::new(),
+                    service_tier: None,
+                    served_tier: None,
+                    credit: None,
                 })
             }
             found => Err(unknown::<Self>(found)),
@@ -763,6 +864,9 @@ mod tests {
             ws_connect_ms: None,
             terminal_source: None,
             attempt_rules: Vec::new(),
+            service_tier: None,
+            served_tier: None,
+            credit: None,
         }
     }
 
@@ -941,11 +1045,14 @@ mod tests {
             decode::<RequestRow>(&hex(v2::REQUEST)).unwrap(),
             request_v2()
         );
-        // Written again, it is version 3: version 2 with no terminal source and no rules after
-        // it.
+        // Written again, it is version 4: version 2 with no terminal source, no rules, no
+        // tiers and no credit spend after it.
         let again = encode(&request_v2()).unwrap();
-        assert_eq!(again[0], 3);
-        assert_eq!(to_hex(&again[1..]), format!("{}0000", &v2::REQUEST[2..]));
+        assert_eq!(again[0], 4);
+        assert_eq!(
+            to_hex(&again[1..]),
+            format!("{}0000000000", &v2::REQUEST[2..])
+        );
     }
 
     /// Bytes 0.4.0 writes.
@@ -954,14 +1061,39 @@ mod tests {
     }
 
     #[test]
-    fn request_version_3_round_trips_exactly() {
+    fn request_version_3_decodes_into_version_4_without_tiers_or_a_spend() {
         let r = RequestRow {
             terminal_source: Some("synthetic".into()),
             attempt_rules: vec![Some("rush".into())],
             ..request_v2()
         };
-        assert_eq!(to_hex(&encode(&r).unwrap()), v4::REQUEST);
         assert_eq!(decode::<RequestRow>(&hex(v4::REQUEST)).unwrap(), r);
+        let again = encode(&r).unwrap();
+        assert_eq!(again[0], 4);
+        assert_eq!(to_hex(&again[1..]), format!("{}000000", &v4::REQUEST[2..]));
+    }
+
+    /// Bytes 0.5.0 writes.
+    mod v5 {
+        pub const REQUEST: &str = "04fbd0eab6b73305616c696365076770742d352e350d2f76312f726573706f6e73657301010c73747265616d5f6572726f72c80101056163632d3201056163632d32097472616e7369656e7401c801010a6d69645f73747265616d0c0105726573657401051400010c61626364656630313233343501056163632d3201056163632d3107636f6f6c696e67107265626f756e6428636f6f6c696e67290104706f6f6c086163717569726564030977735f72657573656400000001087072696f72697479010764656661756c7401056163632d3204723a2d3105726573657402";
+    }
+
+    #[test]
+    fn request_version_4_round_trips_exactly() {
+        let r = RequestRow {
+            service_tier: Some("priority".into()),
+            served_tier: Some("default".into()),
+            credit: Some(CreditRow {
+                account: "acc-2".into(),
+                redeem_id: "r:-1".into(),
+                outcome: "reset".into(),
+                windows_reset: 2,
+            }),
+            ..request_v2()
+        };
+        let bytes = to_hex(&encode(&r).unwrap());
+        assert_eq!(bytes, v5::REQUEST);
+        assert_eq!(decode::<RequestRow>(&hex(&bytes)).unwrap(), r);
     }
 
     /// Bytes 0.3.0 writes.
@@ -1033,7 +1165,7 @@ mod tests {
     #[test]
     fn a_version_newer_than_the_binary_is_refused_by_name() {
         let mut bytes = hex(v4::REQUEST);
-        bytes[0] = 4;
+        bytes[0] = 5;
         let e = decode::<RequestRow>(&bytes).unwrap_err();
         assert!(e.to_string().contains("newer than this binary"), "{e}");
     }

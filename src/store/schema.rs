@@ -35,6 +35,8 @@ pub const REQUESTS: TableDefinition<u64, &[u8]> = TableDefinition::new("requests
 pub const USAGE_HOURLY: TableDefinition<&str, &[u8]> = TableDefinition::new("usage_hourly");
 /// TTL-map name -> its snapshot (session affinity, response ownership).
 pub const SNAPSHOTS: TableDefinition<&str, &[u8]> = TableDefinition::new("snapshots");
+/// Redeem request id -> `CreditSpendRecord`: each reset-credit spend, written before its call.
+pub const CREDIT_SPENDS: TableDefinition<&str, &[u8]> = TableDefinition::new("credit_spends");
 
 /// A table the writer task can be asked to change.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -49,6 +51,7 @@ pub enum Table {
     Requests,
     UsageHourly,
     Snapshots,
+    CreditSpends,
 }
 
 impl Table {
@@ -66,12 +69,13 @@ impl Table {
             Table::Settings => SETTINGS,
             Table::UsageHourly => USAGE_HOURLY,
             Table::Snapshots => SNAPSHOTS,
+            Table::CreditSpends => CREDIT_SPENDS,
             Table::Requests => return None,
         })
     }
 
     /// Every table, so a new file gets them all at creation.
-    pub(crate) const ALL: [Table; 10] = [
+    pub(crate) const ALL: [Table; 11] = [
         Table::Meta,
         Table::Accounts,
         Table::AccountSecrets,
@@ -82,5 +86,6 @@ impl Table {
         Table::Requests,
         Table::UsageHourly,
         Table::Snapshots,
+        Table::CreditSpends,
     ];
 }

@@ -113,6 +113,8 @@ pub struct Metrics {
     upstream_first_output: Histogram,
     transports: Labeled,
     ws_connect: Histogram,
+    credit_spends: Labeled,
+    notifications: Labeled,
 }
 
 impl Default for Metrics {
@@ -129,6 +131,8 @@ impl Default for Metrics {
             upstream_first_output: Histogram::new(),
             transports: Labeled::default(),
             ws_connect: Histogram::new(),
+            credit_spends: Labeled::default(),
+            notifications: Labeled::default(),
         }
     }
 }
@@ -166,6 +170,17 @@ impl Metrics {
 
     pub fn attempt(&self, class: Class) {
         self.attempts.inc(class.as_str());
+    }
+
+    /// A reset-credit spend ended with this outcome.
+    pub fn credit_spend(&self, outcome: &str) {
+        self.credit_spends.inc(outcome);
+    }
+
+    /// A notification to a target was delivered (`delivered`) or given up (`failed`).
+    pub fn notification(&self, target: &str, outcome: &str) {
+        self.notifications
+            .inc(&format!("target=\"{target}\",outcome=\"{outcome}\""));
     }
 
     pub fn failover(&self) {
@@ -225,6 +240,25 @@ impl Metrics {
         );
         self.attempts
             .render(&mut out, "switchyard_attempts_total", "class");
+        h(
+            &mut out,
+            "switchyard_credit_spends_total",
+            "counter",
+            "Rate-limit reset credit spends by outcome.",
+        );
+        self.credit_spends
+            .render(&mut out, "switchyard_credit_spends_total", "outcome");
+        h(
+            &mut out,
+            "switchyard_notifications_total",
+            "counter",
+            "Notifications by target and delivery outcome.",
+        );
+        self.notifications.render(
+            &mut out,
+            "switchyard_notifications_total",
+            "target=,outcome=",
+        );
         h(
             &mut out,
             "switchyard_failovers_total",

@@ -13,7 +13,7 @@ use crate::fleet::affinity::Decision;
 use crate::fleet::health::Class;
 use crate::fleet::scheduler::{QueueKind, QueueOutcome, SkipReason};
 use crate::store::Store;
-use crate::store::records::{AttemptRow, QueueRow, RequestRow, SkipRow, UsageRow};
+use crate::store::records::{AttemptRow, CreditRow, QueueRow, RequestRow, SkipRow, UsageRow};
 use crate::store::schema::Table;
 use crate::store::writer::Mutation;
 use crate::upstream::Transport;
@@ -156,6 +156,31 @@ pub struct RequestRecord {
     pub ws_connect_ms: Option<u64>,
     /// Where its terminal answer came from; `None` in records written before it was kept.
     pub terminal_source: Option<TerminalSource>,
+    /// The `service_tier` asked for, and the one the answer claimed (a claim: it does not
+    /// prove what ran).
+    pub service_tier: Option<String>,
+    pub served_tier: Option<String>,
+    /// The reset-credit spend this request's need made.
+    pub credit: Option<CreditSpend>,
+}
+
+/// How a spend ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CreditSpend {
+    pub account: String,
+    pub redeem_id: String,
+    /// `reset`, `already_redeemed`, `nothing_to_reset`, `no_credit`, `failed`, or `unsettled`
+    /// (no answer yet: it is asked again before any other spend).
+    pub outcome: String,
+    pub windows_reset: u64,
+    pub error: Option<String>,
+}
+
+impl CreditSpend {
+    /// The account's windows were reset (by this call or, before, by the same redeem id).
+    pub fn reset(&self) -> bool {
+        matches!(self.outcome.as_str(), "reset" | "already_redeemed")
+    }
 }
 
 impl RequestRecord {
@@ -219,6 +244,14 @@ impl RequestRecord {
             } else {
                 Vec::new()
             },
+            service_tier: self.service_tier.clone(),
+            served_tier: self.served_tier.clone(),
+            credit: self.credit.as_ref().map(|c| CreditRow {
+                account: c.account.clone(),
+                redeem_id: c.redeem_id.clone(),
+                outcome: c.outcome.clone(),
+                windows_reset: c.windows_reset,
+            }),
         }
     }
 
@@ -297,6 +330,15 @@ impl RequestRecord {
                 .terminal_source
                 .map(|t| name("terminal source", &t, TerminalSource::from_name))
                 .transpose()?,
+            service_tier: r.service_tier,
+            served_tier: r.served_tier,
+            credit: r.credit.map(|c| CreditSpend {
+                account: c.account,
+                redeem_id: c.redeem_id,
+                outcome: c.outcome,
+                windows_reset: c.windows_reset,
+                error: None,
+            }),
         })
     }
 }
@@ -478,6 +520,9 @@ mod tests {
             transport: Transport::HttpWsBudgetExhausted,
             ws_connect_ms: None,
             terminal_source: Some(TerminalSource::Upstream),
+            service_tier: None,
+            served_tier: None,
+            credit: None,
         }
     }
 

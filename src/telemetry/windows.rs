@@ -254,6 +254,9 @@ mod tests {
             transport: Transport::Http,
             ws_connect_ms: None,
             terminal_source: Some(TerminalSource::Upstream),
+            service_tier: None,
+            served_tier: None,
+            credit: None,
         }
     }
 

@@ -38,6 +38,8 @@ named! {
         Usage => "usage",
         /// `GET /models`.
         Models => "models",
+        /// `wham/rate-limit-reset-credits` (the list, or a consume).
+        Credits => "credits",
     }
 }
 
@@ -222,6 +224,7 @@ impl Facts {
             Endpoint::Responses | Endpoint::WebSocket => {}
             Endpoint::Token => parts.push("token refresh:".to_string()),
             Endpoint::Usage => parts.push("usage probe:".to_string()),
+            Endpoint::Credits => parts.push("reset credits:".to_string()),
             Endpoint::Models => parts.push("models:".to_string()),
         }
         if let Some(s) = self.status {

@@ -394,6 +394,42 @@ impl Upstream {
             .map_err(|f| f.at(Endpoint::Usage))
     }
 
+    /// `GET wham/rate-limit-reset-credits`: the account's banked reset credits.
+    pub async fn reset_credits(&self, id: &Identity) -> Result<Value, Facts> {
+        let req = self.authed(self.http.get(self.credits_url(id, "")), id);
+        self.json_answer(req, id.proxy.as_ref())
+            .await
+            .map_err(|f| f.at(Endpoint::Credits))
+    }
+
+    /// `POST wham/rate-limit-reset-credits/consume`: spends one credit. `redeem_request_id`
+    /// makes it idempotent: the same id again spends nothing more.
+    pub async fn consume_credit(
+        &self,
+        id: &Identity,
+        redeem_request_id: &str,
+        credit_id: Option<&str>,
+    ) -> Result<Value, Facts> {
+        let mut body = serde_json::json!({ "redeem_request_id": redeem_request_id });
+        if let Some(c) = credit_id {
+            body["credit_id"] = c.into();
+        }
+        let req = self.authed(self.http.post(self.credits_url(id, "/consume")), id);
+        self.json_answer(req.json(&body), id.proxy.as_ref())
+            .await
+            .map_err(|f| f.at(Endpoint::Credits))
+    }
+
+    /// `wham/rate-limit-reset-credits{tail}`, next to the account's `wham/usage`.
+    fn credits_url(&self, id: &Identity, tail: &str) -> String {
+        let usage = id
+            .route
+            .as_ref()
+            .map_or(self.config.usage_url.as_str(), |r| r.usage_url.as_str());
+        let wham = usage.strip_suffix("/usage").unwrap_or(usage);
+        format!("{wham}/rate-limit-reset-credits{tail}")
+    }
+
     /// Asks the auth server whose an access token is (`GET {auth_base_url}/api/accounts/v1/
     /// user-auth-credential/whoami`, the token as the bearer): how Codex validates a
     /// workspace's access token, which comes without a refresh token.

@@ -46,6 +46,9 @@ pub struct QuotaSnapshot {
     /// Rate-limit reset credits the account can spend (`rate_limit_reset_credits.
     /// available_count` of the usage; answer headers do not carry it).
     pub reset_credits: Option<u64>,
+    /// When the soonest of them expires (unix seconds), from the credits list.
+    #[serde(default)]
+    pub credit_expires_at: Option<u64>,
     /// Unix ms when this was observed.
     pub observed_ms: u64,
 }
@@ -71,6 +74,7 @@ impl QuotaSnapshot {
             secondary_reset_at: reset(&headers::SECONDARY_RESET),
             plan: get(&headers::PLAN).map(str::to_string),
             reset_credits: None,
+            credit_expires_at: None,
             observed_ms: now_ms,
         };
         (snap.primary_used_percent.is_some()
@@ -101,8 +105,15 @@ impl QuotaSnapshot {
             secondary_reset_at: sr,
             plan: v["plan_type"].as_str().map(str::to_string),
             reset_credits: v["rate_limit_reset_credits"]["available_count"].as_u64(),
+            credit_expires_at: None,
             observed_ms: now_ms,
         }
+    }
+
+    /// Whether the account has one usage window only (the usage names no secondary): its
+    /// windows cannot be reset with a credit.
+    pub fn single_window(&self) -> bool {
+        self.secondary_used_percent.is_none() && self.secondary_window_minutes.is_none()
     }
 
     /// The facts of a window still used up (the 5-hour one first), for the classifier: the

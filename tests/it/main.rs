@@ -11,6 +11,7 @@ mod bodies;
 mod console_conn;
 mod console_feed;
 mod console_tui;
+mod credits;
 mod damaged;
 mod demo;
 mod edge;

@@ -256,6 +256,22 @@ impl Gw {
     /// Stops and starts the gateway on the same state directory and simulator.
     pub async fn restart(&mut self) {
         self.shutdown().await;
+        self.relaunch().await;
+    }
+
+    /// Stops the gateway at once (in-flight work is cut, as by a crash of the work it did)
+    /// and starts it again on the same state.
+    pub async fn restart_fast(&mut self) {
+        if let Some(tx) = self.stop.take() {
+            let _ = tx.send(ShutdownKind::Fast);
+        }
+        if let Some(t) = self.task.take() {
+            t.await.unwrap().unwrap();
+        }
+        self.relaunch().await;
+    }
+
+    async fn relaunch(&mut self) {
         // A connection task of the stopped daemon (a console's feed, cut at shutdown) may
         // still hold the store for a moment after the daemon returned: a process would have
         // exited; here the store is free once the last of them has ended.

@@ -111,6 +111,9 @@ fn record(n: u64, ago_ms: u64) -> RequestRecord {
         ws: false,
         ws_connect_ms: None,
         terminal_source: Some("upstream".into()),
+        service_tier: None,
+        served_tier: None,
+        credit_spend: None,
     }
 }
 
@@ -175,6 +178,7 @@ fn fixture() -> App {
         plan: Some("plus".into()),
         observed_at: Some(rfc(NOW_MS)),
         reset_credits: Some(2),
+        reset_credit_expires_at: None,
     });
     let mut a2 = account(2, "ready");
     a2.in_flight = 2;
