@@ -143,6 +143,12 @@ pub(crate) fn handle(sim: &Sim, req: &SimRequest) -> Outcome {
             sim.clear_all_faults();
             ok(json!({"cleared": true}))
         }
+        ["sink"] if m == Method::GET => ok(json!({"received": sim.sink()})),
+        ["sink", "fail"] if m == Method::POST => {
+            let times = req.json["times"].as_u64().unwrap_or(1);
+            sim.fail_sink(u32::try_from(times).unwrap_or(u32::MAX));
+            ok(json!({"failing": times}))
+        }
         ["accounts", id, rest @ ..] => account_route(sim, req, id, rest),
         ["login", rest @ ..] => login_route(sim, req, rest),
         ["accounts"] | ["requests"] | ["faults"] => method_not_allowed(),

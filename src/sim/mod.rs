@@ -43,6 +43,7 @@ mod profile;
 mod responses;
 mod runner;
 mod server;
+mod sink;
 mod state;
 pub mod traffic;
 mod ws;
@@ -69,6 +70,7 @@ pub use login::{
 pub use oauth::CLIENT_ID;
 pub use profile::Profile;
 pub use runner::{SimHandle, run_standalone};
+pub use sink::SinkDelivery;
 
 use state::{Account, State};
 
@@ -403,6 +405,16 @@ impl Sim {
             })
             .collect();
         Some(ids)
+    }
+
+    /// Everything the notification sink (`/sink/…`) received, refused deliveries included.
+    pub fn sink(&self) -> Vec<SinkDelivery> {
+        self.lock().sink.received.clone()
+    }
+
+    /// Refuses the sink's next `n` deliveries with 503 (a receiver that is down).
+    pub fn fail_sink(&self, n: u32) {
+        self.lock().sink.failures = n;
     }
 
     /// Whether the account has only its primary window (its consume fails server-side).

@@ -280,6 +280,8 @@ async fn handle(
         login::poll(&sim, &req)
     } else if req.path.starts_with("/backend-api/") {
         backend::handle(&sim, &req)
+    } else if req.path.starts_with("/sink/") {
+        super::sink::handle(&sim, &req)
     } else {
         json(404, &serde_json::json!({"detail": "Not Found"})).into()
     };

@@ -439,6 +439,8 @@ pub(crate) struct State {
     pub next_id: u64,
     /// Device codes and authorization codes of the login flows.
     pub logins: super::login::Logins,
+    /// The notification sink.
+    pub sink: super::sink::Sink,
 }
 
 impl State {
