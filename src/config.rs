@@ -43,6 +43,9 @@ pub struct Config {
     pub rules: Vec<crate::fleet::rules::Rule>,
     /// When rate-limit reset credits are spent without an operator.
     pub credits: crate::dispatch::credits::CreditsConfig,
+    /// `[[notify]]`: where the operator is told of dead logins, a dry pool, spent credits.
+    #[serde(deserialize_with = "crate::notify::checked_targets")]
+    pub notify: Vec<crate::notify::NotifyTarget>,
 }
 
 /// A model's API price in USD per million tokens.
@@ -422,7 +425,7 @@ fn non_empty_secret<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Secret>, D
     Ok(Some(Secret::new(s)))
 }
 
-fn masked<S: Serializer>(v: &Option<Secret>, s: S) -> Result<S::Ok, S::Error> {
+pub(crate) fn masked<S: Serializer>(v: &Option<Secret>, s: S) -> Result<S::Ok, S::Error> {
     match v {
         Some(_) => s.serialize_str("***"),
         None => s.serialize_none(),
@@ -579,6 +582,34 @@ access = false
 # message_contains = ["upstream rate limit exceeded"]
 # class = "rate_limited"
 # cooldown = "1m"
+
+[credits]
+# Spend rate-limit reset credits without an operator: off, when_dry (a request would
+# otherwise get 429 usage_limit_reached / 503 no_available_account), before_expiry (a spent
+# account's credit would expire before its window resets anyway), or both. A credit is only
+# spent on an account whose window is spent and that has two windows, and each spend exactly
+# once (recorded before its call; an unanswered one is asked again with the same id).
+auto = "off"
+# A consume unanswered for this long is left unsettled and asked again before any other.
+consume_timeout = "20s"
+
+# Where to tell the operator (none by default). kind = webhook (a JSON POST: event, at,
+# account, model, message; signed with HMAC-SHA256 in x-switchyard-signature when `secret`
+# is set), ntfy (url = the topic's URL, optional token) or telegram (bot_token, chat_id,
+# api_base). events (default all): account_needs_login, account_deactivated,
+# account_recovered, pool_exhausted, pool_recovered, pool_headroom_low, credit_spent. Each
+# incident is told once; a delivery is tried `attempts` times, waiting `backoff`, doubling.
+# Secrets can be sealed with this state directory's key: `switchyard notify seal` prints
+# "sealed:…" to put here instead. `switchyard notify test` sends a test message.
+# [[notify]]
+# kind = "webhook"
+# url = "http://127.0.0.1:9000/hook"
+# secret = "sealed:…"
+# events = ["account_needs_login", "account_deactivated", "account_recovered",
+#           "pool_exhausted", "pool_recovered", "credit_spent"]
+# headroom_below = 10.0
+# attempts = 6
+# backoff = "2s"
 "#;
 
 #[cfg(test)]

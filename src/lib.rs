@@ -9,6 +9,7 @@ pub mod daemon;
 pub mod dispatch;
 pub mod fleet;
 pub mod keys;
+pub mod notify;
 pub mod sim;
 pub mod store;
 pub mod telemetry;

@@ -69,6 +69,24 @@ pub enum Command {
     /// Send the configuration (--config) to the running daemon, which applies what changes
     /// live and logs what waits for a restart. SIGHUP re-reads the daemon's own copy instead.
     Reload,
+    /// The `[[notify]]` targets: send a test message, or seal a target's secret.
+    #[command(subcommand)]
+    Notify(NotifyCommand),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum NotifyCommand {
+    /// Send one test message to every target (or the one named: its `name`, else
+    /// `webhook-1`, `ntfy-2`, … by kind and position) and say what each answered. Exit 0 when
+    /// all were delivered.
+    Test { target: Option<String> },
+    /// Seal a secret (`secret`, `token`, `bot_token`) with the state directory's key: prints
+    /// `sealed:…` to put in the config instead of the secret itself.
+    Seal {
+        /// Where to read it (`-`: one line from stdin).
+        #[arg(default_value = "-", value_name = "FILE|-")]
+        file: std::path::PathBuf,
+    },
 }
 
 #[derive(Debug, Args)]

@@ -11,6 +11,7 @@ mod demo;
 mod doctor;
 mod key;
 mod login;
+mod notify;
 mod report;
 mod table;
 mod usage;
@@ -169,6 +170,10 @@ fn run_command(cli: Cli) -> Result<(), CommandError> {
         Command::Reload => {
             telemetry::init_logging("warn", config.log.format);
             runtime()?.block_on(reload(&config, &source))
+        }
+        Command::Notify(cmd) => {
+            telemetry::init_logging("warn", config.log.format);
+            runtime()?.block_on(self::notify::notify(&config, cmd))
         }
         Command::Sim(args) => {
             telemetry::init_logging(&config.log.level, config.log.format);

@@ -21,6 +21,8 @@ pub const AFFINITY_SNAPSHOT_EVERY: Duration = Duration::from_secs(60);
 const REFRESH_EVERY: Duration = Duration::from_secs(30);
 /// How often old request records and usage buckets are pruned.
 const PRUNE_EVERY: Duration = Duration::from_secs(3600);
+/// How often the notifier looks at the pool.
+const NOTIFY_WATCH_EVERY: Duration = Duration::from_secs(2);
 /// How often the TTL maps drop what expired.
 const SWEEP_EVERY: Duration = Duration::from_secs(60);
 
@@ -77,7 +79,22 @@ pub fn spawn_all(
             },
         )
     };
+    let watch = {
+        let d = state.dispatcher.clone();
+        let mut seen = crate::notify::watch::Watch::default();
+        job::spawn(
+            "notify watch",
+            Ticker::new(NOTIFY_WATCH_EVERY, stop.clone()),
+            move || {
+                if d.notifier().enabled() {
+                    seen.look(&d.fleet, d.notifier());
+                }
+                std::future::ready(())
+            },
+        )
+    };
     let mut tasks = vec![
+        watch,
         refresher,
         pruner,
         state.dispatcher.usage.spawn_flusher(stop.clone()),

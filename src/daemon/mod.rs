@@ -175,6 +175,7 @@ pub async fn run_with(
     );
     notifier.notify_or_log("READY=1");
 
+    start_notifications(&state, &config);
     let background = jobs::spawn_all(&state, &live, &notifier, stop_accepting.clone());
 
     let kind = shutdown.await;
@@ -255,6 +256,25 @@ async fn drain(state: &AppState, http: JoinHandle<()>, grace: Duration) {
         // Their requests now find their clients gone: let them keep their records.
         let _ = tokio::time::timeout(CUT_FLUSH, state.dispatcher.settled()).await;
     }
+}
+
+/// Starts the `[[notify]]` deliveries, their secrets opened with the state's key; a target
+/// whose secret cannot be opened is left out (and said so).
+fn start_notifications(state: &Arc<AppState>, config: &Config) {
+    let mut targets = config.notify.clone();
+    if targets.is_empty() {
+        return;
+    }
+    if let Err(e) = crate::notify::open_sealed(&mut targets, state.store.sealer()) {
+        tracing::error!(error = %e, "notifications are off");
+        return;
+    }
+    let d = state.dispatcher.clone();
+    let on_outcome: crate::notify::OnOutcome =
+        Arc::new(move |target, outcome| d.metrics.notification(target, outcome));
+    let n = crate::notify::Notifier::start(targets, on_outcome);
+    tracing::info!(targets = config.notify.len(), "notifications on");
+    state.dispatcher.set_notifier(n);
 }
 
 /// Resolves once the HTTP server has closed its connections and every WebSocket connection

@@ -219,6 +219,7 @@ fn restart_needed(started: &Config, new: &Config) -> Vec<String> {
             s.storage.cache_mib != n.storage.cache_mib,
         ),
         ("admin.socket", s.admin.socket != n.admin.socket),
+        ("notify", s.notify != n.notify),
         ("admin.token", s.admin.token != n.admin.token),
         (
             "upstream (endpoints, proxy, client timeouts)",

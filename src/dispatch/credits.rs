@@ -442,6 +442,36 @@ impl Dispatcher {
             "no_credit" => self.fleet.set_credits(&id, 0, None),
             _ => {}
         }
+        if out.reset() {
+            let who = self
+                .fleet
+                .get(&id)
+                .and_then(|a| a.email)
+                .unwrap_or_else(|| id.clone());
+            let left = self
+                .fleet
+                .get(&id)
+                .and_then(|a| a.quota)
+                .and_then(|q| q.reset_credits);
+            let mut event = crate::notify::Event::new(
+                crate::notify::EventKind::CreditSpent,
+                now,
+                format!(
+                    "A rate-limit reset credit was spent on {who} ({}): {} window{} reset.",
+                    record.need,
+                    out.windows_reset,
+                    if out.windows_reset == 1 { "" } else { "s" }
+                ),
+            )
+            .account(who)
+            .detail("outcome", out.outcome.clone())
+            .detail("need", record.need.clone())
+            .detail("redeem_id", redeem.to_string());
+            if let Some(n) = left {
+                event = event.detail("credits_left", n);
+            }
+            self.notifier().emit(event);
+        }
         self.metrics.credit_spend(&out.outcome);
         tracing::info!(
             account = %id,

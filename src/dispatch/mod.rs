@@ -266,6 +266,8 @@ pub struct Shared {
     proving: probe::ProvingSet,
     /// Reset-credit spends: one at a time, each settled before another.
     pub credits: credits::Pilot,
+    /// Where the operator is told (set once by the daemon; off until then).
+    notify: std::sync::OnceLock<crate::notify::Notifier>,
 }
 
 impl Dispatcher {
@@ -302,11 +304,22 @@ impl Dispatcher {
             prober: tokio::sync::Notify::default(),
             proving: probe::ProvingSet::default(),
             credits: credits::Pilot::default(),
+            notify: std::sync::OnceLock::new(),
         };
         Dispatcher {
             shared: Arc::new(shared),
             config,
         }
+    }
+
+    /// Sets where the operator is told; once (a later call changes nothing).
+    pub fn set_notifier(&self, notifier: crate::notify::Notifier) {
+        let _ = self.notify.set(notifier);
+    }
+
+    /// Where the operator is told.
+    pub fn notifier(&self) -> &crate::notify::Notifier {
+        self.notify.get_or_init(crate::notify::Notifier::off)
     }
 
     /// Shutdown's grace period is over: every request still running ends now and is recorded

@@ -363,7 +363,17 @@ impl Dispatcher {
             Some(plan) => self.settle_affinity(ctx, plan, &trace, outcome),
             None => Decision::None,
         };
-        let duration_ms = self.fleet.clock().now_ms().saturating_sub(trace.started_ms);
+        let now_ms = self.fleet.clock().now_ms();
+        let duration_ms = now_ms.saturating_sub(trace.started_ms);
+        match outcome {
+            Outcome::QuotaExhausted | Outcome::NoAccount => {
+                if let Some(Frame::Error(e)) = tail.first() {
+                    self.notifier().pool_dry(&ctx.model, now_ms, &e.message);
+                }
+            }
+            Outcome::Success => self.notifier().served(&ctx.model, now_ms),
+            _ => {}
+        }
         let transport = trace.transport.unwrap_or(Transport::Http);
         self.metrics.request(outcome, &affinity);
         self.metrics.transport(transport);

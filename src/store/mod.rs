@@ -334,6 +334,11 @@ impl Store {
     }
 
     /// The id of the key this store is sealed with (`secrets::key_id`).
+    /// Seals and opens values with the state directory's key (the config's sealed secrets).
+    pub fn sealer(&self) -> &Sealer {
+        &self.inner.sealer
+    }
+
     pub fn key_id(&self) -> &str {
         self.inner.sealer.key_id()
     }

@@ -21,6 +21,7 @@ mod foundation;
 mod keys;
 mod login;
 mod matrix;
+mod notify;
 mod operations;
 mod packaging;
 mod probe;

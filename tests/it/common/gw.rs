@@ -215,6 +215,13 @@ impl Gw {
         c.upstream.auth_base_url = self.sim.url();
         c.server.shutdown_grace = std::time::Duration::from_secs(5);
         (self.configure)(&mut c);
+        // Notification targets may name the simulator (its sink) as `{sim}`.
+        for t in &mut c.notify {
+            if let Some(u) = &mut t.url {
+                *u = u.replace("{sim}", &self.sim.url());
+            }
+            t.api_base = t.api_base.replace("{sim}", &self.sim.url());
+        }
         c
     }
 
