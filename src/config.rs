@@ -43,6 +43,8 @@ pub struct Config {
     pub rules: Vec<crate::fleet::rules::Rule>,
     /// When rate-limit reset credits are spent without an operator.
     pub credits: crate::dispatch::credits::CreditsConfig,
+    /// `[warmup]`: idle accounts' 5-hour windows started early, at these local times.
+    pub warmup: crate::dispatch::warmup::WarmupConfig,
     /// `[[notify]]`: where the operator is told of dead logins, a dry pool, spent credits.
     #[serde(deserialize_with = "crate::notify::checked_targets")]
     pub notify: Vec<crate::notify::NotifyTarget>,
@@ -592,6 +594,15 @@ access = false
 auto = "off"
 # A consume unanswered for this long is left unsettled and asked again before any other.
 consume_timeout = "20s"
+
+[warmup]
+# Local times (HH:MM) at which each chosen account whose 5-hour window is not running gets one
+# minimal request, so the window starts (and resets) early; never an account that is not
+# ready or whose weekly window is 90% used. Off while empty.
+at = []
+# The accounts (id, email, label); empty: all.
+accounts = []
+# utc_offset = "+02:00"   # default: the system's time zone (/etc/localtime)
 
 # Where to tell the operator (none by default). kind = webhook (a JSON POST: event, at,
 # account, model, message; signed with HMAC-SHA256 in x-switchyard-signature when `secret`

@@ -181,6 +181,7 @@ pub(super) fn dispatch_config(config: &Config) -> DispatchConfig {
         first_output_switches: config.upstream.first_output_switches,
         access_log: config.log.access,
         credits: config.credits.clone(),
+        warmup: config.warmup.clone(),
         ..DispatchConfig::default()
     }
 }

@@ -12,6 +12,7 @@ pub mod credits;
 pub mod probe;
 pub mod request;
 pub mod stream;
+pub mod warmup;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -63,6 +64,8 @@ pub struct DispatchConfig {
     pub access_log: bool,
     /// `[credits]`: when reset credits are spent on their own.
     pub credits: credits::CreditsConfig,
+    /// `[warmup]`: when idle accounts' windows are started early.
+    pub warmup: warmup::WarmupConfig,
 }
 
 impl Default for DispatchConfig {
@@ -80,6 +83,7 @@ impl Default for DispatchConfig {
             first_output_switches: 1,
             access_log: false,
             credits: credits::CreditsConfig::default(),
+            warmup: warmup::WarmupConfig::default(),
         }
     }
 }

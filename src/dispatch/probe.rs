@@ -161,7 +161,7 @@ impl Dispatcher {
     }
 
     /// One minimal request on the account, judged at its first output.
-    async fn probe_request(&self, id: &str) -> Class {
+    pub(super) async fn probe_request(&self, id: &str) -> Class {
         let identity = match self
             .fleet
             .ensure_fresh(id, None, self.upstream.as_ref())
@@ -291,6 +291,7 @@ impl Dispatcher {
         tokio::spawn(async move {
             let mut next: HashMap<String, tokio::time::Instant> = HashMap::new();
             let mut expiry_due = tokio::time::Instant::now();
+            let mut warmups = super::warmup::WarmupState::default();
             let mut ticker = Ticker::new(TICK, stop);
             while ticker.tick_or(d.prober.notified()).await {
                 // A spend left without an answer (a crash, a timeout) is settled first.
@@ -331,6 +332,7 @@ impl Dispatcher {
                         }
                     }
                 }
+                d.warm_up(&mut warmups).await;
                 let now = tokio::time::Instant::now();
                 if d.current().credits.auto.before_expiry() && now >= expiry_due {
                     expiry_due = now + EXPIRY_CHECK;

@@ -115,6 +115,7 @@ pub struct Metrics {
     ws_connect: Histogram,
     credit_spends: Labeled,
     notifications: Labeled,
+    warmups: Labeled,
 }
 
 impl Default for Metrics {
@@ -133,6 +134,7 @@ impl Default for Metrics {
             ws_connect: Histogram::new(),
             credit_spends: Labeled::default(),
             notifications: Labeled::default(),
+            warmups: Labeled::default(),
         }
     }
 }
@@ -175,6 +177,11 @@ impl Metrics {
     /// A reset-credit spend ended with this outcome.
     pub fn credit_spend(&self, outcome: &str) {
         self.credit_spends.inc(outcome);
+    }
+
+    /// A warm-up request ended with this class.
+    pub fn warmup(&self, class: &str) {
+        self.warmups.inc(class);
     }
 
     /// A notification to a target was delivered (`delivered`) or given up (`failed`).
@@ -259,6 +266,14 @@ impl Metrics {
             "switchyard_notifications_total",
             "target=,outcome=",
         );
+        h(
+            &mut out,
+            "switchyard_warmups_total",
+            "counter",
+            "Warm-up requests by the class of their answer.",
+        );
+        self.warmups
+            .render(&mut out, "switchyard_warmups_total", "class");
         h(
             &mut out,
             "switchyard_failovers_total",

@@ -37,5 +37,6 @@ mod upgrade;
 mod upstream_face;
 mod usage;
 mod walkthrough;
+mod warmup;
 mod windows;
 mod ws;
