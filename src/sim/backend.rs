@@ -423,6 +423,19 @@ pub(crate) fn decide(account: &mut Account, req: &TurnRequest<'_>, ctx: &Ctx<'_>
     if !account.supported_models.iter().any(|m| m == model) {
         return reject(faults::model_unsupported(model));
     }
+    // Tier routing: a raw `fast` is refused (Codex sends Fast mode as `priority`); priority
+    // runs only where the account has it (else the default tier, which the answer says) and
+    // costs twice the quota.
+    let asked_tier = body["service_tier"].as_str();
+    if asked_tier == Some("fast") {
+        return reject(faults::invalid_service_tier("fast"));
+    }
+    let served_tier = match asked_tier {
+        Some("priority") if !account.priority_tier => "default",
+        Some(t) => t,
+        None => "auto",
+    }
+    .to_string();
     let input_tokens = u64::try_from(req.size / 4).unwrap_or(u64::MAX).max(1);
     if input_tokens > catalog::context_window(model) {
         return reject(faults::context_length());
@@ -439,7 +452,10 @@ pub(crate) fn decide(account: &mut Account, req: &TurnRequest<'_>, ctx: &Ctx<'_>
         account.cache_lookup(cache_key, input_tokens)
     };
     if fail_code.is_none() && shape.cut.is_none() && req.generate {
-        let (dp, ds) = account.script.drift;
+        let (mut dp, mut ds) = account.script.drift;
+        if served_tier == "priority" {
+            (dp, ds) = (dp * 2.0, ds * 2.0);
+        }
         account.primary.used_percent = drift(account.primary.used_percent, dp);
         account.secondary.used_percent = drift(account.secondary.used_percent, ds);
     }
@@ -457,6 +473,7 @@ pub(crate) fn decide(account: &mut Account, req: &TurnRequest<'_>, ctx: &Ctx<'_>
         previous_response_id: req.previous_response_id.map(str::to_string),
         answer_bytes,
         incomplete,
+        service_tier: served_tier,
     };
     let plan = if req.compact {
         Plan::Compaction

@@ -274,6 +274,19 @@ pub(crate) fn cyber_policy() -> ErrorAnswer {
     )
 }
 
+/// 400 for a `service_tier` the backend does not know (a raw `fast`).
+pub(crate) fn invalid_service_tier(value: &str) -> ErrorAnswer {
+    ErrorAnswer::json(
+        400,
+        json!({"error": {
+            "message": format!("Invalid value: '{value}'. Supported values are: 'auto', 'default', 'flex', 'priority' and 'ultrafast'."),
+            "type": "invalid_request_error",
+            "param": "service_tier",
+            "code": "invalid_value",
+        }}),
+    )
+}
+
 pub(crate) fn unsupported_parameter(param: &str) -> ErrorAnswer {
     ErrorAnswer::json(
         400,

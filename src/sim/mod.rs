@@ -417,6 +417,12 @@ impl Sim {
         self.lock().sink.failures = n;
     }
 
+    /// Whether `priority` requests run on the priority tier on this account (else on
+    /// `default`, which its answers then say).
+    pub fn set_priority_tier(&self, account_id: &str, priority: bool) -> bool {
+        self.with_account(account_id, |a| a.priority_tier = priority)
+    }
+
     /// Whether the account has only its primary window (its consume fails server-side).
     pub fn set_single_window(&self, account_id: &str, single: bool) -> bool {
         self.with_account(account_id, |a| a.single_window = single)

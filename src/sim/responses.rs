@@ -98,6 +98,8 @@ pub(crate) struct TurnSpec<'a> {
     pub answer_bytes: Option<usize>,
     /// The answer ends with `response.incomplete` for this reason.
     pub incomplete: Option<String>,
+    /// The tier the answer says it ran on.
+    pub service_tier: String,
 }
 
 /// A generated event: its `type` and full JSON (with `sequence_number`).
@@ -180,7 +182,7 @@ fn response_object(spec: &TurnSpec<'_>, status: &str) -> Value {
             "effort": r["reasoning"]["effort"].as_str().unwrap_or("medium"),
             "summary": r["reasoning"]["summary"].as_str().unwrap_or("auto"),
         },
-        "service_tier": r["service_tier"].as_str().unwrap_or("auto"),
+        "service_tier": spec.service_tier,
         "store": false,
         "text": {"format": {"type": "text"}, "verbosity": r["text"]["verbosity"].as_str().unwrap_or("medium")},
         "tool_choice": r["tool_choice"].as_str().unwrap_or("auto"),

@@ -155,6 +155,8 @@ pub(crate) struct Account {
     pub redemptions: HashMap<String, Value>,
     /// Only the primary window exists (`secondary_window` null in the usage).
     pub single_window: bool,
+    /// Requests for the `priority` tier run on it (else on `default`, as the answer says).
+    pub priority_tier: bool,
 }
 
 impl Account {
@@ -195,6 +197,7 @@ impl Account {
             credits: Vec::new(),
             redemptions: HashMap::new(),
             single_window: false,
+            priority_tier: true,
         };
         if let Some((p, s)) = a.script.initial_usage {
             a.primary.used_percent = p;

@@ -33,6 +33,7 @@ mod scheduling;
 mod sim;
 mod sim_login;
 mod sim_ws;
+mod tiers;
 mod upgrade;
 mod upstream_face;
 mod usage;
