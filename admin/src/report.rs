@@ -63,6 +63,40 @@ pub struct WindowReport {
     pub slow_failures: Vec<SlowFailure>,
     /// Per account, its failures by class and message.
     pub accounts: Vec<AccountFailures>,
+    /// Requests and tokens by the service tier asked for and the one the answer claimed.
+    #[serde(default)]
+    pub tiers: Vec<TierUsage>,
+    /// Rate-limit reset credits spent (or tried), oldest first.
+    #[serde(default)]
+    pub credit_spends: Vec<CreditSpendLine>,
+}
+
+/// Usage of one (asked, claimed) pair of service tiers.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct TierUsage {
+    /// The tier the request asked for (`default` when it named none).
+    pub asked: String,
+    /// The tier the answer claimed (`unknown` when it said none).
+    pub claimed: String,
+    pub requests: u64,
+    pub input_tokens: u64,
+    pub output_tokens: u64,
+}
+
+/// One reset-credit spend.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct CreditSpendLine {
+    /// RFC 3339.
+    pub at: String,
+    pub account: String,
+    /// `when_dry`, `before_expiry` or `operator`.
+    pub need: String,
+    /// `reset`, `already_redeemed`, `nothing_to_reset`, `no_credit`, `failed` or `unsettled`.
+    pub outcome: String,
+    pub windows_reset: u64,
+    /// The request whose need it met.
+    pub request: Option<String>,
+    pub error: Option<String>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -229,6 +263,48 @@ pub fn render_text(r: &Report) -> String {
             }
         }
     }
+    if let Some(w) = r.windows.iter().max_by_key(|w| w.minutes) {
+        let _ = writeln!(o, "\n== service tiers, last {} minutes ==", w.minutes);
+        let _ = writeln!(
+            o,
+            "asked → claimed by the answer (the answer's tier is the backend's claim, not proof of what ran)"
+        );
+        if w.tiers.is_empty() {
+            let _ = writeln!(o, "  no answered requests");
+        }
+        for t in &w.tiers {
+            let _ = writeln!(
+                o,
+                "  {} → {}: {} requests, {} input and {} output tokens",
+                t.asked, t.claimed, t.requests, t.input_tokens, t.output_tokens
+            );
+        }
+        let _ = writeln!(o, "\n== reset credits spent, last {} minutes ==", w.minutes);
+        if w.credit_spends.is_empty() {
+            let _ = writeln!(o, "  none");
+        }
+        for c in &w.credit_spends {
+            let _ = writeln!(
+                o,
+                "  {} {} ({}): {}{}{}{}",
+                c.at,
+                c.account,
+                c.need,
+                c.outcome,
+                if c.windows_reset > 0 {
+                    format!(", {} window(s) reset", c.windows_reset)
+                } else {
+                    String::new()
+                },
+                c.request
+                    .as_ref()
+                    .map_or(String::new(), |r| format!(", for {r}")),
+                c.error
+                    .as_ref()
+                    .map_or(String::new(), |e| format!(" ({e})"))
+            );
+        }
+    }
     let _ = writeln!(o, "\n== suggestions ==");
     if r.suggestions.is_empty() {
         let _ = writeln!(o, "none: nothing in the numbers calls for a change");
@@ -295,6 +371,22 @@ mod tests {
                         rule: Some("soft".into()),
                     }],
                 }],
+                tiers: vec![TierUsage {
+                    asked: "priority".into(),
+                    claimed: "default".into(),
+                    requests: 4,
+                    input_tokens: 100,
+                    output_tokens: 20,
+                }],
+                credit_spends: vec![CreditSpendLine {
+                    at: "2026-12-01T09:59:00Z".into(),
+                    account: "a".into(),
+                    need: "when_dry".into(),
+                    outcome: "reset".into(),
+                    windows_reset: 2,
+                    request: Some("req_4".into()),
+                    error: None,
+                }],
             }],
             suggestions: vec![Suggestion {
                 kind: SuggestionKind::AddRule,
@@ -313,6 +405,9 @@ mod tests {
             "req_3 on a: transient after 31.5 s, then failed over",
             "a: 5 attempts, 3 failed",
             "3× transient 503 overloaded [rule soft]",
+            "not proof of what ran",
+            "priority → default: 4 requests, 100 input and 20 output tokens",
+            "2026-12-01T09:59:00Z a (when_dry): reset, 2 window(s) reset, for req_4",
             "- a rule to consider",
             "    [[rules]]",
         ] {

@@ -5,8 +5,8 @@
 use std::collections::BTreeMap;
 
 use switchyard_admin::report::{
-    AccountFailures, Chain, FailureGroup, ModelMiss, PostCommit, Report, SlowFailure, Suggestion,
-    SuggestionKind, WindowReport,
+    AccountFailures, Chain, CreditSpendLine, FailureGroup, ModelMiss, PostCommit, Report,
+    SlowFailure, Suggestion, SuggestionKind, TierUsage, WindowReport,
 };
 use switchyard_admin::wire::Class;
 
@@ -63,7 +63,42 @@ pub fn from_store(
         by_key.entry(r.key).or_insert_with(|| r.clone());
     }
     let records: Vec<RequestRecord> = by_key.into_values().collect();
-    Ok(build(&records, scope, names))
+    let label = |chatgpt_or_id: &str| {
+        names
+            .iter()
+            .find(|(c, (id, _, _))| *c == chatgpt_or_id || id == chatgpt_or_id)
+            .map_or_else(|| chatgpt_or_id.to_string(), |(_, (_, l, _))| l.clone())
+    };
+    let mut spends: Vec<(u64, CreditSpendLine)> = store
+        .load_credit_spends()?
+        .into_iter()
+        .filter(|(_, s)| s.started_ms >= from)
+        .map(|(redeem, s)| {
+            let line = CreditSpendLine {
+                at: crate::base::clock::rfc3339(s.started_ms / 1000),
+                account: label(&s.account),
+                need: s.need,
+                outcome: s.outcome.unwrap_or_else(|| "unsettled".into()),
+                windows_reset: s.windows_reset,
+                request: s.request.map(super::records::RequestLog::id_of),
+                error: s.error.map(|e| format!("{e}; redeem id {redeem}")),
+            };
+            (s.started_ms, line)
+        })
+        .collect();
+    spends.sort_by_key(|(at, _)| *at);
+    let mut report = build(&records, scope, names);
+    for w in &mut report.windows {
+        let since = scope
+            .now_ms
+            .saturating_sub(w.minutes.saturating_mul(60_000));
+        w.credit_spends = spends
+            .iter()
+            .filter(|(at, _)| *at > since)
+            .map(|(_, l)| l.clone())
+            .collect();
+    }
+    Ok(report)
 }
 
 /// What a report covers: its windows (minutes, ending at `now_ms`) and how slow a failure
@@ -126,7 +161,24 @@ fn window(
     // account -> (attempts, (class, status, message, rule) -> count)
     type Groups = BTreeMap<(String, Option<u16>, String, Option<String>), u64>;
     let mut accounts: BTreeMap<String, (u64, Groups)> = BTreeMap::new();
+    let mut tiers: BTreeMap<(String, String), TierUsage> = BTreeMap::new();
     for r in records {
+        if matches!(r.outcome, Outcome::Success | Outcome::Incomplete) {
+            let asked = r.service_tier.clone().unwrap_or_else(|| "default".into());
+            let claimed = r.served_tier.clone().unwrap_or_else(|| "unknown".into());
+            let t = tiers
+                .entry((asked.clone(), claimed.clone()))
+                .or_insert(TierUsage {
+                    asked,
+                    claimed,
+                    ..TierUsage::default()
+                });
+            t.requests += 1;
+            if let Some(u) = r.usage {
+                t.input_tokens += u.input_tokens;
+                t.output_tokens += u.output_tokens;
+            }
+        }
         let (pool, _) = tally(r);
         w.requests += pool.requests;
         w.client_errors += pool.client_errors;
@@ -205,6 +257,7 @@ fn window(
                 .or_default() += 1;
         }
     }
+    w.tiers = tiers.into_values().collect();
     w.client_error_rate = rate(w.client_errors, w.requests);
     w.upstream_error_rate = rate(w.upstream_errors, w.requests);
     w.failover_success_rate = rate(w.failovers_saved, w.failovers);

@@ -80,6 +80,17 @@ async fn a_dry_pool_spends_one_credit_and_the_request_is_served() {
     let again = gw.stream(&body_plain("gpt-5.5", "again", true), &[]).await;
     assert_eq!(again.last().0, "response.completed");
     assert_eq!(consumes(&gw, &b).len(), 1);
+    // The report lists the spend with the request it served.
+    let dir = gw.dir.clone();
+    let out = tokio::task::spawn_blocking(move || crate::common::cli(&dir, &["report"]))
+        .await
+        .unwrap();
+    let text = crate::common::stdout(&out);
+    let line = text
+        .lines()
+        .find(|l| l.contains("(when_dry): reset"))
+        .unwrap_or_else(|| panic!("no spend in:\n{text}"));
+    assert!(line.contains(rec["id"].as_str().unwrap()), "{line}");
 }
 
 #[tokio::test]

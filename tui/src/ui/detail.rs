@@ -76,6 +76,17 @@ pub fn render(frame: &mut Frame, area: Rect, app: &App, id: &str) {
             },
         ),
         field(
+            "tier",
+            match (&r.service_tier, &r.served_tier) {
+                (None, None) => "default asked · the answer named none".to_string(),
+                (asked, claimed) => format!(
+                    "{} asked · {} claimed by the answer (a claim, not proof)",
+                    asked.as_deref().unwrap_or("default"),
+                    claimed.as_deref().unwrap_or("none")
+                ),
+            },
+        ),
+        field(
             "transport",
             match r.ws_connect_ms {
                 Some(ms) => format!(
@@ -96,6 +107,20 @@ pub fn render(frame: &mut Frame, area: Rect, app: &App, id: &str) {
                     a => a.to_string(),
                 }
             ),
+        ),
+        field(
+            "credit",
+            r.credit_spend
+                .as_ref()
+                .map_or("no reset credit spent".to_string(), |c| {
+                    format!(
+                        "reset credit on {}: {} · {} window(s) reset · redeem {}",
+                        s.account_name(&c.account),
+                        c.outcome,
+                        c.windows_reset,
+                        c.redeem_id
+                    )
+                }),
         ),
         field(
             "queue",

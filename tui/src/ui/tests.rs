@@ -204,6 +204,17 @@ fn fixture() -> App {
     failover.transport = "ws_connected".into();
     failover.ws = true;
     failover.ws_connect_ms = Some(12);
+    failover.service_tier = Some("priority".into());
+    failover.served_tier = Some("default".into());
+    failover.credit_spend = Some(switchyard_admin::wire::CreditSpend {
+        account: "chatgpt-2".into(),
+        redeem_id: "r-1".into(),
+        outcome: "reset".into(),
+        windows_reset: 2,
+        error: None,
+        need: None,
+        at: None,
+    });
     failover.affinity = "rebound(quota)".into();
     failover.queue = Some(QueueWait {
         queue: "pool".into(),
@@ -442,6 +453,8 @@ fn enter_opens_the_full_record() {
         has(&s, "1. sim-acct-1 quota · status 429 · pre_headers");
         has(&s, "rule quota text");
         has(&s, "terminal    upstream: the backend's own answer");
+        has(&s, "priority asked · default claimed by the answer");
+        has(&s, "reset credit on sim-acct-2: reset · 2 window(s) reset");
     }
     app.on_key(key(KeyCode::Esc));
     assert_eq!(app.overlay, Overlay::None);
