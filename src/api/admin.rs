@@ -264,13 +264,24 @@ async fn probe_account(
         d.probe(&id).await;
     } else if now == Some(AccountState::Probing) {
         d.prove(&id).await;
-    } else if let Err(f) = d.poll_usage(&id).await {
-        return Err(ApiError::new(
-            axum::http::StatusCode::BAD_GATEWAY,
-            "server_error",
-            Some("probe_failed"),
-            format!("usage probe failed: {}", f.summary()),
-        ));
+    } else {
+        match d.poll_usage(&id).await {
+            Err(f) => {
+                return Err(ApiError::new(
+                    axum::http::StatusCode::BAD_GATEWAY,
+                    "server_error",
+                    Some("probe_failed"),
+                    format!("usage probe failed: {}", f.summary()),
+                ));
+            }
+            // Banked credits: their list says when the soonest expires.
+            Ok(snap) if snap.reset_credits.is_some_and(|n| n > 0) => {
+                if let Err(e) = d.list_credits(&id).await {
+                    tracing::debug!(account = %id, error = %e, "reset credits not listed");
+                }
+            }
+            Ok(_) => {}
+        }
     }
     state
         .fleet

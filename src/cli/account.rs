@@ -443,8 +443,13 @@ pub(super) fn account_table(accounts: &[wire::Account]) -> String {
             .filter(|n| *n > 0)
         {
             let s = if n == 1 { "" } else { "s" };
+            let soonest = a
+                .quota
+                .as_ref()
+                .and_then(|q| q.reset_credit_expires_at.as_deref())
+                .map_or(String::new(), |at| format!(" (the soonest expires {at})"));
             out.push_str(&format!(
-                "{}: {n} rate-limit reset credit{s} banked\n",
+                "{}: {n} rate-limit reset credit{s} banked{soonest}\n",
                 a.id
             ));
         }

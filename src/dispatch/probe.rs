@@ -322,10 +322,14 @@ impl Dispatcher {
                             Err(e) => {
                                 tracing::debug!(account = %a.id, error = %e.summary(), "usage poll failed");
                             }
-                            // Banked credits: when the soonest expires.
+                            // Banked credits: when the soonest expires (and whether one
+                            // would lapse unspent: looked at now).
                             Ok(snap) if snap.reset_credits.is_some_and(|n| n > 0) => {
-                                if let Err(e) = d.list_credits(&a.id).await {
-                                    tracing::debug!(account = %a.id, error = %e, "reset credits not listed");
+                                match d.list_credits(&a.id).await {
+                                    Ok(_) => expiry_due = tokio::time::Instant::now(),
+                                    Err(e) => {
+                                        tracing::debug!(account = %a.id, error = %e, "reset credits not listed");
+                                    }
                                 }
                             }
                             Ok(_) => {}

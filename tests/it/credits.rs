@@ -260,3 +260,40 @@ async fn an_operator_resets_a_spent_window_from_the_command_line() {
     assert_eq!(available(&gw, &b), 0);
     assert_eq!(consumes(&gw, &b).len(), 1);
 }
+
+fn before_expiry(c: &mut Config) {
+    c.credits.auto = Auto::BeforeExpiry;
+}
+
+#[tokio::test]
+async fn a_credit_that_would_lapse_before_its_window_resets_is_spent() {
+    let gw = Gw::start_with(1, before_expiry).await;
+    let a = gw.rr_order()[0].clone();
+    assert!(gw.sim.sim.set_usage(&a, 100.0, 40.0));
+    // It expires in an hour; the spent 5-hour window resets later than that.
+    gw.sim
+        .sim
+        .grant_credits(&a, 1, Duration::from_secs(3600))
+        .unwrap();
+    let sse = gw.stream(&body_plain("gpt-5.5", "hi", true), &[]).await;
+    assert_eq!(sse.status, 429, "not when_dry: the request gets its answer");
+    assert_eq!(gw.account(&a).await["state"], "cooling");
+    assert!(consumes(&gw, &a).is_empty());
+    // The poller reads the credit, sees it would lapse, and spends it.
+    let sim = gw.sim.sim.clone();
+    let a2 = a.clone();
+    until("the credit to be spent", || {
+        let n = sim
+            .reset_credits(&a2)
+            .map_or(1, |l| l["available_count"].as_u64().unwrap_or(1));
+        std::future::ready(n == 0)
+    })
+    .await;
+    assert_eq!(consumes(&gw, &a).len(), 1);
+    until("the account to be back", || async {
+        gw.account(&a).await["state"] == "ready"
+    })
+    .await;
+    let again = gw.stream(&body_plain("gpt-5.5", "after", true), &[]).await;
+    assert_eq!(again.last().0, "response.completed");
+}

@@ -336,3 +336,24 @@ async fn a_target_without_what_it_needs_is_refused_by_name() {
     let err = crate::common::stderr(&out);
     assert!(err.contains("notify") && err.contains("bot_token"), "{err}");
 }
+
+#[tokio::test]
+async fn low_pool_headroom_reaches_the_webhook_with_its_figure() {
+    let gw = Gw::start_with(2, hooked).await;
+    for id in gw.rr_order() {
+        assert!(gw.sim.sim.set_usage(&id, 96.0, 20.0));
+    }
+    // Each answer's headers carry the windows: the pool has 4 % left.
+    for i in 0..2 {
+        let sse = gw
+            .stream(&body_plain("gpt-5.5", &format!("near {i}"), true), &[])
+            .await;
+        assert_eq!(sse.last().0, "response.completed");
+    }
+    until_delivered(&gw, "pool_headroom_low", 1).await;
+    let (_, low) = delivered(&gw, "pool_headroom_low").remove(0);
+    assert_eq!(low["headroom_percent"], 4.0, "{low}");
+    assert!(low["message"].as_str().unwrap().contains("4%"), "{low}");
+    // That it is told once per incident is `notify::tests::low_headroom_is_told_once_…`.
+    assert_eq!(delivered(&gw, "pool_headroom_low").len(), 1);
+}

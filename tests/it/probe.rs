@@ -222,6 +222,10 @@ async fn the_usage_polls_reset_credits_are_kept_and_shown() {
         .unwrap();
     let probed = probe(&gw, &a).await;
     assert_eq!(probed["quota"]["reset_credits"], 2, "{probed}");
+    assert!(
+        probed["quota"]["reset_credit_expires_at"].is_string(),
+        "{probed}"
+    );
     let line = format!("switchyard_account_reset_credits{{account=\"{a}\"}} 2\n");
     assert!(gw.metrics_text().await.contains(&line));
     // A request's answer headers update the windows; the count stays.
@@ -235,7 +239,7 @@ async fn the_usage_polls_reset_credits_are_kept_and_shown() {
     let listed = crate::common::stdout(&out);
     assert!(
         listed.contains(&format!(
-            "{}: 2 rate-limit reset credits banked",
+            "{}: 2 rate-limit reset credits banked (the soonest expires 20",
             gw.ids[&a]
         )),
         "{listed}"
