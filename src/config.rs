@@ -8,7 +8,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use serde::{Deserialize, Deserializer, Serialize};
 
 use crate::base::duration::text as duration;
 use crate::telemetry::LogConfig;
@@ -189,14 +189,14 @@ pub struct AdminConfig {
     /// When set, the admin API is also served on the main listener with this bearer token.
     #[serde(
         skip_serializing_if = "Option::is_none",
-        serialize_with = "masked",
+        serialize_with = "crate::store::secrets::masked",
         deserialize_with = "non_empty_secret"
     )]
     pub token: Option<Secret>,
     /// When set, `/metrics` answers only requests with this bearer token (or the admin token).
     #[serde(
         skip_serializing_if = "Option::is_none",
-        serialize_with = "masked",
+        serialize_with = "crate::store::secrets::masked",
         deserialize_with = "non_empty_secret"
     )]
     pub metrics_token: Option<Secret>,
@@ -425,13 +425,6 @@ fn non_empty_secret<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Secret>, D
         ));
     }
     Ok(Some(Secret::new(s)))
-}
-
-pub(crate) fn masked<S: Serializer>(v: &Option<Secret>, s: S) -> Result<S::Ok, S::Error> {
-    match v {
-        Some(_) => s.serialize_str("***"),
-        None => s.serialize_none(),
-    }
 }
 
 /// The documented default configuration, printed by `switchyard config default`.

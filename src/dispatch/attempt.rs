@@ -78,7 +78,7 @@ pub(crate) struct Trace {
     /// Attempts that showed nothing within the first-output timeout.
     pub first_output_timeouts: u32,
     /// The reset-credit spend this request's need made.
-    pub credit: Option<super::credits::SpendOutcome>,
+    pub credit: Option<crate::telemetry::records::CreditSpend>,
     /// The `service_tier` the answer claimed.
     pub served_tier: Option<String>,
 }

@@ -20,7 +20,6 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::Dispatcher;
-use super::probe::PollError;
 use crate::base::clock::parse_rfc3339_ms;
 use crate::base::duration::text as duration;
 use crate::store::records::CreditSpendRecord;
@@ -192,7 +191,7 @@ impl Dispatcher {
             .fleet
             .ensure_fresh(id, None, self.upstream.as_ref())
             .await
-            .map_err(|e| PollError::Token(e).summary())?;
+            .map_err(|e| e.summary())?;
         let list = self
             .upstream
             .reset_credits(&identity)
@@ -379,7 +378,7 @@ impl Dispatcher {
             .ensure_fresh(&id, None, self.upstream.as_ref())
             .await
         {
-            Err(e) => Err((false, PollError::Token(e).summary())),
+            Err(e) => Err((false, e.summary())),
             Ok(identity) => {
                 let call =
                     self.upstream

@@ -39,8 +39,7 @@ pub enum PollError {
 impl PollError {
     pub fn summary(&self) -> String {
         match self {
-            PollError::Token(TokenError::Failed { why, .. }) => why.clone(),
-            PollError::Token(TokenError::Missing) => "the account has no tokens".into(),
+            PollError::Token(e) => e.summary(),
             PollError::Upstream(f) => f.summary(),
         }
     }

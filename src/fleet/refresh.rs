@@ -118,6 +118,16 @@ pub enum TokenError {
     Missing,
 }
 
+impl TokenError {
+    /// What went wrong, in a few words.
+    pub fn summary(&self) -> String {
+        match self {
+            TokenError::Failed { why, .. } => why.clone(),
+            TokenError::Missing => "the account has no tokens".into(),
+        }
+    }
+}
+
 impl Fleet {
     /// Due when less than the skew is left — or, for tokens issued with a lifetime shorter
     /// than twice the skew, less than half their lifetime (else every use would refresh).

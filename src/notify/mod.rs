@@ -159,21 +159,21 @@ pub struct NotifyTarget {
     #[serde(
         default,
         skip_serializing_if = "Option::is_none",
-        serialize_with = "crate::config::masked"
+        serialize_with = "crate::store::secrets::masked"
     )]
     pub secret: Option<Secret>,
     /// The ntfy access token.
     #[serde(
         default,
         skip_serializing_if = "Option::is_none",
-        serialize_with = "crate::config::masked"
+        serialize_with = "crate::store::secrets::masked"
     )]
     pub token: Option<Secret>,
     /// The Telegram bot's token.
     #[serde(
         default,
         skip_serializing_if = "Option::is_none",
-        serialize_with = "crate::config::masked"
+        serialize_with = "crate::store::secrets::masked"
     )]
     pub bot_token: Option<Secret>,
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -49,6 +49,14 @@ impl fmt::Display for Secret {
     }
 }
 
+/// Serializes a secret that may be set as `***` (the printed configuration).
+pub fn masked<S: serde::Serializer>(v: &Option<Secret>, s: S) -> Result<S::Ok, S::Error> {
+    match v {
+        Some(_) => s.serialize_str("***"),
+        None => s.serialize_none(),
+    }
+}
+
 /// Seals and opens values with the state directory's key.
 #[derive(Clone)]
 pub struct Sealer {
