@@ -160,6 +160,25 @@ fn redeem_id() -> String {
     )
 }
 
+/// A consume answer's outcome in snake case: the backend's `code` (the app server's camelCase
+/// names, `outcome` in its shape, read the same).
+fn outcome_code(v: &Value) -> String {
+    let raw = v["code"]
+        .as_str()
+        .or_else(|| v["outcome"].as_str())
+        .unwrap_or("unknown");
+    let mut out = String::with_capacity(raw.len() + 4);
+    for c in raw.chars() {
+        if c.is_ascii_uppercase() {
+            out.push('_');
+            out.push(c.to_ascii_lowercase());
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
 /// The soonest-expiring available credit of a list answer, and how many are available.
 fn soonest(list: &Value) -> (u64, Option<(String, u64)>) {
     let credits = list["credits"].as_array().map_or(&[][..], Vec::as_slice);
@@ -395,9 +414,11 @@ impl Dispatcher {
         let now = self.fleet.clock().now_ms();
         match answer {
             Ok(v) => {
-                let code = v["code"].as_str().unwrap_or("unknown").to_string();
-                record.outcome = Some(code);
-                record.windows_reset = v["windows_reset"].as_u64().unwrap_or(0);
+                record.outcome = Some(outcome_code(&v));
+                record.windows_reset = v["windows_reset"]
+                    .as_u64()
+                    .or_else(|| v["windowsReset"].as_u64())
+                    .unwrap_or(0);
                 record.finished_ms = Some(now);
                 record.error = None;
             }
@@ -506,6 +527,20 @@ mod tests {
             parse_rfc3339_ms("2026-12-20T00:00:00Z").unwrap() / 1000
         );
         assert_eq!(soonest(&json!({"credits": []})), (0, None));
+    }
+
+    #[test]
+    fn consume_codes_read_in_either_case() {
+        assert_eq!(
+            outcome_code(&json!({"code": "nothing_to_reset"})),
+            "nothing_to_reset"
+        );
+        assert_eq!(
+            outcome_code(&json!({"code": "alreadyRedeemed"})),
+            "already_redeemed"
+        );
+        assert_eq!(outcome_code(&json!({"outcome": "noCredit"})), "no_credit");
+        assert_eq!(outcome_code(&json!({})), "unknown");
     }
 
     #[test]
