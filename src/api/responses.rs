@@ -274,25 +274,77 @@ async fn handle(
     body: Body,
     compact: bool,
 ) -> Response {
-    let received = Instant::now();
-    let key = match authenticate(&state, &headers) {
-        Ok(k) => k,
+    let kind = if compact { Turn::Compact } else { Turn::Http };
+    let admitted = match admit_and_read(&state, conn, &headers, body, kind).await {
+        Ok(a) => a,
+        Err(resp) => return resp,
+    };
+    let ctx = match request_ctx_from_bytes(
+        &state,
+        &admitted.key,
+        &headers,
+        admitted.bytes.clone(),
+        kind,
+        admitted.received,
+    ) {
+        Ok(c) => c,
         Err(e) => return e.into_response(),
     };
-    let kind = if compact { Turn::Compact } else { Turn::Http };
-    // Judged on its head first: a body too large by its own word, then the key's policy
-    // (all of it but the model, which is in the body), holding one of the key's slots while
-    // the body is read.
-    if let Some(e) = declared_too_large(&state, &headers) {
-        return closing(e.into_response());
+    let mode = ctx.mode;
+    let rx = admitted.dispatch(&state, ctx);
+    respond(
+        rx,
+        mode == Mode::Stream,
+        state.dispatcher.current().keepalive_after,
+    )
+    .await
+}
+
+/// A request admitted on its head, with its body read (and paid for in the key's memory).
+pub struct Admitted {
+    pub key: KeyIdentity,
+    pub bytes: Bytes,
+    pub received: Instant,
+    permit: Arc<crate::keys::KeyPermit>,
+    charge: Charge,
+    conn: Option<Arc<ClientConn>>,
+}
+
+impl Admitted {
+    /// Hands the request to the dispatcher with the admission's slot and memory; its frames
+    /// come on the returned channel.
+    pub fn dispatch(self, state: &AppState, mut ctx: RequestCtx) -> mpsc::Receiver<Frame> {
+        ctx.key_permit = Some(self.permit);
+        ctx.memory = Some(Arc::new(self.charge));
+        ctx.stalled = self.conn.map(|c| c.stall_flag());
+        let (tx, rx) = mpsc::channel(64);
+        state.dispatcher.spawn(ctx, tx);
+        rx
+    }
+}
+
+/// What every `/v1` POST does before its body means anything: the key, a body too large by
+/// its own word, the key's policy on the head (holding one of its slots while the body is
+/// read), then the body within its limits. `Err` is the answer to give.
+pub async fn admit_and_read(
+    state: &Arc<AppState>,
+    conn: Conn,
+    headers: &HeaderMap,
+    body: Body,
+    kind: Turn,
+) -> Result<Admitted, Response> {
+    let received = Instant::now();
+    let key = authenticate(state, headers).map_err(IntoResponse::into_response)?;
+    if let Some(e) = declared_too_large(state, headers) {
+        return Err(closing(e.into_response()));
     }
     let conn = conn.map(|axum::Extension(c)| c);
-    let head = head_ctx(&key, &headers, kind, received);
+    let head = head_ctx(&key, headers, kind, received);
     let permit = match state
         .dispatcher
         .admit_head(
             &head,
-            declared_length(&headers).unwrap_or(0),
+            declared_length(headers).unwrap_or(0),
             std::future::pending(),
         )
         .await
@@ -301,38 +353,28 @@ async fn handle(
         Err(tail) => {
             let _reading = conn.as_ref().map(ClientConn::reading_body);
             // Read and dropped, so the client sees the answer rather than a reset.
-            return match read_limited(&state, &headers, body, false, None).await {
-                Ok(_) => tail_response(tail),
-                Err(e) => closing(e.into_response()),
-            };
+            return Err(
+                match read_limited(state, headers, body, false, None).await {
+                    Ok(_) => tail_response(tail),
+                    Err(e) => closing(e.into_response()),
+                },
+            );
         }
     };
-    // The body is paid for in the key's memory as it arrives, and while the request runs.
     let mut charge = state.key_memory.charge(&key.id);
     let bytes = {
         let _reading = conn.as_ref().map(ClientConn::reading_body);
-        read_body(&state, &headers, body, Some(&mut charge)).await
+        read_body(state, headers, body, Some(&mut charge)).await
     };
-    let bytes = match bytes {
-        Ok(b) => b,
-        Err(e) => return closing(e.into_response()),
-    };
-    let mut ctx = match request_ctx_from_bytes(&state, &key, &headers, bytes, kind, received) {
-        Ok(c) => c,
-        Err(e) => return e.into_response(),
-    };
-    ctx.key_permit = Some(permit);
-    ctx.memory = Some(Arc::new(charge));
-    ctx.stalled = conn.map(|c| c.stall_flag());
-    let mode = ctx.mode;
-    let (tx, rx) = mpsc::channel(64);
-    state.dispatcher.spawn(ctx, tx);
-    respond(
-        rx,
-        mode == Mode::Stream,
-        state.dispatcher.current().keepalive_after,
-    )
-    .await
+    let bytes = bytes.map_err(|e| closing(e.into_response()))?;
+    Ok(Admitted {
+        key,
+        bytes,
+        received,
+        permit,
+        charge,
+        conn,
+    })
 }
 
 /// An answer after which the connection is closed: what is left of the request's body is
