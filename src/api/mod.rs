@@ -3,6 +3,7 @@
 
 pub mod admin;
 pub mod error;
+pub mod front;
 pub mod health;
 pub mod models;
 pub mod responses;
@@ -393,6 +394,7 @@ pub fn router(state: Arc<AppState>) -> Router {
     let v1 = Router::new()
         .route("/v1/responses", post(responses::create).get(ws::upgrade))
         .route("/v1/responses/compact", post(responses::compact))
+        .route("/v1/chat/completions", post(front::chat::completions))
         .route("/v1/models", get(models::list))
         .route("/v1/models/{id}", get(models::retrieve))
         .route("/v1/usage", get(usage::usage))

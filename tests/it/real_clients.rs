@@ -528,3 +528,50 @@ async fn codex_cli_reaches_the_backend_with_the_committed_wire_names_and_no_devi
     let upgrades = recorded.iter().filter(|r| r.method == "GET").count();
     assert!(upgrades >= 2, "{upgrades} WebSocket connections");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn openai_python_sdk_chat_completions_plain_streamed_and_with_a_tool_while_an_account_fails()
+{
+    let gw = Gw::start(2).await;
+    let first = gw.rr_order()[0].clone();
+    gw.fault(&first, FaultKind::ServerError { status: 503 }, Some(1));
+    let v = python_client(&gw, "openai_chat.py").await;
+    assert_eq!(v["plain_object"], "chat.completion", "{v}");
+    assert!(
+        v["plain_text"].as_str().unwrap().contains("sim-acct"),
+        "{v}"
+    );
+    assert_eq!(v["plain_finish"], "stop");
+    assert!(
+        v["plain_usage"]["prompt_tokens"].as_u64().unwrap() > 0,
+        "{v}"
+    );
+    assert!(
+        v["stream_text"].as_str().unwrap().contains("simulated"),
+        "{v}"
+    );
+    assert_eq!(v["stream_finish"], "stop");
+    assert!(
+        v["stream_usage"]["total_tokens"].as_u64().unwrap() > 0,
+        "{v}"
+    );
+    assert_eq!(v["tool_finish"], "tool_calls", "{v}");
+    assert_eq!(v["tool_name"], "exec_command");
+    assert_eq!(v["tool_args"]["cmd"], "echo hello");
+    assert!(v["tool_reply"].as_str().unwrap().contains("hello"), "{v}");
+    assert_eq!(v["n2"], "unsupported_value", "{v}");
+    // The failing account was invisible; each request is one record, named by its front door.
+    let recs = gw.requests(10).await;
+    let chats: Vec<_> = recs
+        .iter()
+        .filter(|r| r["path"] == "/v1/chat/completions")
+        .collect();
+    assert_eq!(chats.len(), 4, "{recs:?}");
+    assert!(chats.iter().all(|r| r["outcome"] == "success"), "{chats:?}");
+    assert!(
+        chats
+            .iter()
+            .any(|r| r["attempts"].as_array().unwrap().len() == 2),
+        "one failed over"
+    );
+}
