@@ -43,11 +43,21 @@ pub struct Config {
     pub rules: Vec<crate::fleet::rules::Rule>,
     /// When rate-limit reset credits are spent without an operator.
     pub credits: crate::dispatch::credits::CreditsConfig,
+    /// `[front_doors.*]`: how the other front doors map onto the pool.
+    pub front_doors: FrontDoors,
     /// `[warmup]`: idle accounts' 5-hour windows started early, at these local times.
     pub warmup: crate::dispatch::warmup::WarmupConfig,
     /// `[[notify]]`: where the operator is told of dead logins, a dry pool, spent credits.
     #[serde(deserialize_with = "crate::notify::checked_targets")]
     pub notify: Vec<crate::notify::NotifyTarget>,
+}
+
+/// The front doors beside `/v1/responses`.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct FrontDoors {
+    /// `/v1/messages`: Anthropic model names -> pool models.
+    pub anthropic: crate::dispatch::ModelMap,
 }
 
 /// A model's API price in USD per million tokens.

@@ -395,6 +395,11 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/responses", post(responses::create).get(ws::upgrade))
         .route("/v1/responses/compact", post(responses::compact))
         .route("/v1/chat/completions", post(front::chat::completions))
+        .route("/v1/messages", post(front::messages::create))
+        .route(
+            "/v1/messages/count_tokens",
+            post(front::messages::count_tokens),
+        )
         .route("/v1/models", get(models::list))
         .route("/v1/models/{id}", get(models::retrieve))
         .route("/v1/usage", get(usage::usage))

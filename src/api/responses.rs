@@ -32,6 +32,7 @@ const KEEPALIVE_EVERY: Duration = Duration::from_secs(10);
 
 /// Checks the client key (`Authorization: Bearer sk-sy-…`).
 pub fn authenticate(state: &AppState, headers: &HeaderMap) -> Result<KeyIdentity, ApiError> {
+    // `x-api-key` too: the Anthropic SDKs and Claude Code send the key there.
     let presented = headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
@@ -39,6 +40,7 @@ pub fn authenticate(state: &AppState, headers: &HeaderMap) -> Result<KeyIdentity
             v.strip_prefix("Bearer ")
                 .or_else(|| v.strip_prefix("bearer "))
         })
+        .or_else(|| headers.get("x-api-key").and_then(|v| v.to_str().ok()))
         .map(str::trim);
     let Some(presented) = presented.filter(|p| !p.is_empty()) else {
         return Err(ApiError::unauthorized(
@@ -724,7 +726,7 @@ fn encode(frame: Frame) -> Option<Bytes> {
 
 const KEEPALIVE: &[u8] = b": keep-alive\n\n";
 
-fn error_response(reply: ErrorReply) -> Response {
+pub fn error_response(reply: ErrorReply) -> Response {
     let mut resp = Response::new(Body::from(reply.body));
     *resp.status_mut() = StatusCode::from_u16(reply.status).unwrap_or(StatusCode::BAD_GATEWAY);
     if let Ok(ct) = HeaderValue::from_str(&reply.content_type) {

@@ -182,6 +182,7 @@ pub(super) fn dispatch_config(config: &Config) -> DispatchConfig {
         access_log: config.log.access,
         credits: config.credits.clone(),
         warmup: config.warmup.clone(),
+        anthropic: config.front_doors.anthropic.clone(),
         ..DispatchConfig::default()
     }
 }

@@ -66,6 +66,34 @@ pub struct DispatchConfig {
     pub credits: credits::CreditsConfig,
     /// `[warmup]`: when idle accounts' windows are started early.
     pub warmup: warmup::WarmupConfig,
+    /// `[front_doors.anthropic]`: which pool model an Anthropic model name means.
+    pub anthropic: ModelMap,
+}
+
+/// A front door's model names -> pool models: globs (`claude-sonnet-*`), tried in name
+/// order, then `default`; a name neither covers is used as it is.
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ModelMap {
+    pub models: BTreeMap<String, String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub default: Option<String>,
+}
+
+impl ModelMap {
+    pub fn resolve(&self, name: &str) -> String {
+        self.models
+            .get(name)
+            .or_else(|| {
+                self.models
+                    .iter()
+                    .find(|(pattern, _)| crate::base::glob::glob_match(pattern, name))
+                    .map(|(_, m)| m)
+            })
+            .or(self.default.as_ref())
+            .cloned()
+            .unwrap_or_else(|| name.to_string())
+    }
 }
 
 impl Default for DispatchConfig {
@@ -84,6 +112,7 @@ impl Default for DispatchConfig {
             access_log: false,
             credits: credits::CreditsConfig::default(),
             warmup: warmup::WarmupConfig::default(),
+            anthropic: ModelMap::default(),
         }
     }
 }

@@ -575,3 +575,87 @@ async fn openai_python_sdk_chat_completions_plain_streamed_and_with_a_tool_while
         "one failed over"
     );
 }
+
+/// Runs `tests/clients/anthropic_messages.py` against the gateway's origin.
+async fn anthropic_client(gw: &Gw, model: &str) -> Value {
+    let mut cmd = Command::new(python());
+    cmd.arg(repo().join("tests/clients/anthropic_messages.py"))
+        .arg(gw.url(""))
+        .arg(&gw.key)
+        .arg(model);
+    let out = run(cmd).await;
+    assert!(
+        out.status.success(),
+        "anthropic_messages.py failed:\n{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+fn claude_on_the_pool(c: &mut switchyard::config::Config) {
+    c.front_doors
+        .anthropic
+        .models
+        .insert("claude-sonnet-*".into(), "gpt-5.5".into());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn anthropic_python_sdk_messages_plain_streamed_with_thinking_and_a_tool_while_an_account_fails()
+ {
+    let gw = Gw::start_with(2, claude_on_the_pool).await;
+    let first = gw.rr_order()[0].clone();
+    gw.fault(&first, FaultKind::ServerError { status: 503 }, Some(1));
+    let v = anthropic_client(&gw, "claude-sonnet-4-5").await;
+    assert_eq!(v["plain_type"], "message", "{v}");
+    assert!(
+        v["plain_text"].as_str().unwrap().contains("sim-acct"),
+        "{v}"
+    );
+    assert_eq!(v["plain_stop"], "end_turn");
+    assert!(
+        v["plain_usage"]["input_tokens"].as_u64().unwrap() > 0,
+        "{v}"
+    );
+    let kinds: Vec<&str> = v["stream_kinds"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|k| k.as_str().unwrap())
+        .collect();
+    assert_eq!(kinds.first(), Some(&"message_start"), "{v}");
+    assert_eq!(kinds.last(), Some(&"message_stop"), "{v}");
+    assert!(kinds.contains(&"content_block_start") && kinds.contains(&"message_delta"));
+    assert_eq!(v["stream_blocks"][0], "thinking", "{v}");
+    assert!(
+        v["stream_text"].as_str().unwrap().contains("simulated"),
+        "{v}"
+    );
+    assert_eq!(v["tool_stop"], "tool_use", "{v}");
+    assert_eq!(v["tool_name"], "exec_command");
+    assert_eq!(v["tool_input"]["cmd"], "echo hello");
+    assert!(v["tool_reply"].as_str().unwrap().contains("hello"), "{v}");
+    assert!(v["count"].as_u64().unwrap() > 0);
+    assert_eq!(v["bad_key"], "authentication_error", "{v}");
+    let recs = gw.requests(10).await;
+    let doors: Vec<_> = recs
+        .iter()
+        .filter(|r| r["path"] == "/v1/messages")
+        .collect();
+    assert_eq!(
+        doors.len(),
+        4,
+        "count_tokens and the refused key touch no account"
+    );
+    assert!(
+        doors
+            .iter()
+            .all(|r| r["outcome"] == "success" && r["model"] == "gpt-5.5")
+    );
+    assert!(
+        doors
+            .iter()
+            .any(|r| r["attempts"].as_array().unwrap().len() == 2),
+        "one failed over"
+    );
+}

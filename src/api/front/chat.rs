@@ -16,7 +16,7 @@ use std::sync::Arc;
 
 use axum::body::{Body, Bytes};
 use axum::extract::State;
-use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::http::{HeaderMap, HeaderValue, header};
 use axum::response::{IntoResponse, Response};
 use serde_json::{Map, Value, json};
 use sha2::{Digest, Sha256};
@@ -24,7 +24,7 @@ use tokio::sync::mpsc;
 
 use crate::api::AppState;
 use crate::api::error::ApiError;
-use crate::api::responses::{self, Conn, Turn};
+use crate::api::responses::{self, Conn, Turn, error_response};
 use crate::dispatch::{ErrorReply, Frame};
 use crate::upstream::event::Event;
 
@@ -486,18 +486,6 @@ fn sse_data(values: &[Value]) -> Bytes {
 
 fn parsed(e: &Event) -> Value {
     serde_json::from_slice(e.data()).unwrap_or(Value::Null)
-}
-
-fn error_response(reply: ErrorReply) -> Response {
-    let mut resp = Response::new(Body::from(reply.body));
-    *resp.status_mut() = StatusCode::from_u16(reply.status).unwrap_or(StatusCode::BAD_GATEWAY);
-    if let Ok(ct) = HeaderValue::from_str(&reply.content_type) {
-        resp.headers_mut().insert(header::CONTENT_TYPE, ct);
-    }
-    for (k, v) in reply.headers {
-        resp.headers_mut().append(k, v);
-    }
-    resp
 }
 
 pub async fn completions(

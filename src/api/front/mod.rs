@@ -1,5 +1,6 @@
 //! Front doors other than the Responses API, each a translation onto the Responses request the
 //! pool serves (so each inherits key policy, budgets, scheduling, affinity, failover and the
-//! request record): Chat Completions.
+//! request record): Chat Completions and Anthropic Messages.
 
 pub mod chat;
+pub mod messages;
