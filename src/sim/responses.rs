@@ -19,6 +19,8 @@ pub(crate) enum Plan {
     ExecCommand(String),
     /// The input ended with `compaction_trigger`: one `compaction` item.
     Compaction,
+    /// The request offers the `image_generation` tool: one image of this prompt.
+    Image(String),
 }
 
 /// Decides the answer from the request body (deterministic).
@@ -35,6 +37,13 @@ pub(crate) fn plan(request: &Value, account_id: &str) -> Plan {
     }
     let is_user_message = matches!(last["type"].as_str(), Some("message") | None)
         && last["role"].as_str() == Some("user");
+    if is_user_message
+        && request["tools"]
+            .as_array()
+            .is_some_and(|t| t.iter().any(|t| t["type"] == "image_generation"))
+    {
+        return Plan::Image(text_of(&last["content"]));
+    }
     if is_user_message && offers_exec_command(request) {
         let text = text_of(&last["content"]);
         if let Some(cmd) = run_command(&text) {
@@ -249,6 +258,10 @@ pub(crate) fn build(spec: &TurnSpec<'_>, plan: &Plan) -> Turn {
             output.push(compaction(&mut b, spec));
             (200, 0)
         }
+        Plan::Image(prompt) => {
+            output.push(image_call(&mut b, spec, prompt));
+            (prompt.len(), 0)
+        }
         Plan::ExecCommand(cmd) => {
             let thought = format!("The user asked me to run `{cmd}`, so I will call exec_command.");
             let (item, chars) = reasoning(&mut b, spec, "Running a command", &thought);
@@ -384,6 +397,45 @@ fn reasoning(b: &mut Builder, spec: &TurnSpec<'_>, title: &str, thought: &str) -
         json!({"output_index": 0, "item": item}),
     );
     (item, summary.len())
+}
+
+/// A 1×1 PNG, base64: what every simulated image is.
+pub(crate) const IMAGE_PNG_B64: &str = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGAhKmMIQAAAABJRU5ErkJggg==";
+
+fn image_call(b: &mut Builder, spec: &TurnSpec<'_>, prompt: &str) -> Value {
+    let ig = format!("ig_{}", spec.id_suffix);
+    let tool = spec.request["tools"]
+        .as_array()
+        .and_then(|t| t.iter().find(|t| t["type"] == "image_generation"))
+        .cloned()
+        .unwrap_or(Value::Null);
+    b.push(
+        "response.output_item.added",
+        json!({"output_index": 0, "item": {"id": ig, "type": "image_generation_call", "status": "in_progress"}}),
+    );
+    b.push(
+        "response.image_generation_call.in_progress",
+        json!({"output_index": 0, "item_id": ig}),
+    );
+    b.push(
+        "response.image_generation_call.generating",
+        json!({"output_index": 0, "item_id": ig}),
+    );
+    b.push(
+        "response.image_generation_call.completed",
+        json!({"output_index": 0, "item_id": ig}),
+    );
+    let item = json!({"id": ig, "type": "image_generation_call", "status": "completed",
+        "result": IMAGE_PNG_B64, "revised_prompt": format!("A picture of: {prompt}"),
+        "size": tool["size"].as_str().unwrap_or("1024x1024"),
+        "quality": tool["quality"].as_str().unwrap_or("auto"),
+        "output_format": tool["output_format"].as_str().unwrap_or("png"),
+        "background": tool["background"].as_str().unwrap_or("opaque")});
+    b.push(
+        "response.output_item.done",
+        json!({"output_index": 0, "item": item}),
+    );
+    item
 }
 
 fn exec_call(b: &mut Builder, spec: &TurnSpec<'_>, cmd: &str) -> Value {
