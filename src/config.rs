@@ -58,6 +58,9 @@ pub struct Config {
 pub struct FrontDoors {
     /// `/v1/messages`: Anthropic model names -> pool models.
     pub anthropic: crate::dispatch::ModelMap,
+    /// `/v1/images/*`: image model names -> the pool model that runs the image tool
+    /// (default: `[upstream] probe_model`).
+    pub images: crate::dispatch::ModelMap,
 }
 
 /// A model's API price in USD per million tokens.

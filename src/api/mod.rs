@@ -400,6 +400,8 @@ pub fn router(state: Arc<AppState>) -> Router {
             "/v1/messages/count_tokens",
             post(front::messages::count_tokens),
         )
+        .route("/v1/images/generations", post(front::images::generations))
+        .route("/v1/images/edits", post(front::images::edits))
         .route("/v1/models", get(models::list))
         .route("/v1/models/{id}", get(models::retrieve))
         .route("/v1/usage", get(usage::usage))

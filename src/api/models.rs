@@ -31,11 +31,45 @@ pub async fn list(
     if query.contains_key("client_version") {
         return Json(json!({ "models": models })).into_response();
     }
-    let data: Vec<Value> = models
+    let mut data: Vec<Value> = models
         .iter()
         .filter_map(|m| m["slug"].as_str())
-        .map(openai_model)
+        .map(|id| {
+            let mut m = openai_model(id);
+            m["front_doors"] = json!(["responses", "chat_completions"]);
+            m
+        })
         .collect();
+    // What the other front doors answer to: the model names their maps name outright.
+    let config = state.dispatcher.current();
+    let named = |map: &crate::dispatch::ModelMap| {
+        map.models
+            .iter()
+            .filter(|(k, _)| !k.contains(['*', '?']))
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect::<Vec<_>>()
+    };
+    for (name, target) in named(&config.anthropic) {
+        data.push(
+            json!({"id": name, "object": "model", "created": 0, "owned_by": "switchyard",
+            "front_doors": ["messages"], "serves": target}),
+        );
+    }
+    let mut images = named(&config.images);
+    if !images.iter().any(|(k, _)| k == "gpt-image-1") {
+        let host = config
+            .images
+            .default
+            .clone()
+            .unwrap_or_else(|| config.probe_model.clone());
+        images.push(("gpt-image-1".into(), host));
+    }
+    for (name, target) in images {
+        data.push(
+            json!({"id": name, "object": "model", "created": 0, "owned_by": "switchyard",
+            "front_doors": ["images"], "serves": target}),
+        );
+    }
     Json(json!({"object": "list", "data": data})).into_response()
 }
 

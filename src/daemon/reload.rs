@@ -183,6 +183,7 @@ pub(super) fn dispatch_config(config: &Config) -> DispatchConfig {
         credits: config.credits.clone(),
         warmup: config.warmup.clone(),
         anthropic: config.front_doors.anthropic.clone(),
+        images: config.front_doors.images.clone(),
         ..DispatchConfig::default()
     }
 }

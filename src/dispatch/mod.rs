@@ -68,6 +68,8 @@ pub struct DispatchConfig {
     pub warmup: warmup::WarmupConfig,
     /// `[front_doors.anthropic]`: which pool model an Anthropic model name means.
     pub anthropic: ModelMap,
+    /// `[front_doors.images]`: which pool model runs the image tool for an image model name.
+    pub images: ModelMap,
 }
 
 /// A front door's model names -> pool models: globs (`claude-sonnet-*`), tried in name
@@ -113,6 +115,7 @@ impl Default for DispatchConfig {
             credits: credits::CreditsConfig::default(),
             warmup: warmup::WarmupConfig::default(),
             anthropic: ModelMap::default(),
+            images: ModelMap::default(),
         }
     }
 }

@@ -18,6 +18,7 @@ mod edge;
 mod egress;
 mod faults;
 mod foundation;
+mod front_doors;
 mod keys;
 mod login;
 mod matrix;

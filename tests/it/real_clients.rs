@@ -659,3 +659,50 @@ async fn anthropic_python_sdk_messages_plain_streamed_with_thinking_and_a_tool_w
         "one failed over"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn openai_python_sdk_generates_and_edits_images_while_an_account_fails() {
+    let gw = Gw::start(2).await;
+    let first = gw.rr_order()[0].clone();
+    gw.fault(&first, FaultKind::ServerError { status: 503 }, Some(1));
+    let mut cmd = Command::new(python());
+    cmd.arg(repo().join("tests/clients/openai_images.py"))
+        .arg(gw.url("/v1"))
+        .arg(&gw.key);
+    let out = run(cmd).await;
+    assert!(
+        out.status.success(),
+        "openai_images.py failed:\n{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["generated_png"], true, "{v}");
+    assert!(
+        v["revised_prompt"].as_str().unwrap().contains("lighthouse"),
+        "{v}"
+    );
+    assert_eq!(v["edited_png"], true, "{v}");
+    assert!(v["edit_prompt"].as_str().unwrap().contains("boat"), "{v}");
+    assert_eq!(v["small"], "unsupported_value", "{v}");
+    // The edit reached the backend with the image as an input image.
+    let sent: Vec<_> = gw
+        .sim
+        .sim
+        .all_requests()
+        .into_iter()
+        .filter(|r| r.body["tools"][0]["type"] == "image_generation")
+        .collect();
+    assert!(
+        sent.iter()
+            .any(|r| r.body["input"][0]["content"][1]["type"] == "input_image"),
+        "{sent:?}"
+    );
+    let recs = gw.requests(10).await;
+    let paths: Vec<&str> = recs.iter().filter_map(|r| r["path"].as_str()).collect();
+    assert!(
+        paths.contains(&"/v1/images/generations") && paths.contains(&"/v1/images/edits"),
+        "{paths:?}"
+    );
+    assert!(recs.iter().all(|r| r["outcome"] == "success"));
+}
