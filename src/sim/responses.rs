@@ -44,7 +44,7 @@ pub(crate) fn plan(request: &Value, account_id: &str) -> Plan {
     {
         return Plan::Image(text_of(&last["content"]));
     }
-    if is_user_message && offers_exec_command(request) {
+    if is_user_message && shell_tool(request).is_some() {
         let text = text_of(&last["content"]);
         if let Some(cmd) = run_command(&text) {
             return Plan::ExecCommand(cmd);
@@ -68,13 +68,22 @@ fn text_of(v: &Value) -> String {
     }
 }
 
-fn offers_exec_command(request: &Value) -> bool {
-    request["tools"].as_array().is_some_and(|tools| {
-        tools.iter().any(|t| {
-            t["name"].as_str() == Some("exec_command")
-                || t["function"]["name"].as_str() == Some("exec_command")
-        })
-    })
+/// The shell tool the request offers, and the name of its command argument: Codex's
+/// `exec_command` (`cmd`), or a `Bash` tool as Claude Code's (`command`).
+fn shell_tool(request: &Value) -> Option<(&'static str, &'static str)> {
+    let tools = request["tools"].as_array()?;
+    let named = |n: &str| {
+        tools
+            .iter()
+            .any(|t| t["name"].as_str() == Some(n) || t["function"]["name"].as_str() == Some(n))
+    };
+    if named("exec_command") {
+        Some(("exec_command", "cmd"))
+    } else if named("Bash") {
+        Some(("Bash", "command"))
+    } else {
+        None
+    }
 }
 
 /// `run: <command>` anywhere in the text: the rest of that line, trimmed.
@@ -441,11 +450,14 @@ fn image_call(b: &mut Builder, spec: &TurnSpec<'_>, prompt: &str) -> Value {
 fn exec_call(b: &mut Builder, spec: &TurnSpec<'_>, cmd: &str) -> Value {
     let fc = format!("fc_{}", spec.id_suffix);
     let call = format!("call_{}", spec.id_suffix);
-    let arguments = json!({"cmd": cmd}).to_string();
+    let (name, arg) = shell_tool(spec.request).unwrap_or(("exec_command", "cmd"));
+    let mut args = serde_json::Map::new();
+    args.insert(arg.into(), json!(cmd));
+    let arguments = Value::Object(args).to_string();
     b.push(
         "response.output_item.added",
         json!({"output_index": 1, "item": {"id": fc, "type": "function_call", "status": "in_progress",
-            "arguments": "", "call_id": call, "name": "exec_command"}}),
+            "arguments": "", "call_id": call, "name": name}}),
     );
     for d in chunks(&arguments, 8) {
         b.push(
@@ -458,7 +470,7 @@ fn exec_call(b: &mut Builder, spec: &TurnSpec<'_>, cmd: &str) -> Value {
         json!({"item_id": fc, "call_id": call, "output_index": 1, "arguments": arguments}),
     );
     let item = json!({"id": fc, "type": "function_call", "status": "completed",
-        "arguments": arguments, "call_id": call, "name": "exec_command"});
+        "arguments": arguments, "call_id": call, "name": name});
     b.push(
         "response.output_item.done",
         json!({"output_index": 1, "item": item}),
