@@ -706,3 +706,61 @@ async fn openai_python_sdk_generates_and_edits_images_while_an_account_fails() {
     );
     assert!(recs.iter().all(|r| r["outcome"] == "success"));
 }
+
+fn claude_code() -> PathBuf {
+    tool(
+        "SWITCHYARD_TEST_CLAUDE",
+        ".ci/.node/node_modules/.bin/claude",
+        None,
+    )
+}
+
+fn every_claude_on_the_pool(c: &mut switchyard::config::Config) {
+    c.front_doors.anthropic.default = Some("gpt-5.5".into());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claude_code_runs_a_tool_turn_on_the_pool() {
+    let gw = Gw::start_with(2, every_claude_on_the_pool).await;
+    let home = tempfile::tempdir().unwrap();
+    let mut cmd = Command::new(claude_code());
+    cmd.args([
+        "-p",
+        "run: echo hello",
+        "--allowedTools",
+        "Bash",
+        "--output-format",
+        "json",
+    ])
+    .current_dir(home.path())
+    .env_clear()
+    .env("PATH", std::env::var("PATH").unwrap_or_default())
+    .env("HOME", home.path())
+    .env("ANTHROPIC_BASE_URL", gw.url(""))
+    .env("ANTHROPIC_API_KEY", &gw.key)
+    .env("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "1")
+    .env("DISABLE_AUTOUPDATER", "1")
+    .env("DISABLE_TELEMETRY", "1");
+    let out = run(cmd).await;
+    let said = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "claude failed:\n{said}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_str(said.trim()).unwrap_or(Value::Null);
+    assert!(
+        v["result"].as_str().unwrap_or("").contains("hello"),
+        "{said}"
+    );
+    // It reached the backend as Messages turns: the command, then its output.
+    let sent = gw.sim.sim.all_requests();
+    assert!(
+        sent.iter().any(|r| r.body["input"]
+            .as_array()
+            .is_some_and(|i| i.iter().any(|x| x["type"] == "function_call_output"))),
+        "the tool's output went back"
+    );
+    let recs = gw.requests(20).await;
+    assert!(recs.iter().any(|r| r["path"] == "/v1/messages"));
+}

@@ -133,8 +133,14 @@ pub fn translate(req: &Value, model: &str) -> Result<(Value, bool, bool), String
         .filter(|m| !m.is_empty())
         .ok_or("messages: Field required")?;
     let mut input = Vec::new();
+    // A `system` message among the messages (Claude Code sends some) joins the instructions.
+    let mut more_system: Vec<String> = Vec::new();
     for m in messages {
         let role = m["role"].as_str().unwrap_or("");
+        if role == "system" {
+            more_system.push(text_of(&m["content"]));
+            continue;
+        }
         let mut parts: Vec<Value> = Vec::new();
         let flush = |parts: &mut Vec<Value>, input: &mut Vec<Value>| {
             if !parts.is_empty() {
@@ -191,7 +197,11 @@ pub fn translate(req: &Value, model: &str) -> Result<(Value, bool, bool), String
         }
         flush(&mut parts, &mut input);
     }
-    let system = text_of(&req["system"]);
+    let system = std::iter::once(text_of(&req["system"]))
+        .chain(more_system)
+        .filter(|s| !s.is_empty())
+        .collect::<Vec<_>>()
+        .join("\n\n");
     let mut out = Map::new();
     out.insert("model".into(), json!(model));
     out.insert(
