@@ -81,6 +81,10 @@ pub(crate) struct Trace {
     pub credit: Option<crate::telemetry::records::CreditSpend>,
     /// The `service_tier` the answer claimed.
     pub served_tier: Option<String>,
+    /// When the dispatcher took the request, and the time its attempts and waits took: the
+    /// rest is the gateway's own.
+    pub begun: Instant,
+    pub elsewhere: std::time::Duration,
 }
 
 impl Trace {
@@ -102,6 +106,8 @@ impl Trace {
             first_output_timeouts: 0,
             credit: None,
             served_tier: None,
+            begun: Instant::now(),
+            elsewhere: std::time::Duration::ZERO,
         }
     }
 
@@ -714,6 +720,7 @@ impl<'a> Attempt<'a> {
             error,
             rule: self.rule.take(),
         };
+        self.trace.elsewhere += self.started.elapsed();
         self.trace.push_attempt(&self.d.metrics, record);
     }
 
@@ -742,6 +749,7 @@ fn token_failed(
                 // It cools or needs a new login: its idle upstream sockets are no use.
                 d.ws_pool.evict(&lease.id);
             }
+            trace.elsewhere += started.elapsed();
             trace.push_attempt(
                 &d.metrics,
                 AttemptRecord {

@@ -148,6 +148,8 @@ impl Dispatcher {
                 .await
                 .map(Arc::new),
         };
+        // A wait for one of the key's slots is the key's, not the gateway's.
+        trace.begun = Instant::now();
         let _permit = match admitted {
             Ok(permit) => permit,
             Err(denied) => {
@@ -298,10 +300,12 @@ impl Dispatcher {
         walk.credit_tried = true;
         // Shutdown cuts a spend as a crash would: its record, written before the call, is
         // settled with the same redeem id after the start.
+        let asked = Instant::now();
         let spend = tokio::select! {
             spend = self.spend_when_dry(walk.credits_seen, trace.key) => spend,
             () = self.cut_off() => return false,
         };
+        trace.elsewhere += asked.elapsed();
         let served = match spend {
             Ok(spend) => {
                 let reset = spend.reset();
@@ -363,6 +367,8 @@ impl Dispatcher {
             Some(plan) => self.settle_affinity(ctx, plan, &trace, outcome),
             None => Decision::None,
         };
+        self.metrics
+            .overhead(trace.begun.elapsed().saturating_sub(trace.elsewhere));
         let now_ms = self.fleet.clock().now_ms();
         let duration_ms = now_ms.saturating_sub(trace.started_ms);
         match outcome {
@@ -464,6 +470,7 @@ impl Dispatcher {
     }
 
     fn note_wait(&self, trace: &mut Trace, w: Wait) {
+        trace.elsewhere += w.waited;
         let total = trace.queue.map_or(0, |q| q.wait_ms)
             + u64::try_from(w.waited.as_millis()).unwrap_or(u64::MAX);
         self.metrics.queue_wait(w.kind, w.outcome, w.waited);

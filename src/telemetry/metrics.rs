@@ -22,8 +22,14 @@ const LATENCY_BUCKETS: [f64; 14] = [
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0,
 ];
 
+/// Upper bounds (seconds) of the gateway's own overhead per request: tens of microseconds up.
+const OVERHEAD_BUCKETS: [f64; 12] = [
+    0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 1.0,
+];
+
 #[derive(Debug)]
 struct Histogram {
+    bounds: &'static [f64],
     counts: Vec<AtomicU64>,
     sum_micros: AtomicU64,
     count: AtomicU64,
@@ -31,8 +37,13 @@ struct Histogram {
 
 impl Histogram {
     fn new() -> Self {
+        Self::with(&LATENCY_BUCKETS)
+    }
+
+    fn with(bounds: &'static [f64]) -> Self {
         Self {
-            counts: LATENCY_BUCKETS.iter().map(|_| AtomicU64::new(0)).collect(),
+            bounds,
+            counts: bounds.iter().map(|_| AtomicU64::new(0)).collect(),
             sum_micros: AtomicU64::new(0),
             count: AtomicU64::new(0),
         }
@@ -40,7 +51,7 @@ impl Histogram {
 
     fn observe(&self, d: Duration) {
         let secs = d.as_secs_f64();
-        for (bound, c) in LATENCY_BUCKETS.iter().zip(&self.counts) {
+        for (bound, c) in self.bounds.iter().zip(&self.counts) {
             if secs <= *bound {
                 c.fetch_add(1, Ordering::Relaxed);
             }
@@ -54,7 +65,7 @@ impl Histogram {
 
     fn render(&self, out: &mut String, name: &str, labels: &str) {
         let sep = if labels.is_empty() { "" } else { "," };
-        for (bound, c) in LATENCY_BUCKETS.iter().zip(&self.counts) {
+        for (bound, c) in self.bounds.iter().zip(&self.counts) {
             let _ = writeln!(
                 out,
                 "{name}_bucket{{{labels}{sep}le=\"{bound}\"}} {}",
@@ -113,6 +124,7 @@ pub struct Metrics {
     upstream_first_output: Histogram,
     transports: Labeled,
     ws_connect: Histogram,
+    overhead: Histogram,
     credit_spends: Labeled,
     notifications: Labeled,
     warmups: Labeled,
@@ -132,6 +144,7 @@ impl Default for Metrics {
             upstream_first_output: Histogram::new(),
             transports: Labeled::default(),
             ws_connect: Histogram::new(),
+            overhead: Histogram::with(&OVERHEAD_BUCKETS),
             credit_spends: Labeled::default(),
             notifications: Labeled::default(),
             warmups: Labeled::default(),
@@ -223,6 +236,13 @@ impl Metrics {
 
     pub fn ws_connect(&self, d: Duration) {
         self.ws_connect.observe(d);
+    }
+
+    /// A request's time in the gateway's own hands: from the dispatcher taking it to its
+    /// record, less its attempts' time (the upstream's, and the stream's forwarding) and its
+    /// waits for a slot.
+    pub fn overhead(&self, d: Duration) {
+        self.overhead.observe(d);
     }
 
     /// The whole exposition. `ws` is (idle pooled upstream sockets, breaker state).
@@ -350,6 +370,14 @@ impl Metrics {
         );
         self.ws_connect
             .render(&mut out, "switchyard_ws_connect_seconds", "");
+        h(
+            &mut out,
+            "switchyard_request_overhead_seconds",
+            "histogram",
+            "The gateway's own time per request: its total less its attempts and queue waits.",
+        );
+        self.overhead
+            .render(&mut out, "switchyard_request_overhead_seconds", "");
         h(
             &mut out,
             "switchyard_ws_pool_idle",

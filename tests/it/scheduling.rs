@@ -710,3 +710,40 @@ async fn a_preferred_account_carries_the_load_under_every_strategy() {
         .unwrap_err();
     assert!(bad.to_string().contains("label"), "{bad}");
 }
+
+/// `/metrics` has the gateway's own time per request: one observation per request, each well
+/// under its total (the upstream's time is left out).
+#[tokio::test]
+async fn metrics_show_the_gateways_own_overhead_per_request() {
+    let gw = Gw::start(2).await;
+    for i in 0..3 {
+        let sse = gw
+            .stream(&body_plain("gpt-5.5", &format!("o {i}"), true), &[])
+            .await;
+        assert_eq!(sse.last().0, "response.completed");
+    }
+    let m = gw.metrics_text().await;
+    let value = |name: &str| -> f64 {
+        m.lines()
+            .find_map(|l| l.strip_prefix(name)?.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no {name} in\n{m}"))
+    };
+    assert_eq!(value("switchyard_request_overhead_seconds_count "), 3.0);
+    let overhead = value("switchyard_request_overhead_seconds_sum ");
+    assert!(overhead >= 0.0);
+    let records = gw.requests(3).await;
+    let total_ms: u64 = records
+        .iter()
+        .map(|r| r["duration_ms"].as_u64().unwrap())
+        .sum();
+    let attempts_ms: u64 = records
+        .iter()
+        .flat_map(|r| r["attempts"].as_array().unwrap().clone())
+        .map(|a| a["ms"].as_u64().unwrap())
+        .sum();
+    // The overhead is what the attempts do not cover (to the record's millisecond rounding).
+    assert!(
+        overhead * 1000.0 <= (total_ms.saturating_sub(attempts_ms) + 3) as f64,
+        "overhead {overhead}s, totals {total_ms} ms, attempts {attempts_ms} ms"
+    );
+}
