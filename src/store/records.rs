@@ -1162,6 +1162,38 @@ mod tests {
         );
     }
 
+    /// Bytes 0.5.0 writes for a reset-credit spend.
+    const CREDIT_SPEND_V1: &str =
+        "01046163633101026331087768656e5f647279012a80d0c4cfa2340105726573657402018ad0c4cfa23400";
+
+    #[test]
+    fn a_credit_spend_round_trips_exactly() {
+        let r = CreditSpendRecord {
+            account: "acc1".into(),
+            credit_id: Some("c1".into()),
+            need: "when_dry".into(),
+            request: Some(42),
+            started_ms: 1_796_000_000_000,
+            outcome: Some("reset".into()),
+            windows_reset: 2,
+            finished_ms: Some(1_796_000_000_010),
+            error: None,
+        };
+        let bytes = to_hex(&encode(&r).unwrap());
+        assert_eq!(bytes, CREDIT_SPEND_V1);
+        assert_eq!(decode::<CreditSpendRecord>(&hex(&bytes)).unwrap(), r);
+        // Unsettled: no outcome yet.
+        let pending = CreditSpendRecord {
+            outcome: None,
+            finished_ms: None,
+            ..r
+        };
+        assert_eq!(
+            decode::<CreditSpendRecord>(&encode(&pending).unwrap()).unwrap(),
+            pending
+        );
+    }
+
     #[test]
     fn a_version_newer_than_the_binary_is_refused_by_name() {
         let mut bytes = hex(v4::REQUEST);
