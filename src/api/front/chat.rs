@@ -16,17 +16,17 @@ use std::sync::Arc;
 
 use axum::body::{Body, Bytes};
 use axum::extract::State;
-use axum::http::{HeaderMap, HeaderValue, header};
+use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use serde_json::{Map, Value, json};
 use sha2::{Digest, Sha256};
 use tokio::sync::mpsc;
 
+use super::Ended;
 use crate::api::AppState;
 use crate::api::error::ApiError;
 use crate::api::responses::{self, Conn, Turn, error_response};
 use crate::dispatch::{ErrorReply, Frame};
-use crate::upstream::event::Event;
 
 /// Instructions when the conversation has no system message (the backend wants some).
 const DEFAULT_INSTRUCTIONS: &str = "You are a helpful assistant.";
@@ -484,10 +484,6 @@ fn sse_data(values: &[Value]) -> Bytes {
     Bytes::from(out)
 }
 
-fn parsed(e: &Event) -> Value {
-    serde_json::from_slice(e.data()).unwrap_or(Value::Null)
-}
-
 pub async fn completions(
     State(state): State<Arc<AppState>>,
     conn: Conn,
@@ -509,23 +505,17 @@ pub async fn completions(
         Err(e) => return e.into_response(),
     };
     let model = translated["model"].as_str().unwrap_or("").to_string();
-    let bytes = Bytes::from(translated.to_string());
-    let mut ctx = match responses::parse_object(&bytes).and_then(|obj| {
-        responses::request_ctx(
-            &state,
-            &admitted.key,
-            &headers,
-            obj,
-            Turn::Http,
-            admitted.received,
-        )
-    }) {
-        Ok(c) => c,
+    let created = state.dispatcher.fleet.clock().now_ms() / 1000;
+    let rx = match super::dispatch(
+        &state,
+        admitted,
+        &headers,
+        &translated,
+        "/v1/chat/completions",
+    ) {
+        Ok(rx) => rx,
         Err(e) => return e.into_response(),
     };
-    ctx.path = "/v1/chat/completions";
-    let created = state.dispatcher.fleet.clock().now_ms() / 1000;
-    let rx = admitted.dispatch(&state, ctx);
     if stream {
         stream_answer(rx, Chunker::new(&model, created, include_usage)).await
     } else {
@@ -534,101 +524,57 @@ pub async fn completions(
 }
 
 /// Waits for the terminal event and answers one `chat.completion`.
-async fn json_answer(mut rx: mpsc::Receiver<Frame>, model: &str, created: u64) -> Response {
-    while let Some(frame) = rx.recv().await {
-        match frame {
-            Frame::Error(reply) => return error_response(*reply),
-            Frame::Events(events) => {
-                for e in &events {
-                    let kind = e.kind();
-                    if matches!(kind, "response.completed" | "response.incomplete") {
-                        let v = parsed(e);
-                        return axum::Json(completion(&v["response"], model, created))
-                            .into_response();
-                    }
-                    if kind == "response.failed" {
-                        let v = parsed(e);
-                        let err = &v["response"]["error"];
-                        let reply = ErrorReply::openai(
-                            502,
-                            "server_error",
-                            err["code"].as_str().unwrap_or("upstream_failed"),
-                            err["message"].as_str().unwrap_or("the upstream failed"),
-                            Map::new(),
-                        );
-                        return error_response(reply);
-                    }
-                }
-            }
-            Frame::Head { .. } | Frame::Body(_) | Frame::KeepAlive => {}
+async fn json_answer(rx: mpsc::Receiver<Frame>, model: &str, created: u64) -> Response {
+    match super::terminal(rx).await {
+        Ended::Error(reply) => error_response(*reply),
+        Ended::Terminal(kind, v) if kind == "response.failed" => {
+            let err = &v["response"]["error"];
+            error_response(ErrorReply::openai(
+                502,
+                "server_error",
+                err["code"].as_str().unwrap_or("upstream_failed"),
+                err["message"].as_str().unwrap_or("the upstream failed"),
+                Map::new(),
+            ))
         }
+        Ended::Terminal(_, v) => {
+            axum::Json(completion(&v["response"], model, created)).into_response()
+        }
+        Ended::Nothing => ApiError::internal("the request ended without an answer").into_response(),
     }
-    ApiError::internal("the request ended without an answer").into_response()
 }
 
 /// Answers `chat.completion.chunk`s as the events come; a failure before anything was sent
 /// is an HTTP error.
-async fn stream_answer(mut rx: mpsc::Receiver<Frame>, chunker: Chunker) -> Response {
-    // The head, or the error that comes instead of one.
-    loop {
-        match rx.recv().await {
-            Some(Frame::Head { .. }) => break,
-            Some(Frame::Error(reply)) => return error_response(*reply),
-            Some(_) => {}
-            None => {
-                return ApiError::internal("the request ended without an answer").into_response();
-            }
-        }
-    }
-    let body = futures_util::stream::unfold(
-        (rx, chunker, false),
-        |(mut rx, mut c, ended)| async move {
-            if ended {
-                return None;
-            }
-            loop {
-                let Some(frame) = rx.recv().await else {
-                    // The channel closed without a terminal event: end the stream as cut.
-                    return None;
-                };
-                let bytes = match frame {
-                    Frame::Events(events) => {
-                        let mut values = Vec::new();
-                        for e in &events {
-                            values.extend(c.event(e.kind(), &parsed(e)));
-                        }
-                        let mut b = sse_data(&values).to_vec();
-                        if c.done {
-                            b.extend_from_slice(b"data: [DONE]\n\n");
-                        }
-                        Bytes::from(b)
-                    }
-                    Frame::KeepAlive => Bytes::from_static(b": keep-alive\n\n"),
-                    Frame::Error(reply) => {
-                        c.done = true;
-                        let v = json!({"error": {"message": reply.message, "type": "server_error", "code": reply.code}});
-                        let mut b = sse_data(&[v]).to_vec();
-                        b.extend_from_slice(b"data: [DONE]\n\n");
-                        Bytes::from(b)
-                    }
-                    Frame::Head { .. } | Frame::Body(_) => continue,
-                };
-                if bytes.is_empty() {
-                    continue;
+async fn stream_answer(rx: mpsc::Receiver<Frame>, mut chunker: Chunker) -> Response {
+    const DONE: &[u8] = b"data: [DONE]\n\n";
+    super::event_stream(
+        rx,
+        error_response,
+        || ApiError::internal("the request ended without an answer").into_response(),
+        move |frame| match frame {
+            Frame::Events(events) => {
+                let mut values = Vec::new();
+                for e in &events {
+                    values.extend(chunker.event(e.kind(), &super::parsed(e)));
                 }
-                let done = c.done;
-                return Some((Ok::<Bytes, std::convert::Infallible>(bytes), (rx, c, done)));
+                let mut b = sse_data(&values).to_vec();
+                if chunker.done {
+                    b.extend_from_slice(DONE);
+                }
+                (Bytes::from(b), chunker.done)
             }
+            Frame::KeepAlive => (Bytes::from_static(b": keep-alive\n\n"), false),
+            Frame::Error(reply) => {
+                let v = json!({"error": {"message": reply.message, "type": "server_error", "code": reply.code}});
+                let mut b = sse_data(&[v]).to_vec();
+                b.extend_from_slice(DONE);
+                (Bytes::from(b), true)
+            }
+            Frame::Head { .. } | Frame::Body(_) => (Bytes::new(), false),
         },
-    );
-    let mut resp = Response::new(Body::from_stream(body));
-    resp.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("text/event-stream"),
-    );
-    resp.headers_mut()
-        .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
-    resp
+    )
+    .await
 }
 
 #[cfg(test)]

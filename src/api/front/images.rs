@@ -10,7 +10,7 @@
 
 use std::sync::Arc;
 
-use axum::body::{Body, Bytes};
+use axum::body::Body;
 use axum::extract::State;
 use axum::http::{HeaderMap, header};
 use axum::response::{IntoResponse, Response};
@@ -18,6 +18,7 @@ use base64::Engine;
 use serde_json::{Map, Value, json};
 use tokio::sync::mpsc;
 
+use super::Ended;
 use crate::api::AppState;
 use crate::api::error::ApiError;
 use crate::api::responses::{self, Conn, Turn, error_response};
@@ -331,76 +332,51 @@ async fn run(
         Err(e) => return e.into_response(),
     };
     let config = state.dispatcher.current();
-    let host = match ask.model.as_deref() {
-        Some(m) if config.images.resolve(m) != m => config.images.resolve(m),
-        _ => config
-            .images
-            .default
-            .clone()
-            .unwrap_or_else(|| config.probe_model.clone()),
-    };
+    // The image model asked for, if the map names it; else the map's default, else the probe
+    // model.
+    let host = ask
+        .model
+        .as_deref()
+        .map(|m| config.images.resolve(m))
+        .filter(|h| Some(h.as_str()) != ask.model.as_deref())
+        .or_else(|| config.images.default.clone())
+        .unwrap_or_else(|| config.probe_model.clone());
     let translated = match translate(&ask, &host) {
         Ok(t) => t,
         Err(e) => return e.into_response(),
     };
-    let bytes = Bytes::from(translated.to_string());
-    let mut ctx = match responses::parse_object(&bytes).and_then(|obj| {
-        responses::request_ctx(
-            &state,
-            &admitted.key,
-            &headers,
-            obj,
-            Turn::Http,
-            admitted.received,
-        )
-    }) {
-        Ok(c) => c,
-        Err(e) => return e.into_response(),
-    };
-    ctx.path = if edit {
+    let path = if edit {
         "/v1/images/edits"
     } else {
         "/v1/images/generations"
     };
     let created = state.dispatcher.fleet.clock().now_ms() / 1000;
-    let rx = admitted.dispatch(&state, ctx);
-    collect(rx, created).await
+    match super::dispatch(&state, admitted, &headers, &translated, path) {
+        Ok(rx) => collect(rx, created).await,
+        Err(e) => e.into_response(),
+    }
 }
 
-async fn collect(mut rx: mpsc::Receiver<Frame>, created: u64) -> Response {
-    while let Some(frame) = rx.recv().await {
-        match frame {
-            Frame::Error(reply) => return error_response(*reply),
-            Frame::Events(events) => {
-                for e in &events {
-                    if !matches!(
-                        e.kind(),
-                        "response.completed" | "response.incomplete" | "response.failed"
-                    ) {
-                        continue;
-                    }
-                    let v: Value = serde_json::from_slice(e.data()).unwrap_or(Value::Null);
-                    return match answer(&v["response"], created) {
-                        Some(a) => axum::Json(a).into_response(),
-                        None => {
-                            let err = &v["response"]["error"];
-                            error_response(ErrorReply::openai(
-                                502,
-                                "server_error",
-                                err["code"].as_str().unwrap_or("image_generation_failed"),
-                                err["message"]
-                                    .as_str()
-                                    .unwrap_or("the backend made no image"),
-                                Map::new(),
-                            ))
-                        }
-                    };
-                }
+async fn collect(rx: mpsc::Receiver<Frame>, created: u64) -> Response {
+    match super::terminal(rx).await {
+        Ended::Error(reply) => error_response(*reply),
+        Ended::Terminal(_, v) => match answer(&v["response"], created) {
+            Some(a) => axum::Json(a).into_response(),
+            None => {
+                let err = &v["response"]["error"];
+                error_response(ErrorReply::openai(
+                    502,
+                    "server_error",
+                    err["code"].as_str().unwrap_or("image_generation_failed"),
+                    err["message"]
+                        .as_str()
+                        .unwrap_or("the backend made no image"),
+                    Map::new(),
+                ))
             }
-            Frame::Head { .. } | Frame::Body(_) | Frame::KeepAlive => {}
-        }
+        },
+        Ended::Nothing => ApiError::internal("the request ended without an answer").into_response(),
     }
-    ApiError::internal("the request ended without an answer").into_response()
 }
 
 #[cfg(test)]

@@ -20,16 +20,16 @@ use std::sync::Arc;
 
 use axum::body::{Body, Bytes};
 use axum::extract::State;
-use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde_json::{Map, Value, json};
 use sha2::{Digest, Sha256};
 use tokio::sync::mpsc;
 
+use super::Ended;
 use crate::api::AppState;
-use crate::api::responses::{self, Conn, Turn};
+use crate::api::responses::{self, Admitted, Conn, Turn};
 use crate::dispatch::{ErrorReply, Frame};
-use crate::upstream::event::Event;
 
 const DEFAULT_INSTRUCTIONS: &str = "You are a helpful assistant.";
 
@@ -521,8 +521,21 @@ fn sse(events: &[(&str, Value)]) -> Bytes {
     Bytes::from(out)
 }
 
-fn parsed(e: &Event) -> Value {
-    serde_json::from_slice(e.data()).unwrap_or(Value::Null)
+/// The admitted request and its body as JSON, or the answer (in the Anthropic shape).
+async fn read_request(
+    state: &Arc<AppState>,
+    conn: Conn,
+    headers: &HeaderMap,
+    body: Body,
+) -> Result<(Admitted, Value), Response> {
+    let admitted = match responses::admit_and_read(state, conn, headers, body, Turn::Http).await {
+        Ok(a) => a,
+        Err(resp) => return Err(reshaped(resp).await),
+    };
+    match serde_json::from_slice(&admitted.bytes) {
+        Ok(v) => Ok((admitted, v)),
+        Err(e) => Err(bad(format!("the body is not JSON: {e}"))),
+    }
 }
 
 pub async fn create(
@@ -531,13 +544,9 @@ pub async fn create(
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    let admitted = match responses::admit_and_read(&state, conn, &headers, body, Turn::Http).await {
-        Ok(a) => a,
-        Err(resp) => return reshaped(resp).await,
-    };
-    let request: Value = match serde_json::from_slice(&admitted.bytes) {
-        Ok(v) => v,
-        Err(e) => return bad(format!("the body is not JSON: {e}")),
+    let (admitted, request) = match read_request(&state, conn, &headers, body).await {
+        Ok(r) => r,
+        Err(resp) => return resp,
     };
     let Some(asked) = request["model"].as_str().filter(|m| !m.is_empty()) else {
         return bad("model: Field required");
@@ -548,22 +557,10 @@ pub async fn create(
         Ok(t) => t,
         Err(e) => return bad(e),
     };
-    let bytes = Bytes::from(translated.to_string());
-    let mut ctx = match responses::parse_object(&bytes).and_then(|obj| {
-        responses::request_ctx(
-            &state,
-            &admitted.key,
-            &headers,
-            obj,
-            Turn::Http,
-            admitted.received,
-        )
-    }) {
-        Ok(c) => c,
+    let rx = match super::dispatch(&state, admitted, &headers, &translated, "/v1/messages") {
+        Ok(rx) => rx,
         Err(e) => return reshaped(e.into_response()).await,
     };
-    ctx.path = "/v1/messages";
-    let rx = admitted.dispatch(&state, ctx);
     if stream {
         stream_answer(rx, Sequencer::new(&asked, thinking)).await
     } else {
@@ -571,87 +568,48 @@ pub async fn create(
     }
 }
 
-async fn json_answer(mut rx: mpsc::Receiver<Frame>, model: &str, thinking: bool) -> Response {
-    while let Some(frame) = rx.recv().await {
-        match frame {
-            Frame::Error(reply) => return reply_response(*reply),
-            Frame::Events(events) => {
-                for e in &events {
-                    match e.kind() {
-                        "response.completed" | "response.incomplete" => {
-                            let v = parsed(e);
-                            return axum::Json(message(&v["response"], model, thinking))
-                                .into_response();
-                        }
-                        "response.failed" => {
-                            let v = parsed(e);
-                            let m = v["response"]["error"]["message"]
-                                .as_str()
-                                .unwrap_or("the upstream failed")
-                                .to_string();
-                            return error(529, "overloaded_error", m);
-                        }
-                        _ => {}
-                    }
-                }
-            }
-            Frame::Head { .. } | Frame::Body(_) | Frame::KeepAlive => {}
+async fn json_answer(rx: mpsc::Receiver<Frame>, model: &str, thinking: bool) -> Response {
+    match super::terminal(rx).await {
+        Ended::Error(reply) => reply_response(*reply),
+        Ended::Terminal(kind, v) if kind == "response.failed" => {
+            let m = v["response"]["error"]["message"]
+                .as_str()
+                .unwrap_or("the upstream failed")
+                .to_string();
+            error(529, "overloaded_error", m)
         }
+        Ended::Terminal(_, v) => {
+            axum::Json(message(&v["response"], model, thinking)).into_response()
+        }
+        Ended::Nothing => error(500, "api_error", "the request ended without an answer"),
     }
-    error(500, "api_error", "the request ended without an answer")
 }
 
-async fn stream_answer(mut rx: mpsc::Receiver<Frame>, seq: Sequencer) -> Response {
-    loop {
-        match rx.recv().await {
-            Some(Frame::Head { .. }) => break,
-            Some(Frame::Error(reply)) => return reply_response(*reply),
-            Some(_) => {}
-            None => return error(500, "api_error", "the request ended without an answer"),
-        }
-    }
-    let body = futures_util::stream::unfold(
-        (rx, seq, false),
-        |(mut rx, mut s, ended)| async move {
-            if ended {
-                return None;
-            }
-            loop {
-                let frame = rx.recv().await?;
-                let bytes = match frame {
-                    Frame::Events(events) => {
-                        let mut out = Vec::new();
-                        for e in &events {
-                            out.extend(s.event(e.kind(), &parsed(e)));
-                        }
-                        sse(&out)
-                    }
-                    Frame::KeepAlive => sse(&[("ping", json!({"type": "ping"}))]),
-                    Frame::Error(reply) => {
-                        s.done = true;
-                        sse(&[(
-                            "error",
-                            json!({"type": "error", "error": {"type": kind_of(reply.status).1, "message": reply.message}}),
-                        )])
-                    }
-                    Frame::Head { .. } | Frame::Body(_) => continue,
-                };
-                if bytes.is_empty() {
-                    continue;
+async fn stream_answer(rx: mpsc::Receiver<Frame>, mut seq: Sequencer) -> Response {
+    super::event_stream(
+        rx,
+        reply_response,
+        || error(500, "api_error", "the request ended without an answer"),
+        move |frame| match frame {
+            Frame::Events(events) => {
+                let mut out = Vec::new();
+                for e in &events {
+                    out.extend(seq.event(e.kind(), &super::parsed(e)));
                 }
-                let done = s.done;
-                return Some((Ok::<Bytes, std::convert::Infallible>(bytes), (rx, s, done)));
+                (sse(&out), seq.done)
             }
+            Frame::KeepAlive => (sse(&[("ping", json!({"type": "ping"}))]), false),
+            Frame::Error(reply) => (
+                sse(&[(
+                    "error",
+                    json!({"type": "error", "error": {"type": kind_of(reply.status).1, "message": reply.message}}),
+                )]),
+                true,
+            ),
+            Frame::Head { .. } | Frame::Body(_) => (Bytes::new(), false),
         },
-    );
-    let mut resp = Response::new(Body::from_stream(body));
-    resp.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("text/event-stream"),
-    );
-    resp.headers_mut()
-        .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
-    resp
+    )
+    .await
 }
 
 /// `POST /v1/messages/count_tokens`: an estimate (a token per four bytes of what would be
@@ -662,13 +620,9 @@ pub async fn count_tokens(
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    let admitted = match responses::admit_and_read(&state, conn, &headers, body, Turn::Http).await {
-        Ok(a) => a,
-        Err(resp) => return reshaped(resp).await,
-    };
-    let request: Value = match serde_json::from_slice(&admitted.bytes) {
-        Ok(v) => v,
-        Err(e) => return bad(format!("the body is not JSON: {e}")),
+    let (_, request) = match read_request(&state, conn, &headers, body).await {
+        Ok(r) => r,
+        Err(resp) => return resp,
     };
     let model = request["model"].as_str().unwrap_or("");
     match translate(&request, model) {
