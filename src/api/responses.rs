@@ -785,7 +785,12 @@ fn keepalive_response(rx: mpsc::Receiver<Frame>) -> Response {
             }
         }
     });
-    let mut resp = Response::new(Body::from_stream(body));
+    sse_response(Body::from_stream(body))
+}
+
+/// A `text/event-stream` response of `body`.
+pub fn sse_response(body: Body) -> Response {
+    let mut resp = Response::new(body);
     resp.headers_mut().insert(
         header::CONTENT_TYPE,
         HeaderValue::from_static("text/event-stream"),

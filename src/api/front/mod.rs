@@ -9,7 +9,7 @@ pub mod images;
 pub mod messages;
 
 use axum::body::{Body, Bytes};
-use axum::http::{HeaderMap, HeaderValue, header};
+use axum::http::HeaderMap;
 use axum::response::Response;
 use serde_json::Value;
 use tokio::sync::mpsc;
@@ -117,17 +117,5 @@ where
             }
         },
     );
-    sse_response(Body::from_stream(body))
-}
-
-/// A `text/event-stream` response of `body`.
-pub fn sse_response(body: Body) -> Response {
-    let mut resp = Response::new(body);
-    resp.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("text/event-stream"),
-    );
-    resp.headers_mut()
-        .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
-    resp
+    responses::sse_response(Body::from_stream(body))
 }
