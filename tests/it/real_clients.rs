@@ -46,13 +46,17 @@ pub(crate) fn codex() -> PathBuf {
     )
 }
 
-/// Runs one of `tests/clients/*.py` against the gateway and returns the JSON it prints.
+/// Runs one of `tests/clients/*.py` against the gateway's `/v1` with model `gpt-5.5` and
+/// returns the JSON it prints.
 async fn python_client(gw: &Gw, script: &str) -> Value {
+    python_script(script, &[&gw.url("/v1"), &gw.key, "gpt-5.5"]).await
+}
+
+/// Runs one of `tests/clients/*.py` with these arguments and returns the JSON it prints.
+async fn python_script(script: &str, args: &[&str]) -> Value {
     let mut cmd = Command::new(python());
     cmd.arg(repo().join("tests/clients").join(script))
-        .arg(gw.url("/v1"))
-        .arg(&gw.key)
-        .arg("gpt-5.5");
+        .args(args);
     let out = run(cmd).await;
     assert!(
         out.status.success(),
@@ -578,19 +582,7 @@ async fn openai_python_sdk_chat_completions_plain_streamed_and_with_a_tool_while
 
 /// Runs `tests/clients/anthropic_messages.py` against the gateway's origin.
 async fn anthropic_client(gw: &Gw, model: &str) -> Value {
-    let mut cmd = Command::new(python());
-    cmd.arg(repo().join("tests/clients/anthropic_messages.py"))
-        .arg(gw.url(""))
-        .arg(&gw.key)
-        .arg(model);
-    let out = run(cmd).await;
-    assert!(
-        out.status.success(),
-        "anthropic_messages.py failed:\n{}\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).unwrap()
+    python_script("anthropic_messages.py", &[&gw.url(""), &gw.key, model]).await
 }
 
 fn claude_on_the_pool(c: &mut switchyard::config::Config) {
@@ -665,18 +657,7 @@ async fn openai_python_sdk_generates_and_edits_images_while_an_account_fails() {
     let gw = Gw::start(2).await;
     let first = gw.rr_order()[0].clone();
     gw.fault(&first, FaultKind::ServerError { status: 503 }, Some(1));
-    let mut cmd = Command::new(python());
-    cmd.arg(repo().join("tests/clients/openai_images.py"))
-        .arg(gw.url("/v1"))
-        .arg(&gw.key);
-    let out = run(cmd).await;
-    assert!(
-        out.status.success(),
-        "openai_images.py failed:\n{}\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let v = python_script("openai_images.py", &[&gw.url("/v1"), &gw.key]).await;
     assert_eq!(v["generated_png"], true, "{v}");
     assert!(
         v["revised_prompt"].as_str().unwrap().contains("lighthouse"),
