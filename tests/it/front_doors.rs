@@ -113,3 +113,37 @@ async fn the_model_list_names_what_each_front_door_offers() {
         json!(["images"])
     );
 }
+
+#[tokio::test]
+async fn a_body_larger_than_the_cap_is_refused_in_each_doors_shape_before_any_account() {
+    let gw = Gw::start_with(1, |c| c.server.max_body_bytes = 4096).await;
+    let big = "x".repeat(10_000);
+    let (status, v) = post(
+        &gw,
+        &gw.key,
+        "/v1/chat/completions",
+        json!({"model": "gpt-5.5", "messages": [{"role": "user", "content": big}]}),
+    )
+    .await;
+    assert_eq!(status, 413, "{v}");
+    assert_eq!(v["error"]["type"], "invalid_request_error", "{v}");
+    let (status, v) = post(
+        &gw,
+        &gw.key,
+        "/v1/messages",
+        json!({"model": "claude-x", "max_tokens": 8, "messages": [{"role": "user", "content": big}]}),
+    )
+    .await;
+    assert_eq!(status, 413, "{v}");
+    assert_eq!(v["type"], "error");
+    assert_eq!(v["error"]["type"], "request_too_large", "{v}");
+    let (status, _) = post(
+        &gw,
+        &gw.key,
+        "/v1/images/generations",
+        json!({"prompt": big}),
+    )
+    .await;
+    assert_eq!(status, 413);
+    assert_eq!(served_total(&gw), 0);
+}
