@@ -7,6 +7,7 @@ use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::dispatch::frames::Frames;
 use axum::body::{Body, Bytes};
 use axum::extract::State;
 use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode, header};
@@ -14,7 +15,6 @@ use axum::response::{IntoResponse, Response};
 use bytes::BytesMut;
 use futures_util::stream;
 use serde_json::{Map, Value};
-use tokio::sync::mpsc;
 
 use super::AppState;
 use super::error::ApiError;
@@ -313,15 +313,13 @@ pub struct Admitted {
 }
 
 impl Admitted {
-    /// Hands the request to the dispatcher with the admission's slot and memory; its frames
-    /// come on the returned channel.
-    pub fn dispatch(self, state: &AppState, mut ctx: RequestCtx) -> mpsc::Receiver<Frame> {
+    /// Hands the request to the dispatcher with the admission's slot and memory; reading the
+    /// returned frames runs it.
+    pub fn dispatch(self, state: &AppState, mut ctx: RequestCtx) -> Frames {
         ctx.key_permit = Some(self.permit);
         ctx.memory = Some(Arc::new(self.charge));
         ctx.stalled = self.conn.map(|c| c.stall_flag());
-        let (tx, rx) = mpsc::channel(64);
-        state.dispatcher.spawn(ctx, tx);
-        rx
+        state.dispatcher.start(ctx)
     }
 }
 
@@ -657,7 +655,7 @@ fn normalise_headers(h: &mut [(HeaderName, HeaderValue)]) {
 }
 
 /// Turns the dispatcher's frames into the HTTP answer.
-async fn respond(mut rx: mpsc::Receiver<Frame>, sse: bool, keepalive_after: Duration) -> Response {
+async fn respond(mut rx: Frames, sse: bool, keepalive_after: Duration) -> Response {
     let first = if sse {
         match tokio::time::timeout(keepalive_after, rx.recv()).await {
             Ok(f) => f,
@@ -739,9 +737,7 @@ pub fn error_response(reply: ErrorReply) -> Response {
 }
 
 /// The body after the head: data frames as they come; the channel closing ends it.
-fn data_stream(
-    rx: mpsc::Receiver<Frame>,
-) -> impl futures_util::Stream<Item = Result<Bytes, Infallible>> {
+fn data_stream(rx: Frames) -> impl futures_util::Stream<Item = Result<Bytes, Infallible>> {
     stream::unfold(rx, |mut rx| async move {
         loop {
             if let Some(b) = encode(rx.recv().await?) {
@@ -753,9 +749,9 @@ fn data_stream(
 
 /// 200 headers now, `: keep-alive` comments until the dispatcher commits; a failure then
 /// arrives as a `response.failed` event with the same code and message.
-fn keepalive_response(rx: mpsc::Receiver<Frame>) -> Response {
+fn keepalive_response(rx: Frames) -> Response {
     struct S {
-        rx: mpsc::Receiver<Frame>,
+        rx: Frames,
         tick: tokio::time::Interval,
         done: bool,
     }

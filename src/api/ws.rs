@@ -22,7 +22,6 @@ use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use serde_json::{Value, json};
-use tokio::sync::mpsc;
 
 use super::AppState;
 use super::error::ApiError;
@@ -521,8 +520,7 @@ impl Connection {
             warmup,
             connection: self.id,
         });
-        let (tx, mut rx) = mpsc::channel(64);
-        self.state.dispatcher.spawn(ctx, tx);
+        let mut rx = self.state.dispatcher.start(ctx);
         let mut output: Option<Piece> = None;
         let mut completed_id: Option<String> = None;
         loop {

@@ -9,6 +9,7 @@
 
 pub mod attempt;
 pub mod credits;
+pub mod frames;
 pub mod probe;
 pub mod request;
 pub mod stream;
@@ -426,10 +427,13 @@ impl Dispatcher {
             .unwrap_or_else(|| model.to_string())
     }
 
-    /// Runs one request to the end, sending frames to `tx`.
-    pub fn spawn(&self, ctx: RequestCtx, tx: mpsc::Sender<Frame>) {
+    /// Starts one request: it runs as its frames are read (on the reader's task), and on a
+    /// task of its own if the reader goes before it ends.
+    pub fn start(&self, ctx: RequestCtx) -> frames::Frames {
         let mut d = self.clone();
         d.config = self.current();
-        self.tasks.spawn(async move { d.run(ctx, tx).await });
+        let (tx, rx) = mpsc::channel(64);
+        let run = self.tasks.track_future(async move { d.run(ctx, tx).await });
+        frames::Frames::new(rx, Box::pin(run))
     }
 }

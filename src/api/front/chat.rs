@@ -14,13 +14,13 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use crate::dispatch::frames::Frames;
 use axum::body::{Body, Bytes};
 use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use serde_json::{Map, Value, json};
 use sha2::{Digest, Sha256};
-use tokio::sync::mpsc;
 
 use super::Ended;
 use crate::api::AppState;
@@ -524,7 +524,7 @@ pub async fn completions(
 }
 
 /// Waits for the terminal event and answers one `chat.completion`.
-async fn json_answer(rx: mpsc::Receiver<Frame>, model: &str, created: u64) -> Response {
+async fn json_answer(rx: Frames, model: &str, created: u64) -> Response {
     match super::terminal(rx).await {
         Ended::Error(reply) => error_response(*reply),
         Ended::Terminal(kind, v) if kind == "response.failed" => {
@@ -546,7 +546,7 @@ async fn json_answer(rx: mpsc::Receiver<Frame>, model: &str, created: u64) -> Re
 
 /// Answers `chat.completion.chunk`s as the events come; a failure before anything was sent
 /// is an HTTP error.
-async fn stream_answer(rx: mpsc::Receiver<Frame>, mut chunker: Chunker) -> Response {
+async fn stream_answer(rx: Frames, mut chunker: Chunker) -> Response {
     const DONE: &[u8] = b"data: [DONE]\n\n";
     super::event_stream(
         rx,

@@ -10,19 +10,19 @@
 
 use std::sync::Arc;
 
+use crate::dispatch::frames::Frames;
 use axum::body::Body;
 use axum::extract::State;
 use axum::http::{HeaderMap, header};
 use axum::response::{IntoResponse, Response};
 use base64::Engine;
 use serde_json::{Map, Value, json};
-use tokio::sync::mpsc;
 
 use super::Ended;
 use crate::api::AppState;
 use crate::api::error::ApiError;
 use crate::api::responses::{self, Conn, Turn, error_response};
-use crate::dispatch::{ErrorReply, Frame};
+use crate::dispatch::ErrorReply;
 
 const SIZES: [&str; 4] = ["1024x1024", "1024x1536", "1536x1024", "auto"];
 
@@ -357,7 +357,7 @@ async fn run(
     }
 }
 
-async fn collect(rx: mpsc::Receiver<Frame>, created: u64) -> Response {
+async fn collect(rx: Frames, created: u64) -> Response {
     match super::terminal(rx).await {
         Ended::Error(reply) => error_response(*reply),
         Ended::Terminal(_, v) => match answer(&v["response"], created) {

@@ -18,13 +18,13 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use crate::dispatch::frames::Frames;
 use axum::body::{Body, Bytes};
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde_json::{Map, Value, json};
 use sha2::{Digest, Sha256};
-use tokio::sync::mpsc;
 
 use super::Ended;
 use crate::api::AppState;
@@ -568,7 +568,7 @@ pub async fn create(
     }
 }
 
-async fn json_answer(rx: mpsc::Receiver<Frame>, model: &str, thinking: bool) -> Response {
+async fn json_answer(rx: Frames, model: &str, thinking: bool) -> Response {
     match super::terminal(rx).await {
         Ended::Error(reply) => reply_response(*reply),
         Ended::Terminal(kind, v) if kind == "response.failed" => {
@@ -585,7 +585,7 @@ async fn json_answer(rx: mpsc::Receiver<Frame>, model: &str, thinking: bool) -> 
     }
 }
 
-async fn stream_answer(rx: mpsc::Receiver<Frame>, mut seq: Sequencer) -> Response {
+async fn stream_answer(rx: Frames, mut seq: Sequencer) -> Response {
     super::event_stream(
         rx,
         reply_response,

@@ -8,11 +8,11 @@ pub mod chat;
 pub mod images;
 pub mod messages;
 
+use crate::dispatch::frames::Frames;
 use axum::body::{Body, Bytes};
 use axum::http::HeaderMap;
 use axum::response::Response;
 use serde_json::Value;
-use tokio::sync::mpsc;
 
 use super::AppState;
 use super::error::ApiError;
@@ -28,7 +28,7 @@ pub fn dispatch(
     headers: &HeaderMap,
     translated: &Value,
     path: &'static str,
-) -> Result<mpsc::Receiver<Frame>, ApiError> {
+) -> Result<Frames, ApiError> {
     let bytes = Bytes::from(translated.to_string());
     let obj = responses::parse_object(&bytes)?;
     let mut ctx = responses::request_ctx(
@@ -59,7 +59,7 @@ pub enum Ended {
 }
 
 /// Waits for the request's end.
-pub async fn terminal(mut rx: mpsc::Receiver<Frame>) -> Ended {
+pub async fn terminal(mut rx: Frames) -> Ended {
     while let Some(frame) = rx.recv().await {
         match frame {
             Frame::Error(reply) => return Ended::Error(reply),
@@ -83,7 +83,7 @@ pub async fn terminal(mut rx: mpsc::Receiver<Frame>) -> Ended {
 /// answered by `refused`, a channel closed first by `nothing`), then sends what `encode` makes
 /// of each frame — bytes (empty: nothing to send) and whether the stream is done.
 pub async fn event_stream<E>(
-    mut rx: mpsc::Receiver<Frame>,
+    mut rx: Frames,
     refused: impl FnOnce(ErrorReply) -> Response,
     nothing: impl FnOnce() -> Response,
     encode: E,

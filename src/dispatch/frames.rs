@@ -1,0 +1,77 @@
+//! A request's frames, run where they are read: the request's future is polled by whoever
+//! reads its frames (the client's connection), so the connection and the request are one
+//! task and a frame passes between them without waking another. If the reader goes before
+//! the request has ended (the client left, or stalled and was closed), the rest of the
+//! request moves to a task of its own: it sees its client gone, as it would have on a
+//! separate task all along, and its record is kept.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use tokio::sync::mpsc::{self, error::TryRecvError};
+
+use super::Frame;
+
+/// A running request as its reader holds it.
+type Run = Pin<Box<dyn Future<Output = ()> + Send>>;
+
+/// The frames of one request, with the request itself until it ends.
+pub struct Frames {
+    rx: mpsc::Receiver<Frame>,
+    /// The request, until it has ended (then only what it left in the channel is read).
+    run: Option<Run>,
+}
+
+impl Frames {
+    /// The frames `run` sends on the channel `rx` receives from; `run` is driven by reading.
+    pub(super) fn new(rx: mpsc::Receiver<Frame>, run: Run) -> Self {
+        Frames { rx, run: Some(run) }
+    }
+
+    /// The next frame; `None` once the request has ended and its frames are read. Cancel-safe:
+    /// a call dropped before it resolves loses nothing.
+    pub async fn recv(&mut self) -> Option<Frame> {
+        std::future::poll_fn(|cx| self.poll_recv(cx)).await
+    }
+
+    /// Polls for the next frame, running the request as far as it can go first.
+    pub fn poll_recv(&mut self, cx: &mut Context<'_>) -> Poll<Option<Frame>> {
+        // A frame already sent is taken without polling the request: it has nothing to do
+        // until its frames are read, and the channel need not wake anyone.
+        loop {
+            match self.rx.try_recv() {
+                Ok(frame) => return Poll::Ready(Some(frame)),
+                Err(TryRecvError::Disconnected) => return Poll::Ready(None),
+                Err(TryRecvError::Empty) => {}
+            }
+            let Some(run) = self.run.as_mut() else {
+                return self.rx.poll_recv(cx);
+            };
+            if run.as_mut().poll(cx).is_ready() {
+                // Ended: what it sent last is in the channel, which is now closed.
+                self.run = None;
+                continue;
+            }
+            // Still running: it waits on something that wakes this task (the upstream, a
+            // timer, room in the channel), having sent what it could.
+            return match self.rx.try_recv() {
+                Ok(frame) => Poll::Ready(Some(frame)),
+                Err(TryRecvError::Disconnected) => Poll::Ready(None),
+                Err(TryRecvError::Empty) => Poll::Pending,
+            };
+        }
+    }
+}
+
+impl Drop for Frames {
+    /// The reader left first: the request goes on by itself to its end (it finds the channel
+    /// closed, ends as its client's leaving, and keeps its record).
+    fn drop(&mut self) {
+        if let Some(run) = self.run.take()
+            && let Ok(rt) = tokio::runtime::Handle::try_current()
+        {
+            rt.spawn(run);
+        }
+    }
+}
