@@ -332,7 +332,7 @@ async fn connect_now(
         ProxyScheme::Https => {
             let name = rustls::pki_types::ServerName::try_from(p.host.clone())
                 .map_err(|e| unreachable(io::Error::new(io::ErrorKind::InvalidInput, e)))?;
-            let mut tls = tokio_rustls::TlsConnector::from(tls_config(false)?)
+            let mut tls = tokio_rustls::TlsConnector::from(tls_config(Alpn::None)?)
                 .connect(name, tcp)
                 .await
                 .map_err(unreachable)?;
@@ -543,23 +543,37 @@ fn socks_reply(code: u8) -> &'static str {
     }
 }
 
+/// What a TLS connection of the gateway's offers by ALPN.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Alpn {
+    /// Nothing: the connection to an `https://` proxy.
+    None,
+    /// HTTP/1.1: the backend through a proxy's tunnel.
+    H1,
+    /// HTTP/2, else HTTP/1.1: the backend straight.
+    H2,
+}
+
 /// The TLS settings of the gateway's own TLS connections (to an `https://` proxy, and to the
-/// backend through a tunnel): the platform's trust store; `h1` offers HTTP/1.1 by ALPN.
-fn tls_config(h1: bool) -> Result<Arc<rustls::ClientConfig>, EgressError> {
-    static PLAIN: OnceLock<Result<Arc<rustls::ClientConfig>, String>> = OnceLock::new();
-    static H1: OnceLock<Result<Arc<rustls::ClientConfig>, String>> = OnceLock::new();
-    let cell = if h1 { &H1 } else { &PLAIN };
-    cell.get_or_init(|| {
-        super::install_crypto_provider();
-        use rustls_platform_verifier::ConfigVerifierExt;
-        let mut c = rustls::ClientConfig::with_platform_verifier().map_err(|e| e.to_string())?;
-        if h1 {
-            c.alpn_protocols = vec![b"http/1.1".to_vec()];
-        }
-        Ok(Arc::new(c))
-    })
-    .clone()
-    .map_err(|e| EgressError::Target(io::Error::other(format!("TLS settings: {e}"))))
+/// backend): the platform's trust store, and what `alpn` offers.
+fn tls_config(alpn: Alpn) -> Result<Arc<rustls::ClientConfig>, EgressError> {
+    static CONFIGS: [OnceLock<Result<Arc<rustls::ClientConfig>, String>>; 3] =
+        [OnceLock::new(), OnceLock::new(), OnceLock::new()];
+    CONFIGS[alpn as usize]
+        .get_or_init(|| {
+            super::install_crypto_provider();
+            use rustls_platform_verifier::ConfigVerifierExt;
+            let mut c =
+                rustls::ClientConfig::with_platform_verifier().map_err(|e| e.to_string())?;
+            c.alpn_protocols = match alpn {
+                Alpn::None => Vec::new(),
+                Alpn::H1 => vec![b"http/1.1".to_vec()],
+                Alpn::H2 => vec![b"h2".to_vec(), b"http/1.1".to_vec()],
+            };
+            Ok(Arc::new(c))
+        })
+        .clone()
+        .map_err(|e| EgressError::Target(io::Error::other(format!("TLS settings: {e}"))))
 }
 
 /// Implements `AsyncRead` and `AsyncWrite` for a two-way enum of streams by handing each call
@@ -628,9 +642,12 @@ macro_rules! either_io {
 
 either_io!(EgressStream, Tcp, ProxyTls);
 
-/// An HTTP connection to the backend through a proxy's tunnel, TLS inside for `https://`.
+/// An HTTP connection to the backend, straight or through a proxy's tunnel, TLS inside for
+/// `https://`.
 pub struct TunnelConn {
     io: TokioIo<TunnelIo>,
+    /// TLS agreed on HTTP/2.
+    h2: bool,
 }
 
 enum TunnelIo {
@@ -671,21 +688,33 @@ impl hyper::rt::Write for TunnelConn {
 impl Connection for TunnelConn {
     fn connected(&self) -> Connected {
         // Not `proxy(true)`: requests go in origin form, inside the tunnel.
-        Connected::new()
+        let c = Connected::new();
+        if self.h2 { c.negotiated_h2() } else { c }
     }
 }
 
-/// The connector of the HTTP client of one proxy: each connection is a tunnel to the
-/// request's host.
+/// The connector of an HTTP client to the backend: through one proxy (each connection a
+/// tunnel to the request's host, HTTP/1.1), or straight (HTTP/2 where TLS agrees on it).
 #[derive(Clone)]
 pub struct TunnelConnector {
-    proxy: Arc<ProxyUrl>,
+    proxy: Option<Arc<ProxyUrl>>,
     timeout: Duration,
 }
 
 impl TunnelConnector {
     pub fn new(proxy: Arc<ProxyUrl>, timeout: Duration) -> Self {
-        TunnelConnector { proxy, timeout }
+        TunnelConnector {
+            proxy: Some(proxy),
+            timeout,
+        }
+    }
+
+    /// Connections made straight to the request's host.
+    pub fn direct(timeout: Duration) -> Self {
+        TunnelConnector {
+            proxy: None,
+            timeout,
+        }
     }
 }
 
@@ -699,7 +728,7 @@ impl tower_service::Service<Uri> for TunnelConnector {
     }
 
     fn call(&mut self, dst: Uri) -> Self::Future {
-        let proxy = Arc::clone(&self.proxy);
+        let proxy = self.proxy.clone();
         let timeout = self.timeout;
         Box::pin(async move {
             let https = dst.scheme_str() == Some("https");
@@ -710,21 +739,24 @@ impl tower_service::Service<Uri> for TunnelConnector {
                 .trim_end_matches(']')
                 .to_string();
             let port = dst.port_u16().unwrap_or(if https { 443 } else { 80 });
-            let stream = connect(Some(&proxy), &host, port, timeout).await?;
-            let io = if https {
+            let stream = connect(proxy.as_deref(), &host, port, timeout).await?;
+            let alpn = if proxy.is_some() { Alpn::H1 } else { Alpn::H2 };
+            let (io, h2) = if https {
                 let name = rustls::pki_types::ServerName::try_from(host.clone()).map_err(|e| {
                     EgressError::Target(io::Error::new(io::ErrorKind::InvalidInput, e))
                 })?;
-                let tls = tokio_rustls::TlsConnector::from(tls_config(true)?)
+                let tls = tokio_rustls::TlsConnector::from(tls_config(alpn)?)
                     .connect(name, stream)
                     .await
                     .map_err(EgressError::Target)?;
-                TunnelIo::Tls(Box::new(tls))
+                let h2 = tls.get_ref().1.alpn_protocol() == Some(b"h2");
+                (TunnelIo::Tls(Box::new(tls)), h2)
             } else {
-                TunnelIo::Plain(stream)
+                (TunnelIo::Plain(stream), false)
             };
             Ok(TunnelConn {
                 io: TokioIo::new(io),
+                h2,
             })
         })
     }

@@ -21,6 +21,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use futures_util::StreamExt;
+use hyper::Uri;
 use reqwest::header::{HeaderName, HeaderValue};
 use serde_json::{Value, json};
 
@@ -111,6 +112,9 @@ type TunnelClient = hyper_util::client::legacy::Client<TunnelConnector, reqwest:
 #[derive(Clone)]
 pub struct Upstream {
     http: reqwest::Client,
+    /// The request path's client (`/responses`, `/responses/compact`): hyper's own, straight
+    /// to the backend (HTTP/2 where TLS agrees on it).
+    direct: TunnelClient,
     config: UpstreamConfig,
     /// `[upstream] proxy`: the way out of accounts without a proxy of their own.
     default_proxy: Option<Arc<ProxyUrl>>,
@@ -119,8 +123,8 @@ pub struct Upstream {
     /// One client per proxy in use, by its URL.
     tunnels: Arc<Mutex<HashMap<String, TunnelClient>>>,
     /// `{base}/responses` and `{base}/responses/compact`, parsed once.
-    responses_url: reqwest::Url,
-    compact_url: reqwest::Url,
+    responses_url: Uri,
+    compact_url: Uri,
 }
 
 impl std::fmt::Debug for Upstream {
@@ -176,11 +180,13 @@ impl Upstream {
             .use_env_proxy
             .then(|| Arc::new(egress::EnvProxies::from_env(|k| std::env::var(k).ok())));
         let url = |path: &str| {
-            reqwest::Url::parse(&format!("{}{path}", config.base_url))
+            format!("{}{path}", config.base_url)
+                .parse::<Uri>()
                 .map_err(|e| format!("[upstream] base_url: {e}"))
         };
         Ok(Upstream {
             http,
+            direct: hyper_client(TunnelConnector::direct(config.connect_timeout)),
             config: config.clone(),
             default_proxy,
             env_proxies,
@@ -207,12 +213,10 @@ impl Upstream {
         tunnels
             .entry(proxy.as_url())
             .or_insert_with(|| {
-                hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
-                    .pool_idle_timeout(Duration::from_secs(90))
-                    .build(TunnelConnector::new(
-                        Arc::clone(proxy),
-                        self.config.connect_timeout,
-                    ))
+                hyper_client(TunnelConnector::new(
+                    Arc::clone(proxy),
+                    self.config.connect_timeout,
+                ))
             })
             .clone()
     }
@@ -268,7 +272,8 @@ impl Upstream {
     }
 
     /// `POST {base}{path}` with a JSON body; returns the response once its headers arrive
-    /// (any status), or the facts of a transport failure.
+    /// (any status), or the facts of a transport failure. The request is built for hyper
+    /// itself: the request path pays for no URL parsing, redirect or retry layers.
     pub async fn post(
         &self,
         path: &str,
@@ -278,28 +283,64 @@ impl Upstream {
         sse: bool,
     ) -> Result<reqwest::Response, Facts> {
         // The request path's URLs are parsed once, at start (a routed account's each time).
-        let url = match (path, &id.route) {
+        let uri = match (path, &id.route) {
             ("/responses", None) => self.responses_url.clone(),
             ("/responses/compact", None) => self.compact_url.clone(),
-            _ => reqwest::Url::parse(&format!("{}{path}", self.base_of(id))).map_err(|e| {
-                Facts::transport(Phase::Connect, format!("upstream URL for {path}: {e}"))
-            })?,
+            _ => format!("{}{path}", self.base_of(id))
+                .parse::<Uri>()
+                .map_err(|e| {
+                    Facts::transport(Phase::Connect, format!("upstream URL for {path}: {e}"))
+                })?,
         };
-        let mut req = self
-            .authed(self.http.post(url), id)
-            .header("content-type", "application/json")
-            .header(
-                "accept",
-                if sse {
-                    "text/event-stream"
-                } else {
-                    "application/json"
-                },
+        let mut req = hyper::Request::new(reqwest::Body::from(body));
+        *req.method_mut() = hyper::Method::POST;
+        let h = req.headers_mut();
+        let mut bearer = HeaderValue::try_from(format!("Bearer {}", id.access_token))
+            .map_err(|e| Facts::transport(Phase::Connect, format!("access token: {e}")))?;
+        bearer.set_sensitive(true);
+        h.insert(reqwest::header::AUTHORIZATION, bearer);
+        let bad = |e: reqwest::header::InvalidHeaderValue| {
+            Facts::transport(Phase::Connect, format!("header value: {e}"))
+        };
+        let text = |v: &str| HeaderValue::try_from(v);
+        h.insert(
+            "chatgpt-account-id",
+            text(&id.chatgpt_account_id).map_err(bad)?,
+        );
+        h.insert(
+            "x-codex-installation-id",
+            text(&id.installation_id).map_err(bad)?,
+        );
+        if let Some(r) = &id.route {
+            h.insert(
+                routing::OVERRIDE_HEADER,
+                text(&r.override_value).map_err(bad)?,
             );
-        for (k, v) in headers {
-            req = req.header(k, v);
         }
-        self.send(req.body(body), id.proxy.as_ref()).await
+        h.insert(
+            reqwest::header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+        h.insert(
+            reqwest::header::ACCEPT,
+            HeaderValue::from_static(if sse {
+                "text/event-stream"
+            } else {
+                "application/json"
+            }),
+        );
+        for (k, v) in headers {
+            h.append(k, v.clone());
+        }
+        h.entry(reqwest::header::USER_AGENT)
+            .or_insert(HeaderValue::from_static(USER_AGENT));
+        let https = uri.scheme_str() == Some("https");
+        let client = match self.route(id.proxy.as_ref(), https, uri.host().unwrap_or("")) {
+            None => self.direct.clone(),
+            Some(p) => self.tunnel_client(p),
+        };
+        *req.uri_mut() = uri;
+        self.within_header_timeout(exchange(&client, req)).await
     }
 
     /// Sends a request on the account's way out (`proxy`: its own, see [`Upstream::route`])
@@ -326,6 +367,15 @@ impl Upstream {
                 Some(p) => self.send_through(req, p).await,
             }
         };
+        self.within_header_timeout(sent).await
+    }
+
+    /// An exchange, given up when its answer's headers have not come within the header
+    /// timeout.
+    async fn within_header_timeout(
+        &self,
+        sent: impl Future<Output = Result<reqwest::Response, Facts>>,
+    ) -> Result<reqwest::Response, Facts> {
         match tokio::time::timeout(self.config.header_timeout, sent).await {
             Err(_) => Err(Facts::transport(
                 Phase::PreHeaders,
@@ -349,19 +399,7 @@ impl Upstream {
         req.headers_mut()
             .entry(reqwest::header::USER_AGENT)
             .or_insert(HeaderValue::from_static(USER_AGENT));
-        match self.tunnel_client(proxy).request(req).await {
-            Ok(resp) => Ok(reqwest::Response::from(resp.map(reqwest::Body::wrap))),
-            Err(e) => {
-                let phase = if e.is_connect() {
-                    Phase::Connect
-                } else {
-                    Phase::PreHeaders
-                };
-                // The proxy's own words first: "proxy unreachable: …".
-                let text = egress_cause(&e).map_or_else(|| describe(&e), ToString::to_string);
-                Err(Facts::transport(phase, text))
-            }
-        }
+        exchange(&self.tunnel_client(proxy), req).await
     }
 
     /// `GET {base}/models?client_version=…`.
@@ -609,6 +647,33 @@ pub fn egress_cause<'a>(e: &'a (dyn std::error::Error + 'static)) -> Option<&'a 
 }
 
 /// A transport error, with its causes, in one line.
+/// A hyper client of the backend on `connector`: idle connections kept 90 s.
+fn hyper_client(connector: TunnelConnector) -> TunnelClient {
+    hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .pool_idle_timeout(Duration::from_secs(90))
+        .build(connector)
+}
+
+/// One request on a hyper client of the backend; its answer is handed on as any other, a
+/// failure as the transport's facts (a proxy's own words first: "proxy unreachable: …").
+async fn exchange(
+    client: &TunnelClient,
+    req: hyper::Request<reqwest::Body>,
+) -> Result<reqwest::Response, Facts> {
+    match client.request(req).await {
+        Ok(resp) => Ok(reqwest::Response::from(resp.map(reqwest::Body::wrap))),
+        Err(e) => {
+            let phase = if e.is_connect() {
+                Phase::Connect
+            } else {
+                Phase::PreHeaders
+            };
+            let text = egress_cause(&e).map_or_else(|| describe(&e), ToString::to_string);
+            Err(Facts::transport(phase, text))
+        }
+    }
+}
+
 pub fn describe(e: &(dyn std::error::Error + 'static)) -> String {
     let mut s = e.to_string();
     let mut src = e.source();
