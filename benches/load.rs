@@ -23,6 +23,10 @@
 //! connections, for `LOAD_SECONDS`, default 30) and what a well-behaved client sees meanwhile.
 //! `LOAD_ONLY=bodies` measures what one 14 MiB WebSocket turn and one 14 MiB `stream: false`
 //! body of tiny items cost the gateway in memory (`LOAD_BODY_MIB`).
+//! `LOAD_ONLY=publish` prints, as Markdown, the figures the README publishes: p50 and p99 added
+//! by nginx and by the gateway at 1, 16 and 64 connections, and the interleaved delta with its
+//! spread (`LOAD_ROUNDS`); `LOAD_GATEWAY_B=path` puts a second build in the same rounds, for a
+//! before/after that the machine's drift cannot tilt.
 //!
 //! The upstream is nginx's own `return 200` when nginx is installed (as fast a static
 //! upstream as there is), else this program itself in a child process.
@@ -472,8 +476,16 @@ fn gateway_bin() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_switchyard")))
 }
 
+/// The build a gateway set up in `dir` runs: the one its `gateway-bin` file names (a second
+/// build, side by side with the first), else [`gateway_bin`].
+fn bin_of(dir: &Path) -> PathBuf {
+    std::fs::read_to_string(dir.join("gateway-bin"))
+        .map(|p| PathBuf::from(p.trim()))
+        .unwrap_or_else(|_| gateway_bin())
+}
+
 fn switchyard(dir: &Path, args: &[&str]) -> String {
-    let out = Command::new(gateway_bin())
+    let out = Command::new(bin_of(dir))
         .arg("--config")
         .arg(dir.join("switchyard.toml"))
         .args(args)
@@ -540,7 +552,7 @@ fn serve_gateway(dir: &Path, listen: u16) -> Proc {
         .append(true)
         .open(dir.join("gateway.log"))
         .unwrap();
-    let child = Command::new(gateway_bin())
+    let child = Command::new(bin_of(dir))
         .arg("--config")
         .arg(dir.join("switchyard.toml"))
         .arg("serve")
@@ -560,52 +572,209 @@ struct Target {
     auth: Option<String>,
 }
 
+/// Waits until the gateway serves: it proves its accounts first (usage, one request).
+async fn wait_serving(gateway: &Target, dir: &Path) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while drive(gateway, 1, 0.05).await.0.is_empty() {
+        assert!(
+            Instant::now() < deadline,
+            "the gateway never served: see {}",
+            dir.join("gateway.log").display()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// The figures the README publishes, as Markdown: p50 and p99 added by nginx and by the
+/// gateway at 1, 16 and 64 connections (`LOAD_CONNS`), and the interleaved delta with its
+/// spread (`LOAD_ROUNDS` rounds, default 5,000, of one request direct, one through nginx and
+/// one through the gateway, in rotating order on one connection each).
+fn publish() {
+    assert!(
+        has_nginx(),
+        "publishing needs nginx, as the upstream and the reverse-proxy anchor"
+    );
+    let secs: f64 = std::env::var("LOAD_SECONDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(5.0);
+    let rounds: usize = std::env::var("LOAD_ROUNDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(5000);
+    let conns = std::env::var("LOAD_CONNS")
+        .ok()
+        .map(|_| conn_counts())
+        .unwrap_or_else(|| vec![1, 16, 64]);
+    let tmp = tempfile::tempdir().unwrap();
+    let dir: PathBuf = tmp.path().to_path_buf();
+    let (up, px, gw) = (free_port(), free_port(), free_port());
+    let nginx = start_nginx(&dir, up, px);
+    let (gateway, key) = start_gateway(&dir, up, gw, 4);
+    // `LOAD_GATEWAY_B=path`: a second build beside the first, in the interleaved rounds.
+    let other = std::env::var_os("LOAD_GATEWAY_B").map(|bin| {
+        let other_dir = dir.join("b");
+        std::fs::create_dir_all(&other_dir).unwrap();
+        std::fs::write(other_dir.join("gateway-bin"), bin.as_encoded_bytes()).unwrap();
+        let port = free_port();
+        let (p, key) = start_gateway(&other_dir, up, port, 4);
+        (
+            p,
+            Target {
+                addr: ([127, 0, 0, 1], port).into(),
+                path: "/v1/responses",
+                auth: Some(format!("Bearer {key}")),
+            },
+        )
+    });
+    let direct = Target {
+        addr: ([127, 0, 0, 1], up).into(),
+        path: "/backend-api/codex/responses",
+        auth: None,
+    };
+    let via_nginx = Target {
+        addr: ([127, 0, 0, 1], px).into(),
+        path: direct.path,
+        auth: None,
+    };
+    let via_gateway = Target {
+        addr: ([127, 0, 0, 1], gw).into(),
+        path: "/v1/responses",
+        auth: Some(format!("Bearer {key}")),
+    };
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        wait_serving(&via_gateway, &dir).await;
+        let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
+        println!(
+            "{EVENTS}-event SSE answers from nginx `return 200`; the client (one thread), nginx and the gateway on one {cores}-core machine; {secs} s per measurement; added = through the proxy less direct, at the same percentile.\n"
+        );
+        println!("| connections | direct p50 / p99 | nginx adds p50 / p99 | gateway adds p50 / p99 | gateway req/s (of nginx's) | gateway CPU per answer |");
+        println!("|---:|---:|---:|---:|---:|---:|");
+        let nginx_meter = Meter::Tree(nginx.0.id());
+        for c in conns {
+            let d = measure(&direct, c, secs, nginx_meter).await;
+            let n = measure(&via_nginx, c, secs, nginx_meter).await;
+            let g = measure(&via_gateway, c, secs, Meter::Process(gateway.0.id())).await;
+            let added = |r: &Run| {
+                format!(
+                    "{:.3} / {:.3} ms",
+                    ms(r.p50.saturating_sub(d.p50)),
+                    ms(r.p99.saturating_sub(d.p99))
+                )
+            };
+            println!(
+                "| {c} | {:.3} / {:.3} ms | {} | {} | {:.0} ({:.0}%) | {} |",
+                ms(d.p50),
+                ms(d.p99),
+                added(&n),
+                added(&g),
+                g.rps,
+                g.rps / n.rps * 100.0,
+                g.cpu_us.map_or("–".into(), |us| format!("{us:.0} µs")),
+            );
+        }
+        let mut targets = vec![&direct, &via_nginx, &via_gateway];
+        if let Some((_, b)) = &other {
+            wait_serving(b, &dir).await;
+            targets.push(b);
+        }
+        let deltas = interleaved(&targets, rounds).await;
+        let spread = |d: &[f64]| {
+            let at = |p: f64| d[((d.len() - 1) as f64 * p).round() as usize];
+            let mean = d.iter().sum::<f64>() / d.len() as f64;
+            let sd = (d.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / d.len() as f64).sqrt();
+            format!(
+                "median {:.3} ms (p25–p75 {:.3}–{:.3}, p5–p95 {:.3}–{:.3}; mean {:.3} ± {:.3})",
+                at(0.5),
+                at(0.25),
+                at(0.75),
+                at(0.05),
+                at(0.95),
+                mean,
+                sd
+            )
+        };
+        println!(
+            "\nInterleaved, {} rounds of one request direct, one through nginx and one through the gateway (rotating order, one connection each), each less the direct one of its round: the gateway adds {}; nginx adds {}.",
+            deltas[1].len(),
+            spread(&deltas[1]),
+            spread(&deltas[0]),
+        );
+        if let Some(b) = deltas.get(2) {
+            println!("The second build (`LOAD_GATEWAY_B`), in the same rounds, adds {}.", spread(b));
+        }
+    });
+}
+
+/// One keep-alive connection to a target.
+struct Client {
+    send: hyper::client::conn::http1::SendRequest<Full<Bytes>>,
+    path: &'static str,
+    auth: Option<String>,
+}
+
+impl Client {
+    async fn connect(t: &Target) -> Client {
+        let stream = tokio::net::TcpStream::connect(t.addr).await.unwrap();
+        stream.set_nodelay(true).unwrap();
+        let (send, conn) =
+            hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+                .await
+                .unwrap();
+        tokio::spawn(conn);
+        Client {
+            send,
+            path: t.path,
+            auth: t.auth.clone(),
+        }
+    }
+
+    /// One request: `Ok` with its latency when the answer came whole, `Err(true)` when it did
+    /// not, `Err(false)` when the connection failed.
+    async fn once(&mut self) -> Result<Duration, bool> {
+        let mut req = hyper::Request::post(self.path)
+            .header("host", "127.0.0.1")
+            .header("content-type", "application/json");
+        if let Some(a) = &self.auth {
+            req = req.header("authorization", a);
+        }
+        let req = req
+            .body(Full::new(Bytes::from_static(REQUEST.as_bytes())))
+            .unwrap();
+        let t0 = Instant::now();
+        let resp = self.send.send_request(req).await.map_err(|_| false)?;
+        let ok = resp.status() == 200;
+        match resp.into_body().collect().await.map(|b| b.to_bytes()) {
+            Ok(b) if ok && memchr::memmem::find(&b, b"response.completed").is_some() => {
+                Ok(t0.elapsed())
+            }
+            _ => Err(true),
+        }
+    }
+}
+
 /// Sends requests on `conns` keep-alive connections for `secs`; returns the latencies of the
 /// complete answers and how many were not.
 async fn drive(t: &Target, conns: usize, secs: f64) -> (Vec<Duration>, usize) {
     let until = Instant::now() + Duration::from_secs_f64(secs);
     let mut tasks = Vec::new();
     for _ in 0..conns {
-        let (addr, path, auth) = (t.addr, t.path, t.auth.clone());
+        let mut client = Client::connect(t).await;
         tasks.push(tokio::spawn(async move {
-            let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
-            stream.set_nodelay(true).unwrap();
-            let (mut send, conn) =
-                hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
-                    .await
-                    .unwrap();
-            tokio::spawn(conn);
             let mut lat = Vec::new();
             let mut bad = 0;
             while Instant::now() < until {
-                let mut req = hyper::Request::post(path)
-                    .header("host", "127.0.0.1")
-                    .header("content-type", "application/json");
-                if let Some(a) = &auth {
-                    req = req.header("authorization", a);
-                }
-                let req = req
-                    .body(Full::new(Bytes::from_static(REQUEST.as_bytes())))
-                    .unwrap();
-                let t0 = Instant::now();
-                match send.send_request(req).await {
-                    Ok(resp) => {
-                        let ok = resp.status() == 200;
-                        let body = resp.into_body().collect().await.map(|b| b.to_bytes());
-                        match body {
-                            Ok(b)
-                                if ok
-                                    && memchr::memmem::find(&b, b"response.completed")
-                                        .is_some() =>
-                            {
-                                lat.push(t0.elapsed());
-                            }
-                            _ => bad += 1,
-                        }
-                    }
-                    Err(_) => {
+                match client.once().await {
+                    Ok(l) => lat.push(l),
+                    Err(open) => {
                         bad += 1;
-                        break;
+                        if !open {
+                            break;
+                        }
                     }
                 }
             }
@@ -636,37 +805,19 @@ async fn drive_count(
     let at = Arc::new(at);
     let mut tasks = Vec::new();
     for _ in 0..conns {
-        let (addr, path, auth) = (t.addr, t.path, t.auth.clone());
+        let mut client = Client::connect(t).await;
         let (sent, done, at) = (Arc::clone(&sent), Arc::clone(&done), Arc::clone(&at));
         tasks.push(tokio::spawn(async move {
-            let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
-            stream.set_nodelay(true).unwrap();
-            let (mut send, conn) =
-                hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
-                    .await
-                    .unwrap();
-            tokio::spawn(conn);
             let mut bad = 0;
             while sent.fetch_add(1, Ordering::Relaxed) < total {
-                let mut req = hyper::Request::post(path)
-                    .header("host", "127.0.0.1")
-                    .header("content-type", "application/json");
-                if let Some(a) = &auth {
-                    req = req.header("authorization", a);
-                }
-                let req = req
-                    .body(Full::new(Bytes::from_static(REQUEST.as_bytes())))
-                    .unwrap();
-                let Ok(resp) = send.send_request(req).await else {
-                    bad += 1;
-                    break;
-                };
-                let ok = resp.status() == 200;
-                match resp.into_body().collect().await.map(|b| b.to_bytes()) {
-                    Ok(b) if ok && memchr::memmem::find(&b, b"response.completed").is_some() => {
-                        at(done.fetch_add(1, Ordering::Relaxed) + 1);
+                match client.once().await {
+                    Ok(_) => at(done.fetch_add(1, Ordering::Relaxed) + 1),
+                    Err(open) => {
+                        bad += 1;
+                        if !open {
+                            break;
+                        }
                     }
-                    _ => bad += 1,
                 }
             }
             bad
@@ -677,6 +828,34 @@ async fn drive_count(
         bad += t.await.unwrap();
     }
     bad
+}
+
+/// `rounds` rounds of one request to each target in turn (the order rotating every round),
+/// each on its own connection: each target's latency less the first target's in the same
+/// round, sorted.
+async fn interleaved(targets: &[&Target], rounds: usize) -> Vec<Vec<f64>> {
+    let mut clients = Vec::new();
+    for t in targets {
+        clients.push(Client::connect(t).await);
+    }
+    let mut deltas = vec![Vec::with_capacity(rounds); targets.len() - 1];
+    let mut lat = vec![Duration::ZERO; targets.len()];
+    'round: for round in 0..rounds {
+        for k in 0..clients.len() {
+            let i = (k + round) % clients.len();
+            match clients[i].once().await {
+                Ok(l) => lat[i] = l,
+                Err(_) => continue 'round,
+            }
+        }
+        for (d, l) in deltas.iter_mut().zip(&lat[1..]) {
+            d.push(ms(*l) - ms(lat[0]));
+        }
+    }
+    for d in &mut deltas {
+        d.sort_by(f64::total_cmp);
+    }
+    deltas
 }
 
 /// The gateway's memory over a long run: RSS after the first 10k answers and after the last
@@ -701,11 +880,7 @@ fn rss_over_a_long_run() {
         .build()
         .unwrap();
     rt.block_on(async {
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while drive(&target, 1, 0.05).await.0.is_empty() {
-            assert!(Instant::now() < deadline, "the gateway never served");
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        wait_serving(&target, tmp.path()).await;
         let pid = gateway.0.id();
         let start = rss_kb(pid).unwrap_or(0);
         let samples = Arc::new(std::sync::Mutex::new(Vec::new()));
@@ -807,11 +982,7 @@ fn slow_bodies() {
         .build()
         .unwrap();
     rt.block_on(async move {
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while drive(&target, 1, 0.05).await.0.is_empty() {
-            assert!(Instant::now() < deadline, "the gateway never served");
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        wait_serving(&target, tmp.path()).await;
         let addr: SocketAddr = ([127, 0, 0, 1], gw).into();
         let head = format!(
             "POST /v1/responses HTTP/1.1\r\nhost: 127.0.0.1\r\nauthorization: Bearer {limited}\r\ncontent-type: application/json\r\ncontent-length: 1000000\r\n\r\n{{"
@@ -973,11 +1144,7 @@ fn big_bodies() {
         .build()
         .unwrap();
     rt.block_on(async move {
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while drive(&target, 1, 0.05).await.0.is_empty() {
-            assert!(Instant::now() < deadline, "the gateway never served");
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        wait_serving(&target, tmp.path()).await;
         // WebSocket: one turn, then the socket stays open.
         use futures_util::{SinkExt, StreamExt};
         use tokio_tungstenite::tungstenite::Message;
@@ -1243,6 +1410,7 @@ fn main() {
         Ok("rss") => return rss_over_a_long_run(),
         Ok("slow_bodies") => return slow_bodies(),
         Ok("bodies") => return big_bodies(),
+        Ok("publish") => return publish(),
         _ => {}
     }
     // `cargo test --bench` passes harness flags; `cargo bench` passes `--bench`.
@@ -1293,16 +1461,7 @@ fn main() {
         .build()
         .unwrap();
     rt.block_on(async {
-        // The gateway proves its accounts first (usage, one request): wait until it serves.
-        let deadline = Instant::now() + Duration::from_secs(60);
-        loop {
-            let (lat, _) = drive(&via_gateway, 1, 0.05).await;
-            if !lat.is_empty() {
-                break;
-            }
-            assert!(Instant::now() < deadline, "the gateway never served: see {}", dir.join("gateway.log").display());
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        wait_serving(&via_gateway, &dir).await;
         let rss_idle = rss_kb(gateway.0.id());
         println!(
             "{EVENTS}-event SSE answer, {secs} s per measurement, one client thread; upstream: {}",
@@ -1396,11 +1555,7 @@ fn main() {
         auth: Some(format!("Bearer {skey}")),
     };
     rt.block_on(async {
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while drive(&paced_gateway, 1, 0.05).await.0.is_empty() {
-            assert!(Instant::now() < deadline, "the streams' gateway never served");
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        wait_serving(&paced_gateway, &streams_dir).await;
         let (dp50, dp99, dbad) = streams(&paced_direct, long_streams).await;
         let sampler = {
             let pid = sgw.0.id();
