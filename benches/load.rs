@@ -572,6 +572,26 @@ struct Target {
     auth: Option<String>,
 }
 
+impl Target {
+    /// The backend's (or a plain proxy's) `/responses` on a local port.
+    fn backend(port: u16) -> Target {
+        Target {
+            addr: ([127, 0, 0, 1], port).into(),
+            path: "/backend-api/codex/responses",
+            auth: None,
+        }
+    }
+
+    /// A gateway's `/v1/responses` on a local port, with its key.
+    fn gateway(port: u16, key: &str) -> Target {
+        Target {
+            addr: ([127, 0, 0, 1], port).into(),
+            path: "/v1/responses",
+            auth: Some(format!("Bearer {key}")),
+        }
+    }
+}
+
 /// Waits until the gateway serves: it proves its accounts first (usage, one request).
 async fn wait_serving(gateway: &Target, dir: &Path) {
     let deadline = Instant::now() + Duration::from_secs(60);
@@ -618,30 +638,10 @@ fn publish() {
         std::fs::write(other_dir.join("gateway-bin"), bin.as_encoded_bytes()).unwrap();
         let port = free_port();
         let (p, key) = start_gateway(&other_dir, up, port, 4);
-        (
-            p,
-            Target {
-                addr: ([127, 0, 0, 1], port).into(),
-                path: "/v1/responses",
-                auth: Some(format!("Bearer {key}")),
-            },
-        )
+        (p, Target::gateway(port, &key))
     });
-    let direct = Target {
-        addr: ([127, 0, 0, 1], up).into(),
-        path: "/backend-api/codex/responses",
-        auth: None,
-    };
-    let via_nginx = Target {
-        addr: ([127, 0, 0, 1], px).into(),
-        path: direct.path,
-        auth: None,
-    };
-    let via_gateway = Target {
-        addr: ([127, 0, 0, 1], gw).into(),
-        path: "/v1/responses",
-        auth: Some(format!("Bearer {key}")),
-    };
+    let (direct, via_nginx) = (Target::backend(up), Target::backend(px));
+    let via_gateway = Target::gateway(gw, &key);
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -870,11 +870,7 @@ fn rss_over_a_long_run() {
     let (up, gw) = (free_port(), free_port());
     let _upstream = start_own_upstream(up);
     let (gateway, key) = start_gateway(tmp.path(), up, gw, 4);
-    let target = Target {
-        addr: ([127, 0, 0, 1], gw).into(),
-        path: "/v1/responses",
-        auth: Some(format!("Bearer {key}")),
-    };
+    let target = Target::gateway(gw, &key);
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -971,11 +967,7 @@ fn slow_bodies() {
     )
     .trim()
     .to_string();
-    let target = Target {
-        addr: ([127, 0, 0, 1], gw).into(),
-        path: "/v1/responses",
-        auth: Some(format!("Bearer {good_key}")),
-    };
+    let target = Target::gateway(gw, &good_key);
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -1117,11 +1109,7 @@ fn big_bodies() {
         .map(|e| e.unwrap().path())
         .collect();
     let (gateway, key) = start_gateway_with(tmp.path(), up, gw, &files);
-    let target = Target {
-        addr: ([127, 0, 0, 1], gw).into(),
-        path: "/v1/responses",
-        auth: Some(format!("Bearer {key}")),
-    };
+    let target = Target::gateway(gw, &key);
     let pid = gateway.0.id();
     let items = (mib << 20) / 3 - 64;
     let body = |extra: &str| {
@@ -1440,21 +1428,8 @@ fn main() {
         ("hyper", start_floor(fh, up, "hyper"), fh),
         ("reqwest", start_floor(fr, up, "reqwest"), fr),
     ];
-    let direct = Target {
-        addr: ([127, 0, 0, 1], up).into(),
-        path: "/backend-api/codex/responses",
-        auth: None,
-    };
-    let via_nginx = Target {
-        addr: ([127, 0, 0, 1], px).into(),
-        path: "/backend-api/codex/responses",
-        auth: None,
-    };
-    let via_gateway = Target {
-        addr: ([127, 0, 0, 1], gw).into(),
-        path: "/v1/responses",
-        auth: Some(format!("Bearer {key}")),
-    };
+    let (direct, via_nginx) = (Target::backend(up), Target::backend(px));
+    let via_gateway = Target::gateway(gw, &key);
     // One client thread, as `wrk -t1`.
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -1513,7 +1488,7 @@ fn main() {
             }
             let mut floor = Vec::new();
             for (client, proc, port) in &floors {
-                let t = Target { addr: ([127, 0, 0, 1], *port).into(), path: direct.path, auth: None };
+                let t = Target::backend(*port);
                 let f = measure(&t, conns, secs, Meter::Process(proc.0.id())).await;
                 floor.push(format!(
                     "{client} client adds {:.3} ms, {:.0} req/s, {} core sleeps, CPU {}",
@@ -1544,16 +1519,8 @@ fn main() {
     std::fs::create_dir_all(&streams_dir).unwrap();
     let sgw_port = free_port();
     let (sgw, skey) = start_gateway(&streams_dir, paced_port, sgw_port, 4);
-    let paced_direct = Target {
-        addr: ([127, 0, 0, 1], paced_port).into(),
-        path: "/backend-api/codex/responses",
-        auth: None,
-    };
-    let paced_gateway = Target {
-        addr: ([127, 0, 0, 1], sgw_port).into(),
-        path: "/v1/responses",
-        auth: Some(format!("Bearer {skey}")),
-    };
+    let paced_direct = Target::backend(paced_port);
+    let paced_gateway = Target::gateway(sgw_port, &skey);
     rt.block_on(async {
         wait_serving(&paced_gateway, &streams_dir).await;
         let (dp50, dp99, dbad) = streams(&paced_direct, long_streams).await;
