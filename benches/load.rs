@@ -614,14 +614,8 @@ fn publish() {
         has_nginx(),
         "publishing needs nginx, as the upstream and the reverse-proxy anchor"
     );
-    let secs: f64 = std::env::var("LOAD_SECONDS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(5.0);
-    let rounds: usize = std::env::var("LOAD_ROUNDS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(5000);
+    let secs: f64 = env_or("LOAD_SECONDS", 5.0);
+    let rounds: usize = env_or("LOAD_ROUNDS", 5000);
     let conns = std::env::var("LOAD_CONNS")
         .ok()
         .map(|_| conn_counts())
@@ -862,10 +856,7 @@ async fn interleaved(targets: &[&Target], rounds: usize) -> Vec<Vec<f64>> {
 /// of `LOAD_RSS_REQUESTS` (default 200k), on 8 connections. Each answer leaves a request
 /// record in the store, so a cache that is not held to its size shows as growth here.
 fn rss_over_a_long_run() {
-    let total: usize = std::env::var("LOAD_RSS_REQUESTS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(200_000);
+    let total: usize = env_or("LOAD_RSS_REQUESTS", 200_000);
     let tmp = tempfile::tempdir().unwrap();
     let (up, gw) = (free_port(), free_port());
     let _upstream = start_own_upstream(up);
@@ -939,14 +930,8 @@ fn sigterm(pid: u32) {
 /// asked, every 100 ms: their latencies and failures while the trickle runs, and how the
 /// gateway closed the slow connections.
 fn slow_bodies() {
-    let n: usize = std::env::var("LOAD_SLOW_BODIES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(4200);
-    let secs: u64 = std::env::var("LOAD_SECONDS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(30);
+    let n: usize = env_or("LOAD_SLOW_BODIES", 4200);
+    let secs: u64 = env_or("LOAD_SECONDS", 30);
     switchyard::daemon::fds::raise_open_file_limit();
     switchyard::upstream::install_crypto_provider();
     let tmp = tempfile::tempdir().unwrap();
@@ -1079,10 +1064,7 @@ fn reset_peak(pid: u32) {
 /// `{}` items (three bytes each with the comma), through the simulated backend in its own process: the gateway's peak RSS over each, and what the
 /// open socket keeps after its turn, as multiples of the body.
 fn big_bodies() {
-    let mib: usize = std::env::var("LOAD_BODY_MIB")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(14);
+    let mib: usize = env_or("LOAD_BODY_MIB", 14);
     switchyard::upstream::install_crypto_provider();
     let tmp = tempfile::tempdir().unwrap();
     let (up, gw) = (free_port(), free_port());
@@ -1348,6 +1330,14 @@ fn write_calls(pid: u32) -> Option<u64> {
         .ok()
 }
 
+/// The environment variable `name` parsed, else `default`.
+fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
 fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1000.0
 }
@@ -1402,10 +1392,7 @@ fn main() {
         _ => {}
     }
     // `cargo test --bench` passes harness flags; `cargo bench` passes `--bench`.
-    let secs: f64 = std::env::var("LOAD_SECONDS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(5.0);
+    let secs: f64 = env_or("LOAD_SECONDS", 5.0);
     // Held open for the whole run: the request lasts while the file is open.
     let _awake = keep_awake();
     let tmp = tempfile::tempdir().unwrap();
@@ -1509,10 +1496,7 @@ fn main() {
     drop(gateway);
     // Long answers at once, through a gateway in front of an upstream that paces them (this
     // program's own): what the gateway adds to each event's delay, and its memory.
-    let long_streams: usize = std::env::var("LOAD_STREAMS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(1000);
+    let long_streams: usize = env_or("LOAD_STREAMS", 1000);
     let paced_port = free_port();
     let _paced = start_own_upstream(paced_port);
     let streams_dir = dir.join("streams");
@@ -1559,10 +1543,7 @@ fn main() {
     let idle_dir = dir.join("idle");
     std::fs::create_dir_all(&idle_dir).unwrap();
     let (idle, _) = start_gateway(&idle_dir, up, free_port(), 50);
-    let idle_secs: u64 = std::env::var("LOAD_IDLE_SECONDS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(10);
+    let idle_secs: u64 = env_or("LOAD_IDLE_SECONDS", 10);
     // Let it settle (account probes, the first usage polls), then watch it.
     std::thread::sleep(Duration::from_secs(3));
     let (t0, at) = (cpu_ticks(idle.0.id()).unwrap_or(0), Instant::now());
