@@ -33,9 +33,9 @@ pub fn is_precommit(kind: &str) -> bool {
     )
 }
 
-/// What the gateway reads from an event's `response` object: its id and usage. A
+/// What the gateway reads from an event's `response` object: its id, tier and usage. A
 /// `response.completed` carries the whole answer; this reads past the rest of it without
-/// building it into a tree.
+/// building any of it, and reads a field of an odd type as a tree would (`as_str`, `as_u64`).
 #[derive(serde::Deserialize, Default)]
 struct ResponsePeek {
     #[serde(default)]
@@ -44,17 +44,155 @@ struct ResponsePeek {
 
 #[derive(serde::Deserialize)]
 struct ResponseFields {
+    #[serde(default)]
+    id: Lenient<Text>,
+    #[serde(default)]
+    service_tier: Lenient<Text>,
+    /// There, whatever its value (`null` included): a usage that is there counts.
     #[serde(default, deserialize_with = "present")]
-    id: Option<Value>,
-    #[serde(default, deserialize_with = "present")]
-    usage: Option<Value>,
-    #[serde(default, deserialize_with = "present")]
-    service_tier: Option<Value>,
+    usage: Option<Lenient<UsageFields>>,
+}
+
+#[derive(serde::Deserialize, Default)]
+struct UsageFields {
+    #[serde(default)]
+    input_tokens: Lenient<Count>,
+    #[serde(default)]
+    input_tokens_details: Lenient<CachedDetails>,
+    #[serde(default)]
+    output_tokens: Lenient<Count>,
+    #[serde(default)]
+    output_tokens_details: Lenient<ReasoningDetails>,
+}
+
+#[derive(serde::Deserialize, Default)]
+struct CachedDetails {
+    #[serde(default)]
+    cached_tokens: Lenient<Count>,
+}
+
+#[derive(serde::Deserialize, Default)]
+struct ReasoningDetails {
+    #[serde(default)]
+    reasoning_tokens: Lenient<Count>,
+}
+
+/// A text value; any other value is none.
+#[derive(Default)]
+struct Text(Option<String>);
+
+/// A count; a value that is not a non-negative integer is 0.
+#[derive(Default)]
+struct Count(u64);
+
+/// `T` read from a value of the shape it expects; a value of any other shape is read past and
+/// gives `T::default()`.
+#[derive(Default)]
+struct Lenient<T>(T);
+
+/// How `T` reads each kind of value; every kind it does not take is read past.
+trait Shape: Default {
+    fn of_str(_: &str) -> Self {
+        Self::default()
+    }
+    fn of_u64(_: u64) -> Self {
+        Self::default()
+    }
+    fn of_map<'de, A: serde::de::MapAccess<'de>>(map: A) -> Result<Self, A::Error> {
+        skip_map(map).map(|()| Self::default())
+    }
+}
+
+fn skip_map<'de, A: serde::de::MapAccess<'de>>(mut map: A) -> Result<(), A::Error> {
+    use serde::de::IgnoredAny;
+    while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
+    Ok(())
+}
+
+impl Shape for Text {
+    fn of_str(v: &str) -> Self {
+        Text(Some(v.to_string()))
+    }
+}
+
+impl Shape for Count {
+    fn of_u64(v: u64) -> Self {
+        Count(v)
+    }
+}
+
+/// A struct read by its derived reader when the value is a map.
+macro_rules! map_shape {
+    ($($t:ty),*) => {$(
+        impl Shape for $t {
+            fn of_map<'de, A: serde::de::MapAccess<'de>>(map: A) -> Result<Self, A::Error> {
+                serde::Deserialize::deserialize(serde::de::value::MapAccessDeserializer::new(map))
+            }
+        }
+    )*};
+}
+map_shape!(UsageFields, CachedDetails, ReasoningDetails);
+
+impl<'de, T: Shape> serde::Deserialize<'de> for Lenient<T> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Visit<T>(std::marker::PhantomData<T>);
+        impl<'de, T: Shape> serde::de::Visitor<'de> for Visit<T> {
+            type Value = Lenient<T>;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("any value")
+            }
+            fn visit_str<E>(self, v: &str) -> Result<Self::Value, E> {
+                Ok(Lenient(T::of_str(v)))
+            }
+            fn visit_u64<E>(self, v: u64) -> Result<Self::Value, E> {
+                Ok(Lenient(T::of_u64(v)))
+            }
+            fn visit_i64<E>(self, v: i64) -> Result<Self::Value, E> {
+                Ok(Lenient(
+                    u64::try_from(v).map_or_else(|_| T::default(), T::of_u64),
+                ))
+            }
+            fn visit_f64<E>(self, _: f64) -> Result<Self::Value, E> {
+                Ok(Lenient(T::default()))
+            }
+            fn visit_bool<E>(self, _: bool) -> Result<Self::Value, E> {
+                Ok(Lenient(T::default()))
+            }
+            fn visit_unit<E>(self) -> Result<Self::Value, E> {
+                Ok(Lenient(T::default()))
+            }
+            fn visit_none<E>(self) -> Result<Self::Value, E> {
+                Ok(Lenient(T::default()))
+            }
+            fn visit_some<D: serde::Deserializer<'de>>(
+                self,
+                d: D,
+            ) -> Result<Self::Value, D::Error> {
+                d.deserialize_any(self)
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(
+                self,
+                mut seq: A,
+            ) -> Result<Self::Value, A::Error> {
+                while seq.next_element::<serde::de::IgnoredAny>()?.is_some() {}
+                Ok(Lenient(T::default()))
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                map: A,
+            ) -> Result<Self::Value, A::Error> {
+                T::of_map(map).map(Lenient)
+            }
+        }
+        d.deserialize_any(Visit(std::marker::PhantomData))
+    }
 }
 
 /// A field that is there, whatever its value (`null` included).
-fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Value>, D::Error> {
-    <Value as serde::Deserialize>::deserialize(d).map(Some)
+fn present<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> Result<Option<Lenient<UsageFields>>, D::Error> {
+    serde::Deserialize::deserialize(d).map(Some)
 }
 
 impl ResponsePeek {
@@ -64,43 +202,26 @@ impl ResponsePeek {
 
     /// The same from an event already parsed.
     fn from_tree(event: &Value) -> ResponsePeek {
-        ResponsePeek {
-            response: event.get("response").map(|r| ResponseFields {
-                id: r.get("id").cloned(),
-                usage: r.get("usage").cloned(),
-                service_tier: r.get("service_tier").cloned(),
-            }),
-        }
+        serde::Deserialize::deserialize(event).unwrap_or_default()
     }
 
     fn id(&self) -> Option<String> {
-        self.response
-            .as_ref()?
-            .id
-            .as_ref()?
-            .as_str()
-            .map(str::to_string)
+        self.response.as_ref()?.id.0.0.clone()
     }
 
     /// The tier the answer says it ran on.
     fn service_tier(&self) -> Option<String> {
-        self.response
-            .as_ref()?
-            .service_tier
-            .as_ref()?
-            .as_str()
-            .map(str::to_string)
+        self.response.as_ref()?.service_tier.0.0.clone()
     }
 
     /// Token counts as the backend reports them; a missing or non-integer count is 0.
     fn usage(&self) -> Option<Usage> {
-        let u = self.response.as_ref()?.usage.as_ref()?;
-        let n = |v: &Value| v.as_u64().unwrap_or(0);
+        let u = &self.response.as_ref()?.usage.as_ref()?.0;
         Some(Usage {
-            input_tokens: n(&u["input_tokens"]),
-            cached_tokens: n(&u["input_tokens_details"]["cached_tokens"]),
-            output_tokens: n(&u["output_tokens"]),
-            reasoning_tokens: n(&u["output_tokens_details"]["reasoning_tokens"]),
+            input_tokens: u.input_tokens.0.0,
+            cached_tokens: u.input_tokens_details.0.cached_tokens.0.0,
+            output_tokens: u.output_tokens.0.0,
+            reasoning_tokens: u.output_tokens_details.0.reasoning_tokens.0.0,
         })
     }
 }
@@ -449,14 +570,27 @@ fn sse_head(relay: &[(HeaderName, HeaderValue)]) -> Vec<(HeaderName, HeaderValue
 mod tests {
     use super::*;
 
-    /// The peek of `data`, checked to read the same from the parsed event.
+    /// The peek of `data`, checked to read the same from the parsed event and to read what the
+    /// tree itself says, field by field (`as_str`, `as_u64`).
     fn peek(data: &str) -> ResponsePeek {
         let ev = Event::from_data(Bytes::from(data.to_string()));
-        let (p, tree) = (
-            ResponsePeek::of(&ev),
-            ResponsePeek::from_tree(&ev.json().unwrap_or(Value::Null)),
-        );
+        let json = ev.json().unwrap_or(Value::Null);
+        let (p, tree) = (ResponsePeek::of(&ev), ResponsePeek::from_tree(&json));
         assert_eq!((p.id(), p.usage()), (tree.id(), tree.usage()), "{data}");
+        let r = json.get("response").filter(|r| r.is_object());
+        let text = |name: &str| r.and_then(|r| r[name].as_str()).map(str::to_string);
+        let n = |v: &Value| v.as_u64().unwrap_or(0);
+        let usage = r.and_then(|r| r.get("usage")).map(|u| Usage {
+            input_tokens: n(&u["input_tokens"]),
+            cached_tokens: n(&u["input_tokens_details"]["cached_tokens"]),
+            output_tokens: n(&u["output_tokens"]),
+            reasoning_tokens: n(&u["output_tokens_details"]["reasoning_tokens"]),
+        });
+        assert_eq!(
+            (p.id(), p.service_tier(), p.usage()),
+            (text("id"), text("service_tier"), usage),
+            "{data}"
+        );
         p
     }
 
@@ -492,6 +626,22 @@ mod tests {
             p.usage().map(|u| (u.input_tokens, u.output_tokens)),
             Some((3, 0))
         );
+        // Counts that are negative, fractional, text or nested read as 0; details of the wrong
+        // shape count nothing; an escaped id reads unescaped; a tier that is not text is none.
+        let p = peek(
+            r#"{"response":{"id":"r\"1","service_tier":["x"],"usage":{"input_tokens":-1,
+            "output_tokens":2.5,"input_tokens_details":[1],"output_tokens_details":{
+            "reasoning_tokens":4,"more":{"a":[1,{"b":null}]}},"total_tokens":{"x":1}}}}"#,
+        );
+        assert_eq!(p.id().as_deref(), Some("r\"1"));
+        assert_eq!(
+            p.usage(),
+            Some(Usage {
+                reasoning_tokens: 4,
+                ..Usage::default()
+            })
+        );
+        peek(r#"{"response":{"usage":7,"service_tier":"priority"}}"#);
         // No response object, or no JSON at all: nothing.
         for data in [
             r#"{"response":null}"#,
