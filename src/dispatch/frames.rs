@@ -75,3 +75,48 @@ impl Drop for Frames {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::sync::oneshot;
+
+    /// A request whose reader has read one frame and left: the request is still waiting (on
+    /// its upstream), goes on by itself once that answers, and finds its reader gone.
+    #[tokio::test]
+    async fn a_request_whose_reader_leaves_runs_on_to_its_end() {
+        let (tx, rx) = mpsc::channel(1);
+        let (answer, answered) = oneshot::channel::<()>();
+        let (ended, end) = oneshot::channel();
+        let run = Box::pin(async move {
+            tx.send(Frame::KeepAlive).await.unwrap();
+            let _ = answered.await;
+            let _ = ended.send(tx.send(Frame::KeepAlive).await.is_err());
+        });
+        let mut frames = Frames::new(rx, run);
+        assert!(matches!(frames.recv().await, Some(Frame::KeepAlive)));
+        let waiting = std::future::poll_fn(|cx| Poll::Ready(frames.poll_recv(cx))).await;
+        assert!(waiting.is_pending(), "the request waits on its upstream");
+        drop(frames);
+        answer.send(()).unwrap();
+        assert!(end.await.unwrap(), "it ran on and found its reader gone");
+    }
+
+    /// A request that ends leaves its last frames to be read, then the end.
+    #[tokio::test]
+    async fn the_frames_a_request_sent_before_its_end_are_read_after_it() {
+        let (tx, rx) = mpsc::channel(4);
+        let run = Box::pin(async move {
+            for _ in 0..3 {
+                tx.send(Frame::KeepAlive).await.unwrap();
+            }
+        });
+        let mut frames = Frames::new(rx, run);
+        let mut n = 0;
+        while let Some(frame) = frames.recv().await {
+            assert!(matches!(frame, Frame::KeepAlive));
+            n += 1;
+        }
+        assert_eq!(n, 3);
+    }
+}

@@ -1,7 +1,7 @@
 //! The proxy core over HTTP/SSE, against the simulated backend: what the client receives,
 //! where each request went, and the account state afterwards.
 
-use crate::common::gw::{Gw, body};
+use crate::common::gw::{Gw, body, until};
 use serde_json::json;
 use switchyard::sim::FaultKind;
 
@@ -301,6 +301,32 @@ async fn client_disconnect_does_not_penalise_account() {
         tokio::task::yield_now().await;
     };
     assert_eq!(rec["outcome"], "client_cancelled");
+    let acct = gw.account(&a).await;
+    assert_eq!(acct["state"], "ready");
+    assert_eq!(acct["in_flight"], 0, "the slot is released");
+}
+
+/// A client that leaves before the answer's head (the upstream still thinking): the request
+/// ends as its client's leaving at once, and its record is kept and its slot freed although
+/// no one reads its frames any more.
+#[tokio::test]
+async fn a_client_that_leaves_before_the_head_is_recorded_and_frees_its_slot() {
+    let gw = Gw::start(1).await;
+    let a = gw.rr_order()[0].clone();
+    gw.fault(&a, FaultKind::SlowHeaders { ms: 600_000 }, Some(1));
+    let client = gw.spawn_stream(body("gpt-5.5", "x", true));
+    until("the upstream to hold the request", || async {
+        gw.sim.sim.faults(&a).is_empty() && gw.account(&a).await["in_flight"] == 1
+    })
+    .await;
+    client.abort();
+    assert!(client.await.unwrap_err().is_cancelled());
+    until("the request to be recorded", || async {
+        !gw.requests(1).await.is_empty()
+    })
+    .await;
+    let rec = gw.requests(1).await.remove(0);
+    assert_eq!(rec["outcome"], "client_cancelled", "{rec}");
     let acct = gw.account(&a).await;
     assert_eq!(acct["state"], "ready");
     assert_eq!(acct["in_flight"], 0, "the slot is released");

@@ -416,6 +416,36 @@ async fn ws_close_mid_turn_after_commit_marks_account() {
     assert_eq!(gw.served(&order[1]), 0, "no replay after commit");
 }
 
+/// A client that closes its socket in the middle of a turn: the turn ends as its client's
+/// leaving, its record is kept, and the account is neither marked nor left holding the slot.
+#[tokio::test]
+async fn a_client_that_leaves_mid_turn_is_recorded_and_frees_its_slot() {
+    let gw = Gw::start(1).await;
+    let a = gw.rr_order()[0].clone();
+    gw.fault(&a, FaultKind::HangMidStream { after_deltas: 1 }, Some(1));
+    let mut ws = connect(&gw, Some(&gw.key)).await.unwrap();
+    ws.send(create(json!({}))).await.unwrap();
+    loop {
+        let Message::Text(t) = ws.next().await.unwrap().unwrap() else {
+            continue;
+        };
+        let v: Value = serde_json::from_str(t.as_str()).unwrap();
+        if v["type"].as_str().unwrap_or("").ends_with(".delta") {
+            break;
+        }
+    }
+    drop(ws);
+    until("the turn to be recorded", || async {
+        !gw.requests(1).await.is_empty()
+    })
+    .await;
+    let rec = gw.requests(1).await.remove(0);
+    assert_eq!(rec["outcome"], "client_cancelled", "{rec}");
+    let acct = gw.account(&a).await;
+    assert_eq!(acct["state"], "ready");
+    assert_eq!(acct["in_flight"], 0, "the slot is released");
+}
+
 #[tokio::test]
 async fn ws_error_frame_before_commit_fails_over_invisibly() {
     let gw = Gw::start(2).await;
