@@ -435,15 +435,7 @@ async fn a_client_that_leaves_mid_turn_is_recorded_and_frees_its_slot() {
         }
     }
     drop(ws);
-    until("the turn to be recorded", || async {
-        !gw.requests(1).await.is_empty()
-    })
-    .await;
-    let rec = gw.requests(1).await.remove(0);
-    assert_eq!(rec["outcome"], "client_cancelled", "{rec}");
-    let acct = gw.account(&a).await;
-    assert_eq!(acct["state"], "ready");
-    assert_eq!(acct["in_flight"], 0, "the slot is released");
+    gw.recorded_as_client_cancelled(&a).await;
 }
 
 #[tokio::test]

@@ -447,6 +447,20 @@ impl Gw {
             .unwrap()
     }
 
+    /// Waits for the one request's record and checks that it ended as its client's leaving,
+    /// with `account` neither marked nor left holding the request's slot.
+    pub async fn recorded_as_client_cancelled(&self, account: &str) {
+        until("the request to be recorded", || async {
+            !self.requests(1).await.is_empty()
+        })
+        .await;
+        let rec = self.requests(1).await.remove(0);
+        assert_eq!(rec["outcome"], "client_cancelled", "{rec}");
+        let acct = self.account(account).await;
+        assert_eq!(acct["state"], "ready");
+        assert_eq!(acct["in_flight"], 0, "the slot is released");
+    }
+
     /// The chatgpt_account_ids in the order a fresh gateway's round robin starts with.
     pub fn rr_order(&self) -> Vec<String> {
         let mut v: Vec<(&String, &String)> = self.ids.iter().map(|(c, id)| (id, c)).collect();
