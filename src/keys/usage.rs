@@ -285,11 +285,13 @@ impl UsageBook {
                 .insert(key_id.to_string(), BTreeMap::from([(hour, c.tokens())]));
         }
         if c.output_tokens > 0 {
-            let recent = book
-                .recent_output
-                .entry(key_id.to_string())
-                .or_insert(c.output_tokens);
-            *recent = (*recent * 3 + c.output_tokens).div_ceil(4);
+            match book.recent_output.get_mut(key_id) {
+                Some(recent) => *recent = (*recent * 3 + c.output_tokens).div_ceil(4),
+                None => {
+                    book.recent_output
+                        .insert(key_id.to_string(), c.output_tokens);
+                }
+            }
         }
         match book.since_start.get_mut(key_id) {
             Some(t) => t.add(&c),

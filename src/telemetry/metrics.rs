@@ -95,7 +95,13 @@ struct Labeled(Mutex<BTreeMap<String, u64>>);
 impl Labeled {
     fn inc(&self, label: &str) {
         let mut m = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        *m.entry(label.to_string()).or_insert(0) += 1;
+        // A label seen before (nearly every one) is counted without copying it.
+        match m.get_mut(label) {
+            Some(n) => *n += 1,
+            None => {
+                m.insert(label.to_string(), 1);
+            }
+        }
     }
 
     fn render(&self, out: &mut String, name: &str, label: &str) {
