@@ -71,6 +71,11 @@ const USAGE: &str = r#"{"plan_type":"plus","rate_limit":{"primary_window":{"used
 
 const REQUEST: &str = r#"{"model":"gpt-5.5","instructions":"You are a load test.","input":[{"type":"message","role":"user","content":[{"type":"input_text","text":"hello"}]}],"tools":[],"tool_choice":"auto","parallel_tool_calls":false,"store":false,"stream":true,"include":[]}"#;
 
+/// The gateway's own allocator, so that the floor (this program as a bare proxy) stands on
+/// the same libraries as the gateway.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 struct Proc(Child, Option<Command>);
 
 impl Drop for Proc {
