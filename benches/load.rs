@@ -26,7 +26,9 @@
 //! `LOAD_ONLY=publish` prints, as Markdown, the figures the README publishes: p50 and p99 added
 //! by nginx and by the gateway at 1, 16 and 64 connections, and the interleaved delta with its
 //! spread (`LOAD_ROUNDS`); `LOAD_GATEWAY_B=path` puts a second build in the same rounds, for a
-//! before/after that the machine's drift cannot tilt.
+//! before/after that the machine's drift cannot tilt, and measures the two builds' CPU per
+//! answer and throughput alternating (`LOAD_PAIRS` times, default 3, at 32 connections or at
+//! `LOAD_CONNS`).
 //!
 //! The upstream is nginx's own `return 200` when nginx is installed (as fast a static
 //! upstream as there is), else this program itself in a child process.
@@ -621,10 +623,7 @@ fn publish() {
     );
     let secs: f64 = env_or("LOAD_SECONDS", 5.0);
     let rounds: usize = env_or("LOAD_ROUNDS", 5000);
-    let conns = std::env::var("LOAD_CONNS")
-        .ok()
-        .map(|_| conn_counts())
-        .unwrap_or_else(|| vec![1, 16, 64]);
+    let conns = conn_counts_or(&[1, 16, 64]);
     let tmp = tempfile::tempdir().unwrap();
     let dir: PathBuf = tmp.path().to_path_buf();
     let (up, px, gw) = (free_port(), free_port(), free_port());
@@ -677,9 +676,25 @@ fn publish() {
             );
         }
         let mut targets = vec![&direct, &via_nginx, &via_gateway];
-        if let Some((_, b)) = &other {
+        if let Some((b_proc, b)) = &other {
             wait_serving(b, &dir).await;
             targets.push(b);
+            // The two builds' throughput and CPU, alternating, so that the machine's drift
+            // falls on both alike.
+            let pairs: usize = env_or("LOAD_PAIRS", 3);
+            println!();
+            for c in conn_counts_or(&[32]) {
+                let (mut a, mut bb) = (Vec::new(), Vec::new());
+                for _ in 0..pairs {
+                    a.push(measure(&via_gateway, c, secs, Meter::Process(gateway.0.id())).await);
+                    bb.push(measure(b, c, secs, Meter::Process(b_proc.0.id())).await);
+                }
+                println!(
+                    "At {c} connections, the two builds alternating {pairs} times: this build {}; the second build (`LOAD_GATEWAY_B`) {}.",
+                    paired_summary(&a),
+                    paired_summary(&bb)
+                );
+            }
         }
         let deltas = interleaved(&targets, rounds).await;
         let spread = |d: &[f64]| {
@@ -707,6 +722,37 @@ fn publish() {
             println!("The second build (`LOAD_GATEWAY_B`), in the same rounds, adds {}.", spread(b));
         }
     });
+}
+
+/// `LOAD_CONNS` when it is set, else `default`.
+fn conn_counts_or(default: &[usize]) -> Vec<usize> {
+    match std::env::var("LOAD_CONNS") {
+        Ok(_) => conn_counts(),
+        Err(_) => default.to_vec(),
+    }
+}
+
+/// A build's runs in a paired comparison: CPU per answer and req/s of each, and the medians.
+fn paired_summary(runs: &[Run]) -> String {
+    let median = |mut v: Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
+    };
+    let cpu: Vec<f64> = runs.iter().filter_map(|r| r.cpu_us).collect();
+    let rps: Vec<f64> = runs.iter().map(|r| r.rps).collect();
+    let list = |v: &[f64]| {
+        v.iter()
+            .map(|x| format!("{x:.0}"))
+            .collect::<Vec<_>>()
+            .join("/")
+    };
+    format!(
+        "CPU per answer {} µs (median {:.0}), {} req/s (median {:.0})",
+        list(&cpu),
+        median(cpu.clone()),
+        list(&rps),
+        median(rps)
+    )
 }
 
 /// One keep-alive connection to a target.
