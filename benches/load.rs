@@ -736,7 +736,11 @@ fn conn_counts_or(default: &[usize]) -> Vec<usize> {
 fn paired_summary(runs: &[Run]) -> String {
     let median = |mut v: Vec<f64>| {
         v.sort_by(f64::total_cmp);
-        v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
+        match v.len() {
+            0 => f64::NAN,
+            n if n % 2 == 1 => v[n / 2],
+            n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+        }
     };
     let cpu: Vec<f64> = runs.iter().filter_map(|r| r.cpu_us).collect();
     let rps: Vec<f64> = runs.iter().map(|r| r.rps).collect();
