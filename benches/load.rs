@@ -753,7 +753,7 @@ fn paired_summary(runs: &[Run]) -> String {
     format!(
         "CPU per answer {} µs (median {:.0}), {} req/s (median {:.0})",
         list(&cpu),
-        median(cpu.clone()),
+        median(cpu),
         list(&rps),
         median(rps)
     )
