@@ -9,7 +9,7 @@ use std::time::Instant;
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
 use tokio::sync::mpsc;
 
-use super::{Dispatcher, ErrorReply, Frame, Mode, RequestCtx};
+use super::{Dispatcher, ErrorReply, Frame, Mode, RequestCtx, Unsent};
 use crate::fleet::affinity::{Rebound, refusal_scope};
 use crate::fleet::health::{Blame, Class};
 use crate::fleet::refresh::TokenError;
@@ -694,12 +694,13 @@ impl<'a> Attempt<'a> {
     /// Sends a frame to the client, waiting at most the write timeout for room. False when
     /// the client is gone (or stalled).
     pub(super) async fn emit(&mut self, frame: Frame) -> bool {
-        match tokio::time::timeout(self.d.config.client_write_timeout, self.tx.send(frame)).await {
-            Ok(sent) => sent.is_ok(),
-            Err(_) => {
+        match super::send_within(self.tx, frame, self.d.config.client_write_timeout).await {
+            Ok(()) => true,
+            Err(Unsent::Stalled) => {
                 self.client_stalled = true;
                 false
             }
+            Err(Unsent::Gone) => false,
         }
     }
 

@@ -204,8 +204,10 @@ impl Dispatcher {
     /// Sends a request's last frames, each within the client write timeout.
     async fn send_tail(&self, tx: &mpsc::Sender<Frame>, tail: Vec<Frame>) {
         for frame in tail {
-            let sent = tokio::time::timeout(self.config.client_write_timeout, tx.send(frame));
-            if !matches!(sent.await, Ok(Ok(()))) {
+            if super::send_within(tx, frame, self.config.client_write_timeout)
+                .await
+                .is_err()
+            {
                 break;
             }
         }
@@ -248,8 +250,9 @@ impl Dispatcher {
                         Some(refusal) => End::Reply(refusal, Outcome::PolicyRefused),
                         None => {
                             let (reply, outcome) = self.exhausted(&ctx.model);
-                            if self
-                                .credit_revived(ctx, plan, &mut walk, trace, outcome)
+                            // Boxed: a spend holds an upstream call, and the walk's
+                            // future should not carry its size on every request.
+                            if Box::pin(self.credit_revived(ctx, plan, &mut walk, trace, outcome))
                                 .await
                             {
                                 continue;
