@@ -1218,6 +1218,55 @@ mod tests {
         assert_eq!(s.undecodable_rows(), 5);
     }
 
+    /// One commit opens each table once, whatever order its mutations come in: each lands in
+    /// its own table, in order.
+    #[tokio::test]
+    async fn a_commit_touching_tables_in_turn_keeps_each_change_in_its_table_and_order() {
+        let s = Store::open_in_memory().unwrap();
+        let text = |t: Table, k: &str, v: u8| Mutation::Put(t, Key::Text(k.into()), vec![v]);
+        let int = |k: u64, v: u8| Mutation::Put(Table::Requests, Key::Int(k), vec![v]);
+        s.write(vec![
+            int(1, 1),
+            text(Table::Settings, "a", 1),
+            int(2, 2),
+            text(Table::Snapshots, "a", 2),
+            Mutation::DeleteIntBelow(Table::Requests, 2),
+            text(Table::Settings, "b", 3),
+            Mutation::Delete(Table::Settings, Key::Text("a".into())),
+            int(3, 3),
+            text(Table::Settings, "a", 4),
+            Mutation::DeleteTextBelow(Table::Snapshots, "b".into()),
+        ])
+        .await
+        .unwrap();
+        let txn = s.inner.db.begin_read().unwrap();
+        let rows = |def: redb::TableDefinition<&str, &[u8]>| {
+            let t = txn.open_table(def).unwrap();
+            t.iter()
+                .unwrap()
+                .map(|r| {
+                    let (k, v) = r.unwrap();
+                    (k.value().to_string(), v.value().to_vec())
+                })
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(
+            rows(schema::SETTINGS),
+            vec![("a".to_string(), vec![4]), ("b".to_string(), vec![3])]
+        );
+        assert!(rows(schema::SNAPSHOTS).is_empty());
+        let requests = txn.open_table(schema::REQUESTS).unwrap();
+        let got: Vec<(u64, Vec<u8>)> = requests
+            .iter()
+            .unwrap()
+            .map(|r| {
+                let (k, v) = r.unwrap();
+                (k.value(), v.value().to_vec())
+            })
+            .collect();
+        assert_eq!(got, vec![(2, vec![2]), (3, vec![3])]);
+    }
+
     #[tokio::test]
     async fn a_bad_job_does_not_fail_its_batch_neighbours() {
         let s = Store::open_in_memory().unwrap();

@@ -239,35 +239,80 @@ fn commit(
             txn.set_durability(redb::Durability::None)
                 .map_err(StoreError::db)?;
         }
+        let mut open = Open::new(&txn);
         for m in muts {
-            apply(&txn, m)?;
+            apply(&mut open, m)?;
         }
+        drop(open);
         txn.commit().map_err(StoreError::db)
     })
 }
 
-fn apply(txn: &WriteTransaction, m: &Mutation) -> Result<(), StoreError> {
+/// The tables one commit has opened: each is opened once, however many of the commit's
+/// mutations touch it (a request's record and its usage row, for each request of a batch).
+struct Open<'t> {
+    txn: &'t WriteTransaction,
+    requests: Option<redb::Table<'t, u64, &'static [u8]>>,
+    text: Vec<(Table, redb::Table<'t, &'static str, &'static [u8]>)>,
+}
+
+impl<'t> Open<'t> {
+    fn new(txn: &'t WriteTransaction) -> Self {
+        Open {
+            txn,
+            requests: None,
+            text: Vec::new(),
+        }
+    }
+
+    fn requests(&mut self) -> Result<&mut redb::Table<'t, u64, &'static [u8]>, StoreError> {
+        let t = match self.requests.take() {
+            Some(t) => t,
+            None => self.txn.open_table(REQUESTS).map_err(StoreError::db)?,
+        };
+        Ok(self.requests.insert(t))
+    }
+
+    fn text(
+        &mut self,
+        table: Table,
+        def: redb::TableDefinition<'static, &'static str, &'static [u8]>,
+    ) -> Result<&mut redb::Table<'t, &'static str, &'static [u8]>, StoreError> {
+        let i = match self.text.iter().position(|(t, _)| *t == table) {
+            Some(i) => i,
+            None => {
+                let opened = self.txn.open_table(def).map_err(StoreError::db)?;
+                self.text.push((table, opened));
+                self.text.len() - 1
+            }
+        };
+        Ok(&mut self.text[i].1)
+    }
+}
+
+fn apply(open: &mut Open<'_>, m: &Mutation) -> Result<(), StoreError> {
     match m {
         Mutation::Put(table, key, value) => match (table.text_keyed(), key) {
             (Some(def), Key::Text(k)) => {
-                let mut t = txn.open_table(def).map_err(StoreError::db)?;
-                t.insert(k.as_str(), value.as_slice())
+                open.text(*table, def)?
+                    .insert(k.as_str(), value.as_slice())
                     .map_err(StoreError::db)?;
             }
             (None, Key::Int(k)) => {
-                let mut t = txn.open_table(REQUESTS).map_err(StoreError::db)?;
-                t.insert(*k, value.as_slice()).map_err(StoreError::db)?;
+                open.requests()?
+                    .insert(*k, value.as_slice())
+                    .map_err(StoreError::db)?;
             }
             _ => return Err(StoreError::KeyKind(*table)),
         },
         Mutation::Delete(table, key) => match (table.text_keyed(), key) {
             (Some(def), Key::Text(k)) => {
-                let mut t = txn.open_table(def).map_err(StoreError::db)?;
-                t.remove(k.as_str()).map_err(StoreError::db)?;
+                open.text(*table, def)?
+                    .remove(k.as_str())
+                    .map_err(StoreError::db)?;
             }
             (None, Key::Int(k)) => {
-                let mut t = txn.open_table(REQUESTS).map_err(StoreError::db)?;
-                t.remove(*k).map_err(StoreError::db)?;
+                open.requests()?.remove(*k).map_err(StoreError::db)?;
             }
             _ => return Err(StoreError::KeyKind(*table)),
         },
@@ -275,14 +320,14 @@ fn apply(txn: &WriteTransaction, m: &Mutation) -> Result<(), StoreError> {
             if table.text_keyed().is_some() {
                 return Err(StoreError::KeyKind(*table));
             }
-            let mut t = txn.open_table(REQUESTS).map_err(StoreError::db)?;
-            t.retain_in(..*bound, |_, _| false)
+            open.requests()?
+                .retain_in(..*bound, |_, _| false)
                 .map_err(StoreError::db)?;
         }
         Mutation::DeleteTextBelow(table, bound) => {
             let def = table.text_keyed().ok_or(StoreError::KeyKind(*table))?;
-            let mut t = txn.open_table(def).map_err(StoreError::db)?;
-            t.retain_in::<&str, _>(..bound.as_str(), |_, _| false)
+            open.text(*table, def)?
+                .retain_in::<&str, _>(..bound.as_str(), |_, _| false)
                 .map_err(StoreError::db)?;
         }
     }
