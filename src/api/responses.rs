@@ -721,6 +721,11 @@ pub fn sse(events: &[Event]) -> Bytes {
     let len: usize = events.iter().map(|e| e.len() + 18).sum();
     let mut out = BytesMut::with_capacity(len);
     for e in events {
+        // A block that arrived in this very form goes out as it came.
+        if let Some(block) = e.framed() {
+            out.extend_from_slice(block);
+            continue;
+        }
         let kind = e.kind();
         if !kind.is_empty() {
             out.extend_from_slice(b"event: ");
@@ -833,6 +838,55 @@ pub fn sse_response(body: Body) -> Response {
 mod tests {
     use super::*;
     use http_body_util::BodyExt;
+
+    /// A block already in the edge's form goes out as it came; any other is framed from its type
+    /// and data, and both come out as the framing of the type and data alone would make them.
+    #[test]
+    fn events_go_out_framed_as_their_type_and_data_say_whether_or_not_kept_as_received() {
+        use crate::upstream::event::Event;
+        use crate::upstream::sse::{Piece, SseSplitter};
+        let cases: [(&[u8], bool); 12] = [
+            (b"event: response.created\ndata: {\"a\":1}\n\n", true),
+            (
+                b"event: response.output_text.delta\ndata:  {\"d\":\"x\"}\n\n",
+                true,
+            ),
+            (b"event: response.created\r\ndata: {}\r\n\r\n", false),
+            (b"event:response.created\ndata:{}\n\n", false),
+            (b"event:  response.created\ndata: {}\n\n", false),
+            (b"event: response.created \ndata: {}\n\n", false),
+            (b"data: {}\nevent: response.created\n\n", false),
+            (b"event: response.created\nid: 7\ndata: {}\n\n", false),
+            (
+                b"event: response.created\ndata: {\"a\":\ndata: 1}\n\n",
+                false,
+            ),
+            (b"data: {\"type\":\"response.created\"}\n\n", false),
+            (b"event: r\xc3\xa9ponse\ndata: {}\n\n", false),
+            (b"event: \xff\ndata: {}\n\n", false),
+        ];
+        for (block, kept) in cases {
+            let mut split = SseSplitter::new(1 << 20);
+            split.push(block);
+            let Ok(Some(Piece::Event(ev))) = split.next_piece() else {
+                panic!("no event in {:?}", String::from_utf8_lossy(block));
+            };
+            let shown = String::from_utf8_lossy(block);
+            assert_eq!(ev.framed().is_some(), kept, "{shown}");
+            let plain = Event::new(
+                Bytes::copy_from_slice(ev.kind().as_bytes()),
+                ev.data().clone(),
+            );
+            if !ev.kind().is_empty() {
+                assert_eq!(ev, plain, "{shown}");
+            }
+            assert!(plain.framed().is_none());
+            assert_eq!(sse(std::slice::from_ref(&ev)), sse(&[plain]), "{shown}");
+            if kept {
+                assert_eq!(&sse(&[ev])[..], block);
+            }
+        }
+    }
 
     #[tokio::test]
     async fn a_body_read_apart_arrives_whole_and_in_order() {

@@ -19,18 +19,63 @@ fn is_terminal_type(kind: &[u8]) -> bool {
     )
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub struct Event {
     /// The event's type (UTF-8).
     kind: Bytes,
     /// Its JSON data, as received.
     data: Bytes,
+    /// The SSE block it came in, when that block is exactly what the edge would write for it
+    /// (`event: {kind}`, `data: {data}`, a blank line); empty otherwise.
+    framed: Bytes,
 }
+
+/// Two events are equal when their types and data are, however they arrived.
+impl PartialEq for Event {
+    fn eq(&self, other: &Event) -> bool {
+        self.kind == other.kind && self.data == other.data
+    }
+}
+
+impl Eq for Event {}
 
 impl Event {
     /// An event of a known type.
     pub fn new(kind: Bytes, data: Bytes) -> Event {
-        Event { kind, data }
+        Event {
+            kind,
+            data,
+            framed: Bytes::new(),
+        }
+    }
+
+    /// The event of an SSE `block` whose type and data are the given ranges of it: the block
+    /// is kept to be written out as it is when it is already in the edge's own form.
+    pub fn of_block(
+        block: Bytes,
+        kind: std::ops::Range<usize>,
+        data: std::ops::Range<usize>,
+    ) -> Event {
+        const EVENT: &[u8] = b"event: ";
+        const DATA: &[u8] = b"\ndata: ";
+        let canonical = kind.start == EVENT.len()
+            && block.starts_with(EVENT)
+            && data.start == kind.end + DATA.len()
+            && block.get(kind.end..data.start) == Some(DATA)
+            && block.len() == data.end + 2
+            && block.ends_with(b"\n\n")
+            && !kind.is_empty()
+            && block[kind.clone()].is_ascii();
+        Event {
+            kind: block.slice(kind),
+            data: block.slice(data),
+            framed: if canonical { block } else { Bytes::new() },
+        }
+    }
+
+    /// The SSE block to write for it, when it arrived as one in the edge's own form.
+    pub fn framed(&self) -> Option<&Bytes> {
+        (!self.framed.is_empty()).then_some(&self.framed)
     }
 
     /// An event whose type is read from its data's first `"type"` key (a WebSocket frame, or
@@ -39,7 +84,7 @@ impl Event {
         let kind = json_type_range(&data)
             .map(|r| data.slice(r))
             .unwrap_or_default();
-        Event { kind, data }
+        Event::new(kind, data)
     }
 
     /// A `response.failed` the gateway writes itself (the upstream stream broke, or the
@@ -54,10 +99,10 @@ impl Event {
                 "error": {"code": code, "message": message},
             },
         });
-        Event {
-            kind: Bytes::from_static(b"response.failed"),
-            data: Bytes::from(data.to_string()),
-        }
+        Event::new(
+            Bytes::from_static(b"response.failed"),
+            Bytes::from(data.to_string()),
+        )
     }
 
     /// An event built from a JSON value (events the gateway answers itself).

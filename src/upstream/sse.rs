@@ -99,6 +99,11 @@ impl SseSplitter {
             if lines == 0 {
                 continue; // a stray blank line
             }
+            if let (None, Some(r), Some(k), 2) = (&joined, &data, &kind, lines) {
+                // One `event:` and one `data:` line: the block may go out as it came.
+                let (k, r) = (k.clone(), r.clone());
+                return Ok(Some(Piece::Event(Event::of_block(raw, k, r))));
+            }
             let data = match (joined, data) {
                 (Some(j), _) => j.freeze(),
                 (None, Some(r)) => raw.slice(r),
