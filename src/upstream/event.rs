@@ -1,6 +1,7 @@
 //! One event of a Responses stream, whichever transport carried it: its type and its JSON
 //! data, both slices of the bytes received (an SSE block's `event:`/`data:` lines, or a
-//! WebSocket text frame), never re-encoded on the way. The HTTP edge frames it as SSE and the
+//! WebSocket text frame), never re-encoded on the way. The HTTP edge frames it as SSE (or
+//! writes the SSE block it came in, when that block is already in the edge's form) and the
 //! WebSocket edge as a text frame, each once.
 
 use bytes::Bytes;
