@@ -77,6 +77,20 @@ struct Entry {
 struct Inner {
     by_id: HashMap<String, Entry>,
     by_hash: HashMap<[u8; 32], String>,
+    /// Secrets that have authenticated, to their key's id, so that a key seen before is found
+    /// without hashing its secret again. Only a secret whose hash matched an active key gets
+    /// in (so at most one per active key), and it leaves when its key is revoked.
+    seen: HashMap<Box<str>, String>,
+}
+
+impl Inner {
+    fn identity(&self, id: &str) -> Option<KeyIdentity> {
+        let e = self.by_id.get(id)?;
+        Some(KeyIdentity {
+            id: e.record.id.clone(),
+            name: e.record.name.clone(),
+        })
+    }
 }
 
 /// The client keys. Cloning shares them.
@@ -111,6 +125,17 @@ fn body_refusal(policy: &Policy, model: &str, tier: Option<&str>) -> Option<Refu
 
 fn sha256(s: &str) -> [u8; 32] {
     Sha256::digest(s.as_bytes()).into()
+}
+
+/// The identity of a secret that has authenticated before (`Ok`), else its hash when an
+/// active key has that hash (`Err`: to be remembered under the write lock); `None` for a
+/// secret of no active key.
+fn sha256_unless_seen(inner: &Inner, presented: &str) -> Option<Result<KeyIdentity, [u8; 32]>> {
+    if let Some(id) = inner.seen.get(presented) {
+        return inner.identity(id).map(Ok);
+    }
+    let digest = sha256(presented);
+    inner.by_hash.contains_key(&digest).then_some(Err(digest))
 }
 
 /// `n` random characters from `[0-9A-Za-z]`, without modulo bias.
@@ -325,6 +350,7 @@ impl KeyRing {
             e.record.revoked_at = Some(self.clock.now_secs());
             let record = e.record.clone();
             inner.by_hash.remove(&record.sha256);
+            inner.seen.retain(|_, id| *id != record.id);
             record
         };
         self.store.put_key(&record).await?;
@@ -334,13 +360,17 @@ impl KeyRing {
     /// The key a presented secret belongs to, if it is known and active (an expired key
     /// authenticates: its requests are refused as expired, which says why).
     pub fn authenticate(&self, presented: &str) -> Option<KeyIdentity> {
-        let inner = self.read();
-        let id = inner.by_hash.get(&sha256(presented))?;
-        let e = inner.by_id.get(id)?;
-        Some(KeyIdentity {
-            id: e.record.id.clone(),
-            name: e.record.name.clone(),
-        })
+        let digest = sha256_unless_seen(&self.read(), presented)?;
+        let digest = match digest {
+            Ok(identity) => return Some(identity),
+            Err(digest) => digest,
+        };
+        let mut inner = self.write();
+        // Checked again under the write lock: the key may have been revoked meanwhile.
+        let id = inner.by_hash.get(&digest)?.clone();
+        let identity = inner.identity(&id)?;
+        inner.seen.insert(presented.into(), id);
+        Some(identity)
     }
 
     /// When the key expired, if it has.
@@ -551,6 +581,28 @@ mod tests {
         let again = KeyRing::load(r.store.clone(), Arc::new(ManualClock::new(0))).unwrap();
         assert!(again.authenticate(&created.key).is_none());
         assert_eq!(again.list().len(), 1);
+    }
+
+    #[tokio::test]
+    async fn only_secrets_that_matched_an_active_key_are_remembered_until_it_is_revoked() {
+        let r = ring();
+        let a = r.create("a", &none()).await.unwrap();
+        let b = r.create("b", &none()).await.unwrap();
+        let seen = |r: &KeyRing| r.read().seen.len();
+        for _ in 0..3 {
+            assert!(r.authenticate("sk-sy-wrong").is_none());
+            assert!(r.authenticate(&a.key[..a.key.len() - 1]).is_none());
+        }
+        assert_eq!(seen(&r), 0, "a wrong secret is never remembered");
+        for _ in 0..3 {
+            assert_eq!(r.authenticate(&a.key).unwrap().id, a.info.id);
+            assert_eq!(r.authenticate(&b.key).unwrap().name, "b");
+        }
+        assert_eq!(seen(&r), 2, "one entry per key, however often it is used");
+        r.revoke("a").await.unwrap();
+        assert_eq!(seen(&r), 1);
+        assert!(r.authenticate(&a.key).is_none());
+        assert_eq!(r.authenticate(&b.key).unwrap().id, b.info.id);
     }
 
     #[tokio::test]
