@@ -419,7 +419,7 @@ fn closing(mut resp: Response) -> Response {
 }
 
 /// A request as its head describes it, for its admission before the body is read: no model
-/// and no body yet.
+/// and no body yet, and none of the headers that only an attempt sends upstream.
 fn head_ctx(key: &KeyIdentity, headers: &HeaderMap, turn: Turn, received: Instant) -> RequestCtx {
     let mode = match turn {
         Turn::Compact => Mode::Compact,
@@ -427,7 +427,7 @@ fn head_ctx(key: &KeyIdentity, headers: &HeaderMap, turn: Turn, received: Instan
     };
     ctx_of(
         key,
-        headers,
+        &HeaderMap::new(),
         (String::new(), mode, turn),
         (session_from_headers(headers), None),
         (Bytes::new(), identity::ClientIds::default()),
