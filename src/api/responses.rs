@@ -514,7 +514,7 @@ pub fn request_ctx_from_bytes(
     turn: Turn,
     received: Instant,
 ) -> Result<RequestCtx, ApiError> {
-    if let Ok(peek) = serde_json::from_slice::<Peek<'_>>(&bytes)
+    if let Ok(peek) = crate::base::raw_json::from_bytes::<Peek<'_>>(&bytes)
         && let Some(model) = peek.model.as_deref().filter(|m| !m.is_empty())
         && !state.dispatcher.current().aliases.contains_key(model)
         && (turn == Turn::Compact || peek.stream == Some(true))

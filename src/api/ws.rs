@@ -539,7 +539,7 @@ impl Connection {
                     Some(Frame::Events(events)) => {
                         for ev in events {
                             if ev.kind() == "response.completed"
-                                && let Ok(v) = serde_json::from_slice::<CompletedView<'_>>(ev.data())
+                                && let Ok(v) = crate::base::raw_json::from_bytes::<CompletedView<'_>>(ev.data())
                             {
                                 completed_id = v.response.id.map(std::borrow::Cow::into_owned);
                                 output = v

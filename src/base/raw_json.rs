@@ -19,6 +19,17 @@ use serde_json::value::RawValue;
 /// for a member is a scan.
 pub const MAX_MEMBERS: usize = 256;
 
+/// `T` read from JSON `bytes`, as `serde_json::from_slice` reads it, with the bytes checked as
+/// UTF-8 once as a whole instead of each string on its own (what `from_slice` does: a check
+/// per key and per borrowed value). Bytes that are not UTF-8 as a whole are read by
+/// `from_slice` itself, which accepts them where the bad bytes sit in a value it skips.
+pub fn from_bytes<'a, T: serde::Deserialize<'a>>(bytes: &'a [u8]) -> serde_json::Result<T> {
+    match std::str::from_utf8(bytes) {
+        Ok(text) => serde_json::from_str(text),
+        Err(_) => serde_json::from_slice(bytes),
+    }
+}
+
 /// Why a body is no [`RawObject`].
 #[derive(Debug, thiserror::Error)]
 pub enum RawError {
@@ -228,6 +239,43 @@ pub fn array_inner(text: &str) -> Option<&str> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn bytes_read_as_a_whole_read_as_from_slice_reads_them() {
+        #[derive(serde::Deserialize, Debug, PartialEq)]
+        struct Peek<'a> {
+            #[serde(borrow)]
+            model: Cow<'a, str>,
+        }
+        let cases: [&[u8]; 5] = [
+            br#"{"model":"gpt-5.5","input":[{"text":"h\u00e9"}]}"#,
+            "{\"model\":\"gpt\u{e9}\",\"x\":1}".as_bytes(),
+            // Not UTF-8 in a skipped value: from_slice accepts it, and so does this.
+            b"{\"x\":\"\xff\xfe\",\"model\":\"m\"}",
+            // Not UTF-8 in the value read: refused by both.
+            b"{\"model\":\"\xff\"}",
+            br#"{"model":1}"#,
+        ];
+        for bytes in cases {
+            let ours = from_bytes::<Peek<'_>>(bytes).map_err(|e| e.to_string());
+            let theirs = serde_json::from_slice::<Peek<'_>>(bytes).map_err(|e| e.to_string());
+            assert_eq!(
+                ours.is_ok(),
+                theirs.is_ok(),
+                "{}",
+                String::from_utf8_lossy(bytes)
+            );
+            if let (Ok(a), Ok(b)) = (ours, theirs) {
+                assert_eq!(a, b);
+            }
+        }
+        assert_eq!(
+            from_bytes::<Peek<'_>>(b"{\"x\":\"\xff\",\"model\":\"m\"}")
+                .unwrap()
+                .model,
+            "m"
+        );
+    }
 
     fn tree(bytes: &[u8]) -> Value {
         serde_json::from_slice(bytes).unwrap()

@@ -197,7 +197,7 @@ fn present<'de, D: serde::Deserializer<'de>>(
 
 impl ResponsePeek {
     fn of(ev: &Event) -> ResponsePeek {
-        serde_json::from_slice(ev.data()).unwrap_or_default()
+        crate::base::raw_json::from_bytes(ev.data()).unwrap_or_default()
     }
 
     /// The same from an event already parsed.
