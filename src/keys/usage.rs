@@ -7,7 +7,7 @@
 //! of the last [`KEEP_HOURS`] hours stay in memory (loaded at start) for the key budgets'
 //! rolling windows; reports read the store and overlay what is not flushed yet.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -74,6 +74,38 @@ struct BucketKey {
     model: String,
 }
 
+/// A [`BucketKey`] borrowed: it hashes as the owned key does (the same fields in the same
+/// order, `&str` hashing as `String`), so a bucket is found without building one.
+#[derive(Hash)]
+struct BucketRef<'a> {
+    hour: u64,
+    key_id: &'a str,
+    account: &'a str,
+    model: &'a str,
+}
+
+impl hashbrown::Equivalent<BucketKey> for BucketRef<'_> {
+    fn equivalent(&self, k: &BucketKey) -> bool {
+        self.hour == k.hour
+            && self.key_id == k.key_id
+            && self.account == k.account
+            && self.model == k.model
+    }
+}
+
+impl BucketRef<'_> {
+    fn to_owned(&self) -> BucketKey {
+        BucketKey {
+            hour: self.hour,
+            key_id: self.key_id.to_string(),
+            account: self.account.to_string(),
+            model: self.model.to_string(),
+        }
+    }
+}
+
+type Map<K, V> = hashbrown::HashMap<K, V, std::hash::RandomState>;
+
 impl BucketKey {
     fn row(&self, c: &Counters) -> UsageBucketRow {
         UsageBucketRow {
@@ -94,8 +126,8 @@ impl BucketKey {
 
 #[derive(Default)]
 struct Book {
-    buckets: HashMap<BucketKey, Counters>,
-    dirty: HashSet<BucketKey>,
+    buckets: Map<BucketKey, Counters>,
+    dirty: hashbrown::HashSet<BucketKey, std::hash::RandomState>,
     /// Key id -> hour -> tokens, for the budget windows.
     tokens: HashMap<String, BTreeMap<u64, u64>>,
     /// Key id -> totals since this process started (the metrics' counters).
@@ -270,11 +302,11 @@ impl UsageBook {
         c: Counters,
     ) {
         let hour = hour_of(started_ms / 1000);
-        let key = BucketKey {
+        let key = BucketRef {
             hour,
-            key_id: key_id.to_string(),
-            account: account.unwrap_or_default().to_string(),
-            model: model.to_string(),
+            key_id,
+            account: account.unwrap_or_default(),
+            model,
         };
         let mut book = self.lock();
         let book = &mut *book;
@@ -302,9 +334,11 @@ impl UsageBook {
         if let Some(b) = book.buckets.get_mut(&key) {
             b.add(&c);
         } else {
-            book.buckets.insert(key.clone(), c);
+            book.buckets.insert(key.to_owned(), c);
         }
-        book.dirty.insert(key);
+        if !book.dirty.contains(&key) {
+            book.dirty.insert(key.to_owned());
+        }
     }
 
     /// Tokens of `key_id` counted by a window ending now: every hour that ends after the
@@ -508,6 +542,48 @@ mod tests {
     use crate::base::clock::{Clock, ManualClock};
 
     const T0: u64 = 1_767_225_600_000; // 2026-01-01T00:00:00Z
+
+    #[test]
+    fn a_bucket_is_found_by_its_borrowed_key_and_kept_once_in_the_book() {
+        let r = BucketRef {
+            hour: 7,
+            key_id: "key_a",
+            account: "acc",
+            model: "gpt-5.5",
+        };
+        use std::hash::BuildHasher;
+        let h = std::hash::RandomState::new();
+        assert_eq!(h.hash_one(&r), h.hash_one(r.to_owned()));
+        let mut book = Book::default();
+        book.buckets.insert(r.to_owned(), Counters::default());
+        assert!(book.buckets.get(&r).is_some());
+        let other = BucketRef {
+            model: "gpt-5",
+            ..r
+        };
+        assert!(book.buckets.get(&other).is_none());
+        assert!(book.buckets.get(&BucketRef { hour: 8, ..r }).is_none());
+        // The same request counted twice: one bucket, one dirty entry, both totals.
+        let u = UsageBook::load(
+            Store::open_in_memory().unwrap(),
+            Arc::new(ManualClock::new(T0)),
+        )
+        .unwrap();
+        for _ in 0..2 {
+            u.add(T0, ("key_a", "gpt-5.5", Some("acc")), tokens(10));
+        }
+        u.add(T0, ("key_a", "gpt-5", Some("acc")), tokens(4));
+        let book = u.lock();
+        assert_eq!((book.buckets.len(), book.dirty.len()), (2, 2));
+        let k = BucketRef {
+            hour: hour_of(T0 / 1000),
+            ..r
+        };
+        assert_eq!(
+            book.buckets.get(&k).map(|c| (c.requests, c.tokens())),
+            Some((2, 20))
+        );
+    }
 
     fn tokens(n: u64) -> Counters {
         Counters {
