@@ -127,17 +127,6 @@ fn sha256(s: &str) -> [u8; 32] {
     Sha256::digest(s.as_bytes()).into()
 }
 
-/// The identity of a secret that has authenticated before (`Ok`), else its hash when an
-/// active key has that hash (`Err`: to be remembered under the write lock); `None` for a
-/// secret of no active key.
-fn sha256_unless_seen(inner: &Inner, presented: &str) -> Option<Result<KeyIdentity, [u8; 32]>> {
-    if let Some(id) = inner.seen.get(presented) {
-        return inner.identity(id).map(Ok);
-    }
-    let digest = sha256(presented);
-    inner.by_hash.contains_key(&digest).then_some(Err(digest))
-}
-
 /// `n` random characters from `[0-9A-Za-z]`, without modulo bias.
 pub fn random_base62(n: usize) -> Result<String, KeyError> {
     const ALPHABET: &[u8; 62] = b"0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz";
@@ -360,10 +349,17 @@ impl KeyRing {
     /// The key a presented secret belongs to, if it is known and active (an expired key
     /// authenticates: its requests are refused as expired, which says why).
     pub fn authenticate(&self, presented: &str) -> Option<KeyIdentity> {
-        let digest = sha256_unless_seen(&self.read(), presented)?;
-        let digest = match digest {
-            Ok(identity) => return Some(identity),
-            Err(digest) => digest,
+        // A secret of no active key is judged under the read lock alone.
+        let digest = {
+            let inner = self.read();
+            if let Some(id) = inner.seen.get(presented) {
+                return inner.identity(id);
+            }
+            let digest = sha256(presented);
+            if !inner.by_hash.contains_key(&digest) {
+                return None;
+            }
+            digest
         };
         let mut inner = self.write();
         // Checked again under the write lock: the key may have been revoked meanwhile.

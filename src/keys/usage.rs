@@ -8,6 +8,7 @@
 //! rolling windows; reports read the store and overlay what is not flushed yet.
 
 use std::collections::{BTreeMap, HashMap};
+use std::hash::RandomState;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -104,8 +105,6 @@ impl BucketRef<'_> {
     }
 }
 
-type Map<K, V> = hashbrown::HashMap<K, V, std::hash::RandomState>;
-
 impl BucketKey {
     fn row(&self, c: &Counters) -> UsageBucketRow {
         UsageBucketRow {
@@ -126,8 +125,8 @@ impl BucketKey {
 
 #[derive(Default)]
 struct Book {
-    buckets: Map<BucketKey, Counters>,
-    dirty: hashbrown::HashSet<BucketKey, std::hash::RandomState>,
+    buckets: hashbrown::HashMap<BucketKey, Counters, RandomState>,
+    dirty: hashbrown::HashSet<BucketKey, RandomState>,
     /// Key id -> hour -> tokens, for the budget windows.
     tokens: HashMap<String, BTreeMap<u64, u64>>,
     /// Key id -> totals since this process started (the metrics' counters).
@@ -552,7 +551,7 @@ mod tests {
             model: "gpt-5.5",
         };
         use std::hash::BuildHasher;
-        let h = std::hash::RandomState::new();
+        let h = RandomState::new();
         assert_eq!(h.hash_one(&r), h.hash_one(r.to_owned()));
         let mut book = Book::default();
         book.buckets.insert(r.to_owned(), Counters::default());
