@@ -1,35 +1,57 @@
 //! The account's usage windows as the backend reports them: `x-codex-*` headers on every
 //! response, and the `wham/usage` document.
 
-use reqwest::header::{HeaderMap, HeaderName};
+use reqwest::header::{HeaderMap, HeaderValue};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::failure::Facts;
 
-/// The rate-limit headers, named once (a lookup by a name given as text checks the text
-/// first, and every response is read for them).
-mod headers {
-    use reqwest::header::HeaderName;
+/// The rate-limit headers' names after their common prefix, in the order of [`Read`]'s slots.
+const PREFIX: &str = "x-codex-";
+const NAMES: [&str; 9] = [
+    "primary-used-percent",
+    "primary-window-minutes",
+    // A reset as a time, or else as seconds from now.
+    "primary-reset-at",
+    "primary-reset-after-seconds",
+    "secondary-used-percent",
+    "secondary-window-minutes",
+    "secondary-reset-at",
+    "secondary-reset-after-seconds",
+    "plan-type",
+];
 
-    const fn name(n: &'static str) -> HeaderName {
-        HeaderName::from_static(n)
+/// The first value of each rate-limit header, found in one pass over an answer's headers
+/// (instead of one hashed lookup per name: every response is read for them).
+struct Read<'a>([Option<&'a HeaderValue>; 9]);
+
+impl<'a> Read<'a> {
+    fn of(h: &'a HeaderMap) -> Read<'a> {
+        let mut slots = [None; 9];
+        for (name, value) in h {
+            let Some(rest) = name.as_str().strip_prefix(PREFIX) else {
+                continue;
+            };
+            if let Some(i) = NAMES.iter().position(|n| *n == rest) {
+                // A name's values come in order: its first is what a lookup would give.
+                slots[i].get_or_insert(value);
+            }
+        }
+        Read(slots)
     }
 
-    pub const PRIMARY_USED: HeaderName = name("x-codex-primary-used-percent");
-    pub const PRIMARY_WINDOW: HeaderName = name("x-codex-primary-window-minutes");
-    /// The reset as a time, or else as seconds from now.
-    pub const PRIMARY_RESET: [HeaderName; 2] = [
-        name("x-codex-primary-reset-at"),
-        name("x-codex-primary-reset-after-seconds"),
-    ];
-    pub const SECONDARY_USED: HeaderName = name("x-codex-secondary-used-percent");
-    pub const SECONDARY_WINDOW: HeaderName = name("x-codex-secondary-window-minutes");
-    pub const SECONDARY_RESET: [HeaderName; 2] = [
-        name("x-codex-secondary-reset-at"),
-        name("x-codex-secondary-reset-after-seconds"),
-    ];
-    pub const PLAN: HeaderName = name("x-codex-plan-type");
+    fn text(&self, i: usize) -> Option<&'a str> {
+        self.0[i].and_then(|v| v.to_str().ok()).map(str::trim)
+    }
+
+    fn float(&self, i: usize) -> Option<f64> {
+        self.text(i).and_then(|v| v.parse::<f64>().ok())
+    }
+
+    fn whole(&self, i: usize) -> Option<u64> {
+        self.float(i).map(|v| v.max(0.0) as u64)
+    }
 }
 
 /// The last known usage of an account's windows (primary: 5 hours, secondary: weekly).
@@ -56,23 +78,17 @@ pub struct QuotaSnapshot {
 impl QuotaSnapshot {
     /// Reads the rate-limit headers; `None` when the response carries none.
     pub fn from_headers(h: &HeaderMap, now_ms: u64) -> Option<QuotaSnapshot> {
-        let get = |name: &HeaderName| h.get(name).and_then(|v| v.to_str().ok()).map(str::trim);
-        let f = |name: &HeaderName| get(name).and_then(|v| v.parse::<f64>().ok());
-        let u = |name: &HeaderName| {
-            get(name)
-                .and_then(|v| v.parse::<f64>().ok())
-                .map(|v| v.max(0.0) as u64)
-        };
+        let r = Read::of(h);
         let now_s = now_ms / 1000;
-        let reset = |[at, after]: &[HeaderName; 2]| u(at).or_else(|| u(after).map(|s| now_s + s));
+        let reset = |at: usize| r.whole(at).or_else(|| r.whole(at + 1).map(|s| now_s + s));
         let snap = QuotaSnapshot {
-            primary_used_percent: f(&headers::PRIMARY_USED),
-            primary_window_minutes: u(&headers::PRIMARY_WINDOW),
-            primary_reset_at: reset(&headers::PRIMARY_RESET),
-            secondary_used_percent: f(&headers::SECONDARY_USED),
-            secondary_window_minutes: u(&headers::SECONDARY_WINDOW),
-            secondary_reset_at: reset(&headers::SECONDARY_RESET),
-            plan: get(&headers::PLAN).map(str::to_string),
+            primary_used_percent: r.float(0),
+            primary_window_minutes: r.whole(1),
+            primary_reset_at: reset(2),
+            secondary_used_percent: r.float(4),
+            secondary_window_minutes: r.whole(5),
+            secondary_reset_at: reset(6),
+            plan: r.text(8).map(str::to_string),
             reset_credits: None,
             credit_expires_at: None,
             observed_ms: now_ms,
@@ -154,6 +170,33 @@ mod tests {
         h.insert("x-codex-primary-reset-at", "1767225700".parse().unwrap());
         let q = QuotaSnapshot::from_headers(&h, 1_000_000).unwrap();
         assert_eq!(q.primary_reset_at, Some(1_767_225_700));
+    }
+
+    #[test]
+    fn the_first_value_of_a_repeated_header_counts_as_a_lookup_would_give_it() {
+        let mut h = HeaderMap::new();
+        h.insert("x-codex-other", "7".parse().unwrap());
+        h.insert(
+            "x-codex-secondary-window-minutes",
+            " 10080 ".parse().unwrap(),
+        );
+        h.append("x-codex-primary-used-percent", "30".parse().unwrap());
+        h.append("x-codex-primary-used-percent", "99".parse().unwrap());
+        h.append("x-codex-plan-type", "pro".parse().unwrap());
+        h.append("x-codex-plan-type", "free".parse().unwrap());
+        let q = QuotaSnapshot::from_headers(&h, 0).unwrap();
+        assert_eq!(
+            (
+                q.primary_used_percent,
+                q.secondary_window_minutes,
+                q.plan.as_deref()
+            ),
+            (Some(30.0), Some(10_080), Some("pro"))
+        );
+        assert_eq!(
+            (q.primary_window_minutes, q.secondary_used_percent),
+            (None, None)
+        );
     }
 
     #[test]
