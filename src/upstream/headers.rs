@@ -5,6 +5,28 @@
 
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
 
+/// A table of held headers and its lookup, made from one list: the lookup is a `match` on the
+/// name (compiled to a switch on its length and a comparison or two, where a scan of the table
+/// compared each row), the table what the documentation and the tests read.
+macro_rules! held_headers {
+    (
+        $(#[$table_doc:meta])* $table:ident,
+        $(#[$lookup_doc:meta])* $lookup:ident,
+        [$(($name:literal, $why:ident)),* $(,)?]
+    ) => {
+        $(#[$table_doc])*
+        pub const $table: &[(&str, Held)] = &[$(($name, Held::$why)),*];
+
+        $(#[$lookup_doc])*
+        pub fn $lookup(name: &HeaderName) -> Option<Held> {
+            match name.as_str() {
+                $($name => Some(Held::$why),)*
+                _ => None,
+            }
+        }
+    };
+}
+
 /// Why a header does not cross as it came.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Held {
@@ -26,93 +48,88 @@ pub enum Held {
     Cookie,
 }
 
-/// The request headers held back, and why. Matched by name, case-insensitively (header names
-/// are lowercase once parsed).
-pub const REQUEST_HELD: &[(&str, Held)] = &[
-    ("connection", Held::HopByHop),
-    ("keep-alive", Held::HopByHop),
-    ("proxy-connection", Held::HopByHop),
-    ("proxy-authenticate", Held::HopByHop),
-    ("proxy-authorization", Held::HopByHop),
-    ("te", Held::HopByHop),
-    ("trailer", Held::HopByHop),
-    ("transfer-encoding", Held::HopByHop),
-    ("upgrade", Held::HopByHop),
-    ("sec-websocket-key", Held::HopByHop),
-    ("sec-websocket-version", Held::HopByHop),
-    ("sec-websocket-extensions", Held::HopByHop),
-    ("sec-websocket-protocol", Held::HopByHop),
-    ("authorization", Held::Credential),
-    ("cookie", Held::Credential),
-    ("x-api-key", Held::Credential),
-    ("chatgpt-account-id", Held::Credential),
-    ("openai-organization", Held::Credential),
-    ("openai-project", Held::Credential),
-    ("x-codex-installation-id", Held::Identity),
-    ("x-openai-account-routing-override", Held::Identity),
-    ("host", Held::Framing),
-    ("content-length", Held::Framing),
-    ("content-encoding", Held::Framing),
-    ("content-type", Held::Framing),
-    ("expect", Held::Framing),
-    ("accept", Held::Gateway),
-    ("accept-encoding", Held::Gateway),
-    ("x-codex-turn-state", Held::Gateway),
-    ("forwarded", Held::Origin),
-    ("via", Held::Origin),
-    ("x-forwarded-for", Held::Origin),
-    ("x-forwarded-host", Held::Origin),
-    ("x-forwarded-port", Held::Origin),
-    ("x-forwarded-proto", Held::Origin),
-    ("x-real-ip", Held::Origin),
-    ("true-client-ip", Held::Origin),
-    ("cf-connecting-ip", Held::Origin),
-];
+held_headers!(
+    /// The request headers held back, and why. Matched by name, case-insensitively (header
+    /// names are lowercase once parsed).
+    REQUEST_HELD,
+    /// Why `name` is held back on its way upstream, if it is.
+    request_held,
+    [
+        ("connection", HopByHop),
+        ("keep-alive", HopByHop),
+        ("proxy-connection", HopByHop),
+        ("proxy-authenticate", HopByHop),
+        ("proxy-authorization", HopByHop),
+        ("te", HopByHop),
+        ("trailer", HopByHop),
+        ("transfer-encoding", HopByHop),
+        ("upgrade", HopByHop),
+        ("sec-websocket-key", HopByHop),
+        ("sec-websocket-version", HopByHop),
+        ("sec-websocket-extensions", HopByHop),
+        ("sec-websocket-protocol", HopByHop),
+        ("authorization", Credential),
+        ("cookie", Credential),
+        ("x-api-key", Credential),
+        ("chatgpt-account-id", Credential),
+        ("openai-organization", Credential),
+        ("openai-project", Credential),
+        ("x-codex-installation-id", Identity),
+        ("x-openai-account-routing-override", Identity),
+        ("host", Framing),
+        ("content-length", Framing),
+        ("content-encoding", Framing),
+        ("content-type", Framing),
+        ("expect", Framing),
+        ("accept", Gateway),
+        ("accept-encoding", Gateway),
+        ("x-codex-turn-state", Gateway),
+        ("forwarded", Origin),
+        ("via", Origin),
+        ("x-forwarded-for", Origin),
+        ("x-forwarded-host", Origin),
+        ("x-forwarded-port", Origin),
+        ("x-forwarded-proto", Origin),
+        ("x-real-ip", Origin),
+        ("true-client-ip", Origin),
+        ("cf-connecting-ip", Origin),
+    ]
+);
 
-/// The answer headers held back, and why.
-pub const ANSWER_HELD: &[(&str, Held)] = &[
-    ("connection", Held::HopByHop),
-    ("keep-alive", Held::HopByHop),
-    ("proxy-authenticate", Held::HopByHop),
-    ("proxy-connection", Held::HopByHop),
-    ("te", Held::HopByHop),
-    ("trailer", Held::HopByHop),
-    ("transfer-encoding", Held::HopByHop),
-    ("upgrade", Held::HopByHop),
-    ("sec-websocket-accept", Held::HopByHop),
-    ("sec-websocket-extensions", Held::HopByHop),
-    ("sec-websocket-protocol", Held::HopByHop),
-    ("set-cookie", Held::Cookie),
-    ("content-length", Held::Framing),
-    ("content-encoding", Held::Framing),
-    ("content-type", Held::Framing),
-    // The gateway's own server writes these for its answer.
-    ("date", Held::Framing),
-    ("server", Held::Framing),
-    // The backend's origin's own advertisements (another protocol, its HSTS) are not true of
-    // the gateway's address.
-    ("alt-svc", Held::Framing),
-    ("strict-transport-security", Held::Framing),
-];
-
-/// Why `name` is held back on its way upstream, if it is.
-pub fn request_held(name: &HeaderName) -> Option<Held> {
-    held(REQUEST_HELD, name)
-}
-
-/// Why `name` is held back on its way to the client, if it is.
-pub fn answer_held(name: &HeaderName) -> Option<Held> {
-    held(ANSWER_HELD, name)
-}
-
-fn held(table: &[(&str, Held)], name: &HeaderName) -> Option<Held> {
-    let name = name.as_str();
-    table.iter().find(|(n, _)| *n == name).map(|(_, why)| *why)
-}
+held_headers!(
+    /// The answer headers held back, and why.
+    ANSWER_HELD,
+    /// Why `name` is held back on its way to the client, if it is.
+    answer_held,
+    [
+        ("connection", HopByHop),
+        ("keep-alive", HopByHop),
+        ("proxy-authenticate", HopByHop),
+        ("proxy-connection", HopByHop),
+        ("te", HopByHop),
+        ("trailer", HopByHop),
+        ("transfer-encoding", HopByHop),
+        ("upgrade", HopByHop),
+        ("sec-websocket-accept", HopByHop),
+        ("sec-websocket-extensions", HopByHop),
+        ("sec-websocket-protocol", HopByHop),
+        ("set-cookie", Cookie),
+        ("content-length", Framing),
+        ("content-encoding", Framing),
+        ("content-type", Framing),
+        // The gateway's own server writes these for its answer.
+        ("date", Framing),
+        ("server", Framing),
+        // The backend's origin's own advertisements (another protocol, its HSTS) are not true of
+        // the gateway's address.
+        ("alt-svc", Framing),
+        ("strict-transport-security", Framing),
+    ]
+);
 
 /// The names a `Connection` header lists: hop-by-hop for this message too.
 fn connection_listed(h: &HeaderMap) -> Vec<String> {
-    h.get_all("connection")
+    h.get_all(reqwest::header::CONNECTION)
         .iter()
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(','))
@@ -137,10 +154,14 @@ fn crossing(
     held: fn(&HeaderName) -> Option<Held>,
 ) -> Vec<(HeaderName, HeaderValue)> {
     let listed = connection_listed(h);
-    h.iter()
-        .filter(|(k, _)| held(k).is_none() && !listed.iter().any(|l| l == k.as_str()))
-        .map(|(k, v)| (k.clone(), v.clone()))
-        .collect()
+    // Room for all: most headers cross, and growing the list step by step cost more.
+    let mut out = Vec::with_capacity(h.len());
+    out.extend(
+        h.iter()
+            .filter(|(k, _)| held(k).is_none() && !listed.iter().any(|l| l == k.as_str()))
+            .map(|(k, v)| (k.clone(), v.clone())),
+    );
+    out
 }
 
 #[cfg(test)]
@@ -239,10 +260,17 @@ mod tests {
 
     #[test]
     fn the_tables_name_each_header_once_in_lowercase() {
-        for table in [REQUEST_HELD, ANSWER_HELD] {
-            for (i, (name, _)) in table.iter().enumerate() {
+        for (table, held) in [
+            (
+                REQUEST_HELD,
+                request_held as fn(&HeaderName) -> Option<Held>,
+            ),
+            (ANSWER_HELD, answer_held),
+        ] {
+            for (i, (name, why)) in table.iter().enumerate() {
                 assert_eq!(*name, name.to_ascii_lowercase());
-                assert!(HeaderName::from_bytes(name.as_bytes()).is_ok(), "{name}");
+                let parsed = HeaderName::from_bytes(name.as_bytes()).unwrap();
+                assert_eq!(held(&parsed), Some(*why), "{name}");
                 assert!(
                     table[i + 1..].iter().all(|(n, _)| n != name),
                     "{name} twice"
