@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use crate::dispatch::frames::Frames;
 use axum::body::{Body, Bytes};
-use axum::extract::State;
+use axum::extract::{Request, State};
 use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use bytes::BytesMut;
@@ -284,22 +284,25 @@ pub fn body_ids(obj: &RawObject<'_>) -> Vec<String> {
 /// that left.
 pub type Conn = Option<axum::Extension<Arc<ClientConn>>>;
 
-pub async fn create(
-    State(state): State<Arc<AppState>>,
-    conn: Conn,
-    headers: HeaderMap,
-    body: Body,
-) -> Response {
+pub async fn create(State(state): State<Arc<AppState>>, request: Request) -> Response {
+    let (conn, headers, body) = split(request);
     handle(state, conn, headers, body, false).await
 }
 
-pub async fn compact(
-    State(state): State<Arc<AppState>>,
-    conn: Conn,
-    headers: HeaderMap,
-    body: Body,
-) -> Response {
+pub async fn compact(State(state): State<Arc<AppState>>, request: Request) -> Response {
+    let (conn, headers, body) = split(request);
     handle(state, conn, headers, body, true).await
+}
+
+/// A request's connection, headers and body, taken from it (the extractors for the headers
+/// and the connection copy them).
+fn split(request: Request) -> (Conn, HeaderMap, Body) {
+    let (mut parts, body) = request.into_parts();
+    let conn = parts
+        .extensions
+        .remove::<Arc<ClientConn>>()
+        .map(axum::Extension);
+    (conn, parts.headers, body)
 }
 
 async fn handle(
@@ -875,7 +878,7 @@ mod tests {
             assert_eq!(ev.framed().is_some(), kept, "{shown}");
             let plain = Event::new(
                 Bytes::copy_from_slice(ev.kind().as_bytes()),
-                ev.data().clone(),
+                ev.data_bytes(),
             );
             if !ev.kind().is_empty() {
                 assert_eq!(ev, plain, "{shown}");
