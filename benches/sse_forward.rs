@@ -85,7 +85,7 @@ fn main() {
         for f in frames {
             let ev = Event::from_data(f);
             black_box(ev.kind());
-            let text = ev.data().clone();
+            let text = ev.data_bytes();
             out += text.len();
             black_box(&text);
         }

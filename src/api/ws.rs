@@ -286,7 +286,7 @@ enum End {
 
 /// An event as a text frame: its data, as received.
 fn text_frame(ev: &Event) -> Message {
-    match axum::extract::ws::Utf8Bytes::try_from(ev.data().clone()) {
+    match axum::extract::ws::Utf8Bytes::try_from(ev.data_bytes()) {
         Ok(text) => Message::Text(text),
         Err(_) => Message::Text(String::from_utf8_lossy(ev.data()).into_owned().into()),
     }
@@ -546,7 +546,7 @@ impl Connection {
                                     .response
                                     .output
                                     .and_then(|raw| array_inner(raw.get()))
-                                    .map(|inner| Piece::of(ev.data(), inner));
+                                    .map(|inner| Piece::of(&ev.data_bytes(), inner));
                             }
                             self.send(socket, text_frame(&ev)).await?;
                         }

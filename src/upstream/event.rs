@@ -4,6 +4,8 @@
 //! writes the SSE block it came in, when that block is already in the edge's form) and the
 //! WebSocket edge as a text frame, each once.
 
+use std::ops::Range;
+
 use bytes::Bytes;
 use serde_json::{Value, json};
 
@@ -22,44 +24,58 @@ fn is_terminal_type(kind: &[u8]) -> bool {
 
 #[derive(Debug, Clone)]
 pub struct Event {
-    /// The event's type (UTF-8).
-    kind: Bytes,
-    /// Its JSON data, as received.
-    data: Bytes,
-    /// The SSE block it came in, when that block is exactly what the edge would write for it
-    /// (`event: {kind}`, `data: {data}`, a blank line); empty otherwise.
-    framed: Bytes,
+    /// The bytes its type and data are ranges of: the SSE block it came in, the WebSocket
+    /// frame, or the two joined for an event made here. One buffer, so that an event costs
+    /// one reference to what was received, not three.
+    bytes: Bytes,
+    /// Its type (UTF-8) within `bytes`.
+    kind: Range<u32>,
+    /// Its JSON data within `bytes`, as received.
+    data: Range<u32>,
+    /// `bytes` is exactly what the edge would write for it (`event: {kind}`, `data: {data}`,
+    /// a blank line).
+    framed: bool,
 }
 
 /// Two events are equal when their types and data are, however they arrived.
 impl PartialEq for Event {
     fn eq(&self, other: &Event) -> bool {
-        self.kind == other.kind && self.data == other.data
+        self.kind_bytes() == other.kind_bytes() && self.data_slice() == other.data_slice()
     }
 }
 
 impl Eq for Event {}
 
+/// A range as stored: events are far below 4 GiB (the splitter's limit is the event size).
+fn narrow(r: Range<usize>) -> Range<u32> {
+    let n = |v: usize| u32::try_from(v).unwrap_or(u32::MAX);
+    n(r.start)..n(r.end)
+}
+
+fn wide(r: &Range<u32>) -> Range<usize> {
+    r.start as usize..r.end as usize
+}
+
 impl Event {
-    /// An event of a known type.
+    /// An event of a known type, its type and data given apart (joined into one buffer).
     pub fn new(kind: Bytes, data: Bytes) -> Event {
+        let mut bytes = Vec::with_capacity(kind.len() + data.len());
+        bytes.extend_from_slice(&kind);
+        bytes.extend_from_slice(&data);
         Event {
-            kind,
-            data,
-            framed: Bytes::new(),
+            kind: narrow(0..kind.len()),
+            data: narrow(kind.len()..bytes.len()),
+            bytes: Bytes::from(bytes),
+            framed: false,
         }
     }
 
     /// The event of an SSE `block` whose type and data are the given ranges of it: the block
     /// is kept to be written out as it is when it is already in the edge's own form.
-    pub fn of_block(
-        block: Bytes,
-        kind: std::ops::Range<usize>,
-        data: std::ops::Range<usize>,
-    ) -> Event {
+    pub fn of_block(block: Bytes, kind: Range<usize>, data: Range<usize>) -> Event {
         const EVENT: &[u8] = b"event: ";
         const DATA: &[u8] = b"\ndata: ";
-        let canonical = kind.start == EVENT.len()
+        let framed = kind.start == EVENT.len()
             && block.starts_with(EVENT)
             && data.start == kind.end + DATA.len()
             && block.get(kind.end..data.start) == Some(DATA)
@@ -68,24 +84,28 @@ impl Event {
             && !kind.is_empty()
             && block[kind.clone()].is_ascii();
         Event {
-            kind: block.slice(kind),
-            data: block.slice(data),
-            framed: if canonical { block } else { Bytes::new() },
+            bytes: block,
+            kind: narrow(kind),
+            data: narrow(data),
+            framed,
         }
     }
 
     /// The SSE block to write for it, when it arrived as one in the edge's own form.
     pub fn framed(&self) -> Option<&Bytes> {
-        (!self.framed.is_empty()).then_some(&self.framed)
+        self.framed.then_some(&self.bytes)
     }
 
     /// An event whose type is read from its data's first `"type"` key (a WebSocket frame, or
     /// an SSE block without an `event:` line).
     pub fn from_data(data: Bytes) -> Event {
-        let kind = json_type_range(&data)
-            .map(|r| data.slice(r))
-            .unwrap_or_default();
-        Event::new(kind, data)
+        let kind = json_type_range(&data).unwrap_or_default();
+        Event {
+            kind: narrow(kind),
+            data: narrow(0..data.len()),
+            bytes: data,
+            framed: false,
+        }
     }
 
     /// A `response.failed` the gateway writes itself (the upstream stream broke, or the
@@ -113,21 +133,35 @@ impl Event {
 
     /// The event's type; empty when it has none.
     pub fn kind(&self) -> &str {
-        std::str::from_utf8(&self.kind).unwrap_or_default()
+        std::str::from_utf8(self.kind_bytes()).unwrap_or_default()
     }
 
-    pub fn data(&self) -> &Bytes {
-        &self.data
+    fn kind_bytes(&self) -> &[u8] {
+        &self.bytes[wide(&self.kind)]
+    }
+
+    /// Its data, as received.
+    pub fn data(&self) -> &[u8] {
+        self.data_slice()
+    }
+
+    fn data_slice(&self) -> &[u8] {
+        &self.bytes[wide(&self.data)]
+    }
+
+    /// Its data as shared bytes (for a frame that carries them on).
+    pub fn data_bytes(&self) -> Bytes {
+        self.bytes.slice(wide(&self.data))
     }
 
     /// The data, parsed (only for the few events whose content the gateway reads).
     pub fn json(&self) -> Option<Value> {
-        serde_json::from_slice(&self.data).ok()
+        serde_json::from_slice(self.data()).ok()
     }
 
     /// Asked of every event: compared as bytes, with no UTF-8 check.
     pub fn is_terminal(&self) -> bool {
-        is_terminal_type(&self.kind)
+        is_terminal_type(self.kind_bytes())
     }
 
     /// Bytes it carries (for buffer limits).

@@ -169,13 +169,13 @@ mod tests {
                 panic!("not an event")
             };
             assert_eq!(
-                delta.data().as_ref(),
+                delta.data(),
                 br#"{"type":"response.output_text.delta","delta":"hi"}"#
             );
             let Piece::Event(done) = &got[3] else {
                 panic!("not an event")
             };
-            assert_eq!(done.data().as_ref(), br#"{"type":"response.completed"}"#);
+            assert_eq!(done.data(), br#"{"type":"response.completed"}"#);
         }
     }
 
@@ -186,7 +186,7 @@ mod tests {
             panic!("not an event")
         };
         assert_eq!(e.kind(), "x");
-        assert_eq!(e.data().as_ref(), b"{\"type\":\"y\",\n\"a\":1}");
+        assert_eq!(e.data(), b"{\"type\":\"y\",\n\"a\":1}");
         assert_eq!(e.json().unwrap()["a"], 1);
     }
 
@@ -197,7 +197,7 @@ mod tests {
         let Piece::Event(e) = &got[0] else {
             panic!("not an event")
         };
-        assert_eq!((e.kind(), e.data().as_ref()), ("x", b"{\"a\":1}".as_ref()));
+        assert_eq!((e.kind(), e.data()), ("x", b"{\"a\":1}".as_ref()));
         assert_eq!(got[1], Piece::Comment);
     }
 
