@@ -168,7 +168,7 @@ impl<'a> Attempt<'a> {
         trace: &'a mut Trace,
         lease: Lease,
     ) -> std::pin::Pin<Box<impl std::future::Future<Output = End> + Send + 'a>> {
-        Box::pin(Self::run_inline(d, ctx, tx, trace, lease))
+        super::boxed(move || Self::run_inline(d, ctx, tx, trace, lease))
     }
 
     async fn run_inline(

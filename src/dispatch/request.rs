@@ -252,8 +252,11 @@ impl Dispatcher {
                             let (reply, outcome) = self.exhausted(&ctx.model);
                             // Boxed: a spend holds an upstream call, and the walk's
                             // future should not carry its size on every request.
-                            if Box::pin(self.credit_revived(ctx, plan, &mut walk, trace, outcome))
-                                .await
+                            let (walk, trace) = (&mut walk, &mut *trace);
+                            if super::boxed(move || {
+                                self.credit_revived(ctx, plan, walk, trace, outcome)
+                            })
+                            .await
                             {
                                 continue;
                             }
