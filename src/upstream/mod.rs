@@ -123,8 +123,36 @@ pub struct Upstream {
     /// One client per proxy in use, by its URL.
     tunnels: Arc<Mutex<HashMap<String, TunnelClient>>>,
     /// `{base}/responses` and `{base}/responses/compact`, parsed once.
-    responses_url: Uri,
-    compact_url: Uri,
+    responses_url: Target,
+    compact_url: Target,
+}
+
+/// A request path's URL, parsed once: as hyper sends to it, and as its answers name it.
+#[derive(Clone)]
+struct Target {
+    uri: Uri,
+    /// What names the URL on an answer (an answer that names none makes reqwest parse a
+    /// placeholder URL for it: 3,300 instructions per answer).
+    url: hyper::http::Extensions,
+}
+
+impl Target {
+    fn of(uri: Uri) -> Target {
+        let url = reqwest::Url::parse(&uri.to_string())
+            .map(answer_url)
+            .unwrap_or_default();
+        Target { uri, url }
+    }
+}
+
+/// The extensions of an answer that name `url` (reqwest keeps its type for them private).
+fn answer_url(url: reqwest::Url) -> hyper::http::Extensions {
+    use reqwest::ResponseBuilderExt;
+    hyper::http::Response::builder()
+        .url(url)
+        .body(())
+        .map(|r| r.into_parts().0.extensions)
+        .unwrap_or_default()
 }
 
 impl std::fmt::Debug for Upstream {
@@ -191,8 +219,8 @@ impl Upstream {
             default_proxy,
             env_proxies,
             tunnels: Arc::default(),
-            responses_url: url("/responses")?,
-            compact_url: url("/responses/compact")?,
+            responses_url: Target::of(url("/responses")?),
+            compact_url: Target::of(url("/responses/compact")?),
         })
     }
 
@@ -283,15 +311,17 @@ impl Upstream {
         sse: bool,
     ) -> Result<reqwest::Response, Facts> {
         // The request path's URLs are parsed once, at start (a routed account's each time).
-        let uri = match (path, &id.route) {
+        let target = match (path, &id.route) {
             ("/responses", None) => self.responses_url.clone(),
             ("/responses/compact", None) => self.compact_url.clone(),
             _ => format!("{}{path}", self.base_of(id))
                 .parse::<Uri>()
+                .map(Target::of)
                 .map_err(|e| {
                     Facts::transport(Phase::Connect, format!("upstream URL for {path}: {e}"))
                 })?,
         };
+        let Target { uri, url } = target;
         let mut req = hyper::Request::new(reqwest::Body::from(body));
         *req.method_mut() = hyper::Method::POST;
         let h = req.headers_mut();
@@ -340,7 +370,8 @@ impl Upstream {
             Some(p) => self.tunnel_client(p),
         };
         *req.uri_mut() = uri;
-        self.within_header_timeout(exchange(&client, req)).await
+        self.within_header_timeout(exchange(&client, req, url))
+            .await
     }
 
     /// Sends a request on the account's way out (`proxy`: its own, see [`Upstream::route`])
@@ -394,12 +425,13 @@ impl Upstream {
         req: reqwest::Request,
         proxy: &Arc<ProxyUrl>,
     ) -> Result<reqwest::Response, Facts> {
+        let url = answer_url(req.url().clone());
         let mut req = hyper::Request::<reqwest::Body>::try_from(req)
             .map_err(|e| Facts::transport(Phase::Connect, describe(&e)))?;
         req.headers_mut()
             .entry(reqwest::header::USER_AGENT)
             .or_insert(HeaderValue::from_static(USER_AGENT));
-        exchange(&self.tunnel_client(proxy), req).await
+        exchange(&self.tunnel_client(proxy), req, url).await
     }
 
     /// `GET {base}/models?client_version=…`.
@@ -654,14 +686,21 @@ fn hyper_client(connector: TunnelConnector) -> TunnelClient {
         .build(connector)
 }
 
-/// One request on a hyper client of the backend; its answer is handed on as any other, a
-/// failure as the transport's facts (a proxy's own words first: "proxy unreachable: …").
+/// One request on a hyper client of the backend; its answer is handed on as any other (named
+/// by the extensions `url`), a failure as the transport's facts (a proxy's own words first:
+/// "proxy unreachable: …").
 async fn exchange(
     client: &TunnelClient,
     req: hyper::Request<reqwest::Body>,
+    url: hyper::http::Extensions,
 ) -> Result<reqwest::Response, Facts> {
     match client.request(req).await {
-        Ok(resp) => Ok(reqwest::Response::from(resp.map(reqwest::Body::wrap))),
+        Ok(resp) => {
+            let (mut parts, body) = resp.into_parts();
+            parts.extensions.extend(url);
+            let resp = hyper::http::Response::from_parts(parts, reqwest::Body::wrap(body));
+            Ok(reqwest::Response::from(resp))
+        }
         Err(e) => {
             let phase = if e.is_connect() {
                 Phase::Connect
@@ -754,6 +793,21 @@ mod tests {
             .unwrap();
         let cut = u.read_body(resp, 1024, Overflow::Truncate).await.unwrap();
         assert_eq!(cut.len(), 1024);
+    }
+
+    #[tokio::test]
+    async fn an_answer_names_the_url_it_came_from() {
+        let head = "HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n";
+        for path in ["/responses", "/responses/compact"] {
+            // The peer answers one request per connection: a peer for each.
+            let base = peer(head, b"{}".to_vec()).await;
+            let u = upstream(base.clone());
+            let resp = u
+                .post(path, &identity(), &[], Bytes::new(), false)
+                .await
+                .unwrap();
+            assert_eq!(resp.url().as_str(), format!("{base}{path}"));
+        }
     }
 
     #[tokio::test]
