@@ -727,11 +727,17 @@ impl<'a> Attempt<'a> {
 
     /// This attempt answers the request.
     pub(super) fn serve(&mut self, response_id: Option<String>) {
-        self.trace.served = Some(Served {
-            id: self.lease.id.clone(),
-            chatgpt_account_id: self.lease.chatgpt_account_id.clone(),
-            response_id,
-        });
+        match &mut self.trace.served {
+            // Served since its commit: its end names the response it gave.
+            Some(s) if s.id == self.lease.id => s.response_id = response_id,
+            served => {
+                *served = Some(Served {
+                    id: self.lease.id.clone(),
+                    chatgpt_account_id: self.lease.chatgpt_account_id.clone(),
+                    response_id,
+                })
+            }
+        }
     }
 }
 

@@ -22,6 +22,7 @@ use std::sync::atomic::AtomicUsize;
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::Duration;
 
+use reqwest::header::HeaderValue;
 use sha2::{Digest, Sha256};
 
 use crate::base::clock::SharedClock;
@@ -113,6 +114,9 @@ pub(crate) struct Entry {
     route: Route,
     /// Its row in the scheduler's table (see [`table`]).
     slot: usize,
+    /// Its access token as an `Authorization` value, made once per token: a token is about
+    /// 2 KB, and making the value copies and checks it.
+    bearer: std::sync::Mutex<Option<HeaderValue>>,
 }
 
 /// What workspace routing discovery says of an account (memory only: it is asked again at
@@ -151,8 +155,23 @@ impl Entry {
             installation_id: installation_id(&record.id),
             route: Route::Unknown,
             slot: 0,
+            bearer: std::sync::Mutex::new(None),
             record,
         }
+    }
+
+    /// The `Authorization` value for `token`: the one made before while the token is the
+    /// same; `None` when the token cannot be a header value.
+    fn bearer(&self, token: &str) -> Option<HeaderValue> {
+        let mut made = self.bearer.lock().unwrap_or_else(|e| e.into_inner());
+        let same =
+            |v: &HeaderValue| v.as_bytes().strip_prefix(b"Bearer ") == Some(token.as_bytes());
+        if let Some(v) = made.as_ref().filter(|v| same(v)) {
+            return Some(v.clone());
+        }
+        let v = crate::upstream::bearer(token).ok()?;
+        *made = Some(v.clone());
+        Some(v)
     }
 
     pub(crate) fn is_unsupported(&self, model: &str, now_ms: u64) -> bool {
@@ -374,6 +393,7 @@ impl Fleet {
         let e = inner.accounts.get(id)?;
         let s = e.secrets.as_ref()?;
         Some(Identity {
+            bearer: e.bearer(s.access_token.expose()),
             access_token: s.access_token.expose().to_string(),
             chatgpt_account_id: e.record.chatgpt_account_id.clone(),
             installation_id: e.installation_id.clone(),

@@ -587,6 +587,18 @@ mod tests {
         let old = f.identity(&id).unwrap().access_token;
         let ident = f.ensure_fresh(&id, Some(&old), &r).await.unwrap();
         assert_ne!(ident.access_token, old);
+        // The Authorization value follows the token, and is made once per token.
+        let bearer = |i: &Identity| i.bearer.clone().unwrap();
+        assert_eq!(
+            bearer(&ident).as_bytes(),
+            format!("Bearer {}", ident.access_token).as_bytes()
+        );
+        assert!(bearer(&ident).is_sensitive());
+        let again = f.identity(&id).unwrap();
+        assert_eq!(
+            bearer(&again).as_bytes().as_ptr(),
+            bearer(&ident).as_bytes().as_ptr()
+        );
         // The old token is no longer current: a late second report does not refresh again.
         f.ensure_fresh(&id, Some(&old), &r).await.unwrap();
         assert_eq!(r.calls.load(Ordering::SeqCst), 1);

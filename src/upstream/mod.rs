@@ -69,6 +69,8 @@ named! {
 #[derive(Debug, Clone)]
 pub struct Identity {
     pub access_token: String,
+    /// The token as an `Authorization` value, when it was made before (see [`bearer`]).
+    pub bearer: Option<HeaderValue>,
     pub chatgpt_account_id: String,
     /// Per-account device id (`x-codex-installation-id`).
     pub installation_id: String,
@@ -325,9 +327,11 @@ impl Upstream {
         let mut req = hyper::Request::new(reqwest::Body::from(body));
         *req.method_mut() = hyper::Method::POST;
         let h = req.headers_mut();
-        let mut bearer = HeaderValue::try_from(format!("Bearer {}", id.access_token))
-            .map_err(|e| Facts::transport(Phase::Connect, format!("access token: {e}")))?;
-        bearer.set_sensitive(true);
+        let bearer = match &id.bearer {
+            Some(made) => made.clone(),
+            None => bearer(&id.access_token)
+                .map_err(|e| Facts::transport(Phase::Connect, format!("access token: {e}")))?,
+        };
         h.insert(reqwest::header::AUTHORIZATION, bearer);
         let bad = |e: reqwest::header::InvalidHeaderValue| {
             Facts::transport(Phase::Connect, format!("header value: {e}"))
@@ -686,6 +690,13 @@ fn hyper_client(connector: TunnelConnector) -> TunnelClient {
         .build(connector)
 }
 
+/// An access token as the `Authorization` value that carries it (marked sensitive).
+pub fn bearer(token: &str) -> Result<HeaderValue, reqwest::header::InvalidHeaderValue> {
+    let mut v = HeaderValue::try_from(format!("Bearer {token}"))?;
+    v.set_sensitive(true);
+    Ok(v)
+}
+
 /// One request on a hyper client of the backend; its answer is handed on as any other (named
 /// by the extensions `url`), a failure as the transport's facts (a proxy's own words first:
 /// "proxy unreachable: …").
@@ -764,6 +775,7 @@ mod tests {
     fn identity() -> Identity {
         Identity {
             access_token: "t".into(),
+            bearer: None,
             chatgpt_account_id: "a".into(),
             installation_id: "i".into(),
             proxy: None,
