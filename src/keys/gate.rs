@@ -75,7 +75,7 @@ pub struct Gates {
 
 #[derive(Default)]
 struct Inner {
-    keys: HashMap<String, KeyState>,
+    keys: HashMap<String, KeyState, super::Hasher>,
     next_waiter: u64,
 }
 

@@ -14,14 +14,14 @@ use std::sync::{Arc, Mutex};
 #[derive(Debug)]
 pub struct MemoryLedger {
     limit: usize,
-    held: Mutex<HashMap<String, usize>>,
+    held: Mutex<HashMap<String, usize, super::Hasher>>,
 }
 
 impl MemoryLedger {
     pub fn new(limit_bytes: usize) -> Arc<MemoryLedger> {
         Arc::new(MemoryLedger {
             limit: limit_bytes,
-            held: Mutex::new(HashMap::new()),
+            held: Mutex::new(HashMap::default()),
         })
     }
 
@@ -44,7 +44,7 @@ impl MemoryLedger {
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, usize>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, usize, super::Hasher>> {
         self.held
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)

@@ -73,14 +73,18 @@ struct Entry {
     policy: Arc<Policy>,
 }
 
+/// The hasher of the keys' maps, looked up several times per request: foldhash, seeded per
+/// process, instead of SipHash.
+pub(crate) type Hasher = hashbrown::DefaultHashBuilder;
+
 #[derive(Default)]
 struct Inner {
-    by_id: HashMap<String, Entry>,
-    by_hash: HashMap<[u8; 32], String>,
+    by_id: HashMap<String, Entry, Hasher>,
+    by_hash: HashMap<[u8; 32], String, Hasher>,
     /// Secrets that have authenticated, to their key's id, so that a key seen before is found
     /// without hashing its secret again. Only a secret whose hash matched an active key gets
     /// in (so at most one per active key), and it leaves when its key is revoked.
-    seen: HashMap<Box<str>, String>,
+    seen: HashMap<Box<str>, String, Hasher>,
 }
 
 impl Inner {

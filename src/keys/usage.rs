@@ -8,13 +8,13 @@
 //! rolling windows; reports read the store and overlay what is not flushed yet.
 
 use std::collections::{BTreeMap, HashMap};
-use std::hash::RandomState;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use crate::base::clock::SharedClock;
 use crate::base::job::{self, Ticker};
+use crate::keys::Hasher;
 use crate::keys::policy::Window;
 use crate::store::records::UsageBucketRow;
 use crate::store::schema::Table;
@@ -125,16 +125,16 @@ impl BucketKey {
 
 #[derive(Default)]
 struct Book {
-    buckets: hashbrown::HashMap<BucketKey, Counters, RandomState>,
-    dirty: hashbrown::HashSet<BucketKey, RandomState>,
+    buckets: hashbrown::HashMap<BucketKey, Counters, Hasher>,
+    dirty: hashbrown::HashSet<BucketKey, Hasher>,
     /// Key id -> hour -> tokens, for the budget windows.
-    tokens: HashMap<String, BTreeMap<u64, u64>>,
+    tokens: HashMap<String, BTreeMap<u64, u64>, Hasher>,
     /// Key id -> totals since this process started (the metrics' counters).
-    since_start: HashMap<String, Counters>,
+    since_start: HashMap<String, Counters, Hasher>,
     /// Key id -> tokens reserved by its requests in flight, settled when each ends.
-    reserved: HashMap<String, u64>,
+    reserved: HashMap<String, u64, Hasher>,
     /// Key id -> the output tokens of its recent answers (a moving average), for estimates.
-    recent_output: HashMap<String, u64>,
+    recent_output: HashMap<String, u64, Hasher>,
 }
 
 /// Output tokens a request is expected to take when its key has no answers to go by yet.
@@ -551,7 +551,7 @@ mod tests {
             model: "gpt-5.5",
         };
         use std::hash::BuildHasher;
-        let h = RandomState::new();
+        let h = Hasher::default();
         assert_eq!(h.hash_one(&r), h.hash_one(r.to_owned()));
         let mut book = Book::default();
         book.buckets.insert(r.to_owned(), Counters::default());
