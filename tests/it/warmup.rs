@@ -25,7 +25,16 @@ fn pings(gw: &Gw, account: &str) -> usize {
 
 #[tokio::test]
 async fn at_its_time_each_idle_ready_account_gets_one_request() {
-    let clock = ManualClock::new(switchyard::base::clock::SystemClock.now_ms());
+    // The test starts the day at least an hour away from 07:00 UTC: a start within the
+    // slot's half-hour grace would fire that day's warm-up before the accounts are set up.
+    let real = switchyard::base::clock::SystemClock.now_ms();
+    let since_seven = (real + 17 * 3_600_000) % 86_400_000; // ms past the last 07:00 UTC
+    let start = if since_seven < 3_600_000 {
+        real + 3_600_000
+    } else {
+        real
+    };
+    let clock = ManualClock::new(start);
     let gw = Gw::start_opts(GwOptions {
         accounts: 3,
         configure: at_seven,
