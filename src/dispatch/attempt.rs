@@ -340,8 +340,8 @@ impl<'a> Attempt<'a> {
         self.d.metrics.upstream_headers(self.started.elapsed());
         self.observe(resp.headers());
         let status = resp.status().as_u16();
-        let resp_headers = resp.headers().clone();
         if !(200..300).contains(&status) {
+            let resp_headers = resp.headers().clone();
             let body = tokio::select! {
                 b = self.d.upstream.read_body(resp, MAX_ERROR_BODY, Overflow::Truncate) => b.unwrap_or_default(),
                 _ = self.tx.closed() => return Sent::End(self.client_gone(Some(status))),
@@ -349,11 +349,14 @@ impl<'a> Attempt<'a> {
             };
             return self.failed(Facts::from_response(status, &resp_headers, body));
         }
+        // What the client is told of the answer's headers: taken before the body is, so that
+        // a good answer's header map is not copied.
+        let relay = relayed(resp.headers());
         if compact {
-            return Sent::End(self.finish_unary(resp, &resp_headers).await);
+            return Sent::End(self.finish_unary(resp, relay).await);
         }
         let events = EventStream::sse(resp, self.d.config.max_event_bytes);
-        Sent::End(self.pump(events, relayed(&resp_headers)).await)
+        Sent::End(self.pump(events, relay).await)
     }
 
     /// A downstream WebSocket turn over an upstream socket: reused from the pool, or dialled
@@ -494,7 +497,11 @@ impl<'a> Attempt<'a> {
     }
 
     /// A unary answer (`/responses/compact`), relayed as it is.
-    async fn finish_unary(&mut self, resp: reqwest::Response, resp_headers: &HeaderMap) -> End {
+    async fn finish_unary(
+        &mut self,
+        resp: reqwest::Response,
+        mut headers: Vec<(HeaderName, HeaderValue)>,
+    ) -> End {
         let status = resp.status().as_u16();
         let read = self
             .d
@@ -507,9 +514,8 @@ impl<'a> Attempt<'a> {
                     .report(&self.lease.id, Class::Success, None, &self.ctx.model);
                 self.record(Class::Success, Some(status), None, None);
                 self.serve(None);
-                let mut headers = relayed(resp_headers);
                 headers.push((
-                    HeaderName::from_static("content-type"),
+                    reqwest::header::CONTENT_TYPE,
                     HeaderValue::from_static("application/json"),
                 ));
                 End::Done {

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use reqwest::header::{HeaderName, HeaderValue};
+use reqwest::header::HeaderValue;
 use serde_json::{Map, json};
 use tokio::sync::mpsc;
 use tracing::Instrument;
@@ -687,10 +687,9 @@ impl Dispatcher {
             ),
             Map::new(),
         );
-        reply.headers.push((
-            HeaderName::from_static("retry-after"),
-            HeaderValue::from_static("2"),
-        ));
+        reply
+            .headers
+            .push((reqwest::header::RETRY_AFTER, HeaderValue::from_static("2")));
         reply
     }
 
@@ -743,9 +742,7 @@ impl Dispatcher {
         if let Some(s) = wait_s
             && let Ok(v) = HeaderValue::from_str(&s.to_string())
         {
-            reply
-                .headers
-                .push((HeaderName::from_static("retry-after"), v));
+            reply.headers.push((reqwest::header::RETRY_AFTER, v));
         }
         (reply, outcome)
     }
@@ -786,9 +783,7 @@ fn refusal_reply(r: &Refusal) -> ErrorReply {
     if let Some(s) = r.retry_after_s()
         && let Ok(v) = HeaderValue::from_str(&s.to_string())
     {
-        reply
-            .headers
-            .push((HeaderName::from_static("retry-after"), v));
+        reply.headers.push((reqwest::header::RETRY_AFTER, v));
     }
     reply
 }
@@ -813,9 +808,8 @@ pub(crate) fn shutting_down_reply() -> ErrorReply {
         "the gateway is shutting down; retry in a moment",
         Map::new(),
     );
-    reply.headers.push((
-        HeaderName::from_static("retry-after"),
-        HeaderValue::from_static("5"),
-    ));
+    reply
+        .headers
+        .push((reqwest::header::RETRY_AFTER, HeaderValue::from_static("5")));
     reply
 }

@@ -42,6 +42,10 @@ pub static SESSION_HEADERS: [HeaderName; 4] = [
 /// The sticky-routing token a turn's answer carries and its next request sends back.
 pub static TURN_STATE: HeaderName = HeaderName::from_static("x-codex-turn-state");
 
+/// The account's own identity headers, named once (a name given as text is checked each time).
+static ACCOUNT_ID: HeaderName = HeaderName::from_static("chatgpt-account-id");
+static INSTALLATION_ID: HeaderName = HeaderName::from_static("x-codex-installation-id");
+
 pub use self::headers::relayed;
 
 named! {
@@ -337,14 +341,8 @@ impl Upstream {
             Facts::transport(Phase::Connect, format!("header value: {e}"))
         };
         let text = |v: &str| HeaderValue::try_from(v);
-        h.insert(
-            "chatgpt-account-id",
-            text(&id.chatgpt_account_id).map_err(bad)?,
-        );
-        h.insert(
-            "x-codex-installation-id",
-            text(&id.installation_id).map_err(bad)?,
-        );
+        h.insert(&ACCOUNT_ID, text(&id.chatgpt_account_id).map_err(bad)?);
+        h.insert(&INSTALLATION_ID, text(&id.installation_id).map_err(bad)?);
         if let Some(r) = &id.route {
             h.insert(
                 routing::OVERRIDE_HEADER,
