@@ -19,6 +19,9 @@ use crate::upstream::event::Event;
 use crate::upstream::failure::{Facts, Phase};
 use crate::upstream::stream::{EventStream, Item, StreamError};
 
+/// Events a batch has room for when it is started.
+const BATCH_ROOM: usize = 16;
+
 /// Events that carry nothing a client renders or acts on: held before the commit.
 pub fn is_precommit(kind: &str) -> bool {
     matches!(
@@ -329,13 +332,15 @@ impl Attempt<'_> {
                 }
                 Err(why) => return with_batch(batch, self.stream_broke(&b, why)),
             };
-            if b.response_id.is_none() && ev.kind() == "response.created" {
-                b.response_id = ResponsePeek::of(&ev).id();
-            }
             if ev.is_terminal() {
                 return with_batch(batch, self.terminal(ev, &mut b));
             }
-            if !b.output_seen && !is_precommit(ev.kind()) {
+            // Looked at only until the answer shows output and is committed.
+            let precommit = (!b.output_seen || !b.committed) && is_precommit(ev.kind());
+            if b.response_id.is_none() && ev.is_kind("response.created") {
+                b.response_id = ResponsePeek::of(&ev).id();
+            }
+            if !b.output_seen && !precommit {
                 b.output_seen = true;
                 // A half-open account's probe is judged by its first output, not its end.
                 self.d.fleet.first_output(&mut self.lease);
@@ -344,7 +349,7 @@ impl Attempt<'_> {
                 continue; // a JSON client gets only the final response
             }
             if !b.committed
-                && is_precommit(ev.kind())
+                && precommit
                 && b.held_bytes + ev.len() <= self.d.config.max_precommit_bytes
             {
                 b.held_bytes += ev.len();
@@ -367,6 +372,11 @@ impl Attempt<'_> {
                     return self.client_gone(Some(200));
                 }
                 batch = std::mem::take(&mut b.held);
+            }
+            if batch.len() == batch.capacity() {
+                // A read brings several events at a time: room for them at once, not by doubling
+                // from one.
+                batch.reserve(BATCH_ROOM);
             }
             batch.push(ev);
         }
@@ -449,7 +459,7 @@ impl Attempt<'_> {
             }
             let mut headers = b.relay.clone();
             headers.push((
-                HeaderName::from_static("content-type"),
+                reqwest::header::CONTENT_TYPE,
                 HeaderValue::from_static("application/json"),
             ));
             let body = Bytes::from(json["response"].to_string());
@@ -532,7 +542,7 @@ impl Attempt<'_> {
 }
 
 /// Puts events already read (and not yet sent) in front of the final frames.
-fn with_batch(batch: Vec<Event>, end: End) -> End {
+fn with_batch(mut batch: Vec<Event>, end: End) -> End {
     match end {
         End::Done {
             outcome,
@@ -540,7 +550,14 @@ fn with_batch(batch: Vec<Event>, end: End) -> End {
             mut tail,
             source,
         } if !batch.is_empty() => {
-            tail.insert(0, Frame::Events(batch));
+            match tail.first_mut() {
+                // The end's own events go out in the same frame, after them.
+                Some(Frame::Events(last)) => {
+                    batch.append(last);
+                    *last = batch;
+                }
+                _ => tail.insert(0, Frame::Events(batch)),
+            }
             End::Done {
                 outcome,
                 status,
@@ -556,11 +573,11 @@ fn with_batch(batch: Vec<Event>, end: End) -> End {
 fn sse_head(relay: &[(HeaderName, HeaderValue)]) -> Vec<(HeaderName, HeaderValue)> {
     let mut headers = relay.to_vec();
     headers.push((
-        HeaderName::from_static("content-type"),
+        reqwest::header::CONTENT_TYPE,
         HeaderValue::from_static("text/event-stream"),
     ));
     headers.push((
-        HeaderName::from_static("cache-control"),
+        reqwest::header::CACHE_CONTROL,
         HeaderValue::from_static("no-cache"),
     ));
     headers

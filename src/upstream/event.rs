@@ -136,6 +136,11 @@ impl Event {
         std::str::from_utf8(self.kind_bytes()).unwrap_or_default()
     }
 
+    /// Whether its type is `kind` (compared as bytes, with no UTF-8 check).
+    pub fn is_kind(&self, kind: &str) -> bool {
+        self.kind_bytes() == kind.as_bytes()
+    }
+
     fn kind_bytes(&self) -> &[u8] {
         &self.bytes[wide(&self.kind)]
     }
