@@ -5,6 +5,10 @@
 //! - WebSocket relay: an upstream text frame read as an event (its type scanned) and its data
 //!   handed on as the downstream frame's text — the path a WebSocket turn takes.
 //!
+//! - the answer's id, from a `response.created` that echoes the request (its instructions and
+//!   tools, as the Responses API's created event does): read only as far as the id, next to
+//!   reading past the whole event and to parsing it as a tree.
+//!
 //! Prints ns per event. DESIGN §11 budget: < 2 µs per SSE event.
 //!
 //! `cargo bench --bench sse_forward`
@@ -93,4 +97,66 @@ fn main() {
         best = best.min(start.elapsed().as_nanos() as f64 / events as f64);
     }
     println!("WebSocket relay: {best:>7.1} ns/frame (best of 5, {events} frames)");
+
+    created_id();
+}
+
+/// A `response.created` whose response echoes a request of Codex's size: ~12 KB of
+/// instructions and 30 function tools, after the id.
+fn echoing_created() -> Event {
+    let tools: Vec<serde_json::Value> = (0..30)
+        .map(|i| {
+            serde_json::json!({"type": "function", "name": format!("tool_{i}"),
+                "description": "Runs a command in the workspace and returns its output.",
+                "strict": false, "parameters": {"type": "object", "properties": {
+                    "command": {"type": "array", "items": {"type": "string"}},
+                    "workdir": {"type": "string", "description": "The working directory."},
+                    "timeout_ms": {"type": "number"}}, "required": ["command"]}})
+        })
+        .collect();
+    let data = serde_json::json!({"type": "response.created", "sequence_number": 0,
+        "response": {"id": "resp_0123456789", "object": "response", "created_at": 1_767_225_600,
+            "status": "in_progress", "instructions": "You are a coding agent. ".repeat(500),
+            "model": "gpt-5.5", "output": [], "tools": tools, "usage": null}});
+    Event::from_data(Bytes::from(data.to_string()))
+}
+
+fn created_id() {
+    let ev = echoing_created();
+    let runs = 20_000;
+    let time = |f: &dyn Fn() -> Option<String>| {
+        let mut best = f64::MAX;
+        for _ in 0..5 {
+            let start = Instant::now();
+            for _ in 0..runs {
+                assert_eq!(black_box(f()).as_deref(), Some("resp_0123456789"));
+            }
+            best = best.min(start.elapsed().as_nanos() as f64 / runs as f64);
+        }
+        best
+    };
+    #[derive(serde::Deserialize)]
+    struct Whole {
+        response: Inner,
+    }
+    #[derive(serde::Deserialize)]
+    struct Inner {
+        id: String,
+    }
+    let upto = time(&|| ev.response_id());
+    let past = time(&|| {
+        serde_json::from_slice::<Whole>(ev.data())
+            .ok()
+            .map(|w| w.response.id)
+    });
+    let tree = time(&|| {
+        ev.json()
+            .and_then(|v| v["response"]["id"].as_str().map(str::to_string))
+    });
+    println!(
+        "Answer id from a {} KB echoing response.created: up to the id {upto:.0} ns, reading past the whole event {past:.0} ns ({:.0}x), as a tree {tree:.0} ns ({:.0}x)",
+        ev.len() / 1000,
+        past / upto,
+        tree / upto
+    );
 }

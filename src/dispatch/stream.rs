@@ -338,7 +338,7 @@ impl Attempt<'_> {
             // Looked at only until the answer shows output and is committed.
             let precommit = (!b.output_seen || !b.committed) && is_precommit(ev.kind());
             if b.response_id.is_none() && ev.is_kind("response.created") {
-                b.response_id = ResponsePeek::of(&ev).id();
+                b.response_id = ev.response_id();
             }
             if !b.output_seen && !precommit {
                 b.output_seen = true;

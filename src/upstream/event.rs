@@ -159,6 +159,11 @@ impl Event {
         self.bytes.slice(wide(&self.data))
     }
 
+    /// The `response.id` it carries, read only as far as that id (see [`response_id`]).
+    pub fn response_id(&self) -> Option<String> {
+        response_id(self.data())
+    }
+
     /// The data, parsed (only for the few events whose content the gateway reads).
     pub fn json(&self) -> Option<Value> {
         serde_json::from_slice(self.data()).ok()
@@ -176,6 +181,85 @@ impl Event {
 
     pub fn is_empty(&self) -> bool {
         self.data.is_empty()
+    }
+}
+
+/// The `response.id` of an event, read only as far as that id: the members after it are not
+/// read at all (a `response.created` may echo the request's instructions and tools after it).
+/// `None` when the event has no `response` object with a text `id` before anything unreadable.
+fn response_id(data: &[u8]) -> Option<String> {
+    let mut id = None;
+    let mut de = serde_json::Deserializer::from_slice(data);
+    // Reading stops at the id: the map it is in is left unfinished, which the reader then
+    // refuses at once (an error without a message to format). The id is kept either way.
+    let _ = serde::de::DeserializeSeed::deserialize(
+        IdWithin {
+            out: &mut id,
+            path: &["response", "id"],
+        },
+        &mut de,
+    );
+    id
+}
+
+/// Reads a map down `path`, reading past the members before each step and stopping, at the
+/// last one, as soon as its value is read (into `out`, when it is text).
+struct IdWithin<'a> {
+    out: &'a mut Option<String>,
+    path: &'static [&'static str],
+}
+
+impl<'de> serde::de::DeserializeSeed<'de> for IdWithin<'_> {
+    type Value = ();
+    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+        d.deserialize_map(self)
+    }
+}
+
+impl<'de> serde::de::Visitor<'de> for IdWithin<'_> {
+    type Value = ();
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("an object")
+    }
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
+        let Some((name, rest)) = self.path.split_first() else {
+            return Ok(());
+        };
+        while let Some(hit) = map.next_key_seed(KeyIs(name))? {
+            if !hit {
+                map.next_value::<serde::de::IgnoredAny>()?;
+            } else if rest.is_empty() {
+                // Whatever it is, reading stops here: an id that is no text is none.
+                *self.out = map.next_value::<Option<String>>().ok().flatten();
+                return Ok(());
+            } else {
+                return map.next_value_seed(IdWithin {
+                    out: self.out,
+                    path: rest,
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Whether a map's key is `.0`, read without keeping it.
+struct KeyIs<'a>(&'a str);
+
+impl<'de> serde::de::DeserializeSeed<'de> for KeyIs<'_> {
+    type Value = bool;
+    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<bool, D::Error> {
+        d.deserialize_str(self)
+    }
+}
+
+impl<'de> serde::de::Visitor<'de> for KeyIs<'_> {
+    type Value = bool;
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("a key")
+    }
+    fn visit_str<E>(self, v: &str) -> Result<bool, E> {
+        Ok(v == self.0)
     }
 }
 
@@ -206,6 +290,42 @@ pub fn json_type(data: &[u8]) -> Option<&str> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The created event's id is read up to itself: what follows it is not read, and an id
+    /// anywhere but in the `response` object is not the answer's.
+    #[test]
+    fn a_response_id_is_read_only_as_far_as_the_id() {
+        let id = |data: &str| Event::from_data(Bytes::from(data.to_string())).response_id();
+        let created = r#"{"type":"response.created","response":{"object":"response","id":"resp_7","instructions":"x"}}"#;
+        assert_eq!(id(created), Some("resp_7".into()));
+        // Past the id, the rest is never read: not even bytes that are no JSON.
+        assert_eq!(
+            id(r#"{"type":"response.created","response":{"id":"resp_7","tools":[{"#),
+            Some("resp_7".into())
+        );
+        assert_eq!(
+            id(r#"{"response":{"id":"resp_\u0037"}}"#),
+            Some("resp_7".into())
+        );
+        for none in [
+            r#"{"type":"response.created","id":"resp_top","response":{"status":"in_progress"}}"#,
+            r#"{"item":{"id":"msg_1"},"response":{"model":"gpt-5.5"}}"#,
+            r#"{"response":{"id":7}}"#,
+            r#"{"response":"resp_7"}"#,
+            r#"{"response":{"status":"in_progress","#,
+            "[]",
+            "",
+        ] {
+            assert_eq!(id(none), None, "{none}");
+        }
+        // It reads what the parsed event says wherever the event is whole.
+        let ev = Event::from_data(Bytes::from(created));
+        assert_eq!(
+            id(created),
+            ev.json()
+                .and_then(|v| v["response"]["id"].as_str().map(str::to_string))
+        );
+    }
 
     #[test]
     fn the_type_is_scanned_from_the_first_type_key() {

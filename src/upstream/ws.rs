@@ -698,10 +698,7 @@ impl WsTurn {
                     let event = Event::from_data(Bytes::from(text));
                     match event.kind() {
                         "response.created" => {
-                            if let Some(id) = event
-                                .json()
-                                .and_then(|v| v["response"]["id"].as_str().map(str::to_string))
-                            {
+                            if let Some(id) = event.response_id() {
                                 t.socket.last_response = Some(id);
                             }
                         }
