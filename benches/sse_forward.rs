@@ -3,11 +3,12 @@
 //! - SSE: splitting the upstream byte stream into events (type and data as slices), fed in
 //!   network-sized chunks, and framing each read's events as SSE again for the client;
 //! - WebSocket relay: an upstream text frame read as an event (its type scanned) and its data
-//!   handed on as the downstream frame's text — the path a WebSocket turn takes.
-//!
+//!   handed on as the downstream frame's text — the path a WebSocket turn takes;
 //! - the answer's id, from a `response.created` that echoes the request (its instructions and
 //!   tools, as the Responses API's created event does): read only as far as the id, next to
-//!   reading past the whole event and to parsing it as a tree.
+//!   reading past the whole event and to parsing it as a tree;
+//! - the answer's usage, from a `response.completed` that echoes the request and carries the
+//!   answer: the gateway's peek ([`ResponsePeek`]), next to a tree.
 //!
 //! Prints ns per event. DESIGN §11 budget: < 2 µs per SSE event.
 //!
@@ -18,7 +19,7 @@ use std::time::Instant;
 
 use bytes::Bytes;
 use switchyard::api::responses::sse;
-use switchyard::dispatch::stream::is_precommit;
+use switchyard::dispatch::stream::{ResponsePeek, is_precommit};
 use switchyard::upstream::event::Event;
 use switchyard::upstream::sse::{Piece, SseSplitter};
 
@@ -99,11 +100,12 @@ fn main() {
     println!("WebSocket relay: {best:>7.1} ns/frame (best of 5, {events} frames)");
 
     created_id();
+    completed_usage();
 }
 
-/// A `response.created` whose response echoes a request of Codex's size: ~12 KB of
-/// instructions and 30 function tools, after the id.
-fn echoing_created() -> Event {
+/// A response object that echoes a request of Codex's size (~12 KB of instructions, 30
+/// function tools) with `extra` members.
+fn echoing_response(status: &str, extra: serde_json::Value) -> serde_json::Value {
     let tools: Vec<serde_json::Value> = (0..30)
         .map(|i| {
             serde_json::json!({"type": "function", "name": format!("tool_{i}"),
@@ -114,11 +116,68 @@ fn echoing_created() -> Event {
                     "timeout_ms": {"type": "number"}}, "required": ["command"]}})
         })
         .collect();
+    let mut response = serde_json::json!({"id": "resp_0123456789", "object": "response",
+        "created_at": 1_767_225_600, "status": status,
+        "instructions": "You are a coding agent. ".repeat(500), "model": "gpt-5.5",
+        "output": [], "tools": tools, "usage": null});
+    if let (Some(r), serde_json::Value::Object(e)) = (response.as_object_mut(), extra) {
+        r.extend(e);
+    }
+    response
+}
+
+/// A `response.created` whose response echoes the request, after the id.
+fn echoing_created() -> Event {
     let data = serde_json::json!({"type": "response.created", "sequence_number": 0,
-        "response": {"id": "resp_0123456789", "object": "response", "created_at": 1_767_225_600,
-            "status": "in_progress", "instructions": "You are a coding agent. ".repeat(500),
-            "model": "gpt-5.5", "output": [], "tools": tools, "usage": null}});
+        "response": echoing_response("in_progress", serde_json::json!({}))});
     Event::from_data(Bytes::from(data.to_string()))
+}
+
+/// A `response.completed` that echoes the request and carries a reasoning item (its encrypted
+/// content), a message of ~2 KB and a function call, then the usage.
+fn echoing_completed() -> Event {
+    let output = serde_json::json!([
+        {"type": "reasoning", "id": "rs_1", "summary": [],
+         "encrypted_content": "gAAAAAB".repeat(600)},
+        {"type": "message", "id": "msg_1", "role": "assistant", "status": "completed",
+         "content": [{"type": "output_text", "annotations": [],
+                      "text": "Here is what I changed, and why. ".repeat(60)}]},
+        {"type": "function_call", "id": "fc_1", "call_id": "call_1", "name": "tool_3",
+         "arguments": "{\"command\":[\"cargo\",\"test\"],\"workdir\":\"/src\"}"},
+    ]);
+    let usage = serde_json::json!({"input_tokens": 18_000,
+        "input_tokens_details": {"cached_tokens": 16_000}, "output_tokens": 900,
+        "output_tokens_details": {"reasoning_tokens": 400}, "total_tokens": 18_900});
+    let data = serde_json::json!({"type": "response.completed", "sequence_number": 60,
+        "response": echoing_response("completed",
+            serde_json::json!({"output": output, "usage": usage, "service_tier": "default"}))});
+    Event::from_data(Bytes::from(data.to_string()))
+}
+
+fn completed_usage() {
+    let ev = echoing_completed();
+    let runs = 20_000;
+    let time = |f: &dyn Fn() -> Option<u64>| {
+        let mut best = f64::MAX;
+        for _ in 0..5 {
+            let start = Instant::now();
+            for _ in 0..runs {
+                assert_eq!(black_box(f()), Some(900));
+            }
+            best = best.min(start.elapsed().as_nanos() as f64 / runs as f64);
+        }
+        best
+    };
+    let peek = time(&|| ResponsePeek::of(&ev).usage().map(|u| u.output_tokens));
+    let tree = time(&|| {
+        ev.json()
+            .and_then(|v| v["response"]["usage"]["output_tokens"].as_u64())
+    });
+    println!(
+        "Usage from a {} KB echoing response.completed: the peek (read past, not built) {peek:.0} ns, as a tree {tree:.0} ns ({:.0}x)",
+        ev.len() / 1000,
+        tree / peek
+    );
 }
 
 fn created_id() {

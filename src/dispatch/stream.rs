@@ -40,7 +40,7 @@ pub fn is_precommit(kind: &str) -> bool {
 /// `response.completed` carries the whole answer; this reads past the rest of it without
 /// building any of it, and reads a field of an odd type as a tree would (`as_str`, `as_u64`).
 #[derive(serde::Deserialize, Default)]
-struct ResponsePeek {
+pub struct ResponsePeek {
     #[serde(default)]
     response: Option<ResponseFields>,
 }
@@ -199,7 +199,8 @@ fn present<'de, D: serde::Deserializer<'de>>(
 }
 
 impl ResponsePeek {
-    fn of(ev: &Event) -> ResponsePeek {
+    /// The peek of an event's data.
+    pub fn of(ev: &Event) -> ResponsePeek {
         crate::base::raw_json::from_bytes(ev.data()).unwrap_or_default()
     }
 
@@ -208,7 +209,7 @@ impl ResponsePeek {
         serde::Deserialize::deserialize(event).unwrap_or_default()
     }
 
-    fn id(&self) -> Option<String> {
+    pub fn id(&self) -> Option<String> {
         self.response.as_ref()?.id.0.0.clone()
     }
 
@@ -218,7 +219,7 @@ impl ResponsePeek {
     }
 
     /// Token counts as the backend reports them; a missing or non-integer count is 0.
-    fn usage(&self) -> Option<Usage> {
+    pub fn usage(&self) -> Option<Usage> {
         let u = &self.response.as_ref()?.usage.as_ref()?.0;
         Some(Usage {
             input_tokens: u.input_tokens.0.0,
@@ -659,6 +660,12 @@ mod tests {
             })
         );
         peek(r#"{"response":{"usage":7,"service_tier":"priority"}}"#);
+        // Escaped names are names; what is read past may hold any text.
+        let p = peek(
+            r#"{"response":{"instructions":"}]\"{","\u0069d":"r2","tools":[{"a":"\"}"}],
+            "usage":{"input_tokens":1}}}"#,
+        );
+        assert_eq!(p.id().as_deref(), Some("r2"));
         // No response object, or no JSON at all: nothing.
         for data in [
             r#"{"response":null}"#,
