@@ -388,9 +388,10 @@ impl Attempt<'_> {
         let streaming = self.ctx.mode == Mode::Stream;
         let kind = ev.kind();
         let ok = matches!(kind, "response.completed" | "response.incomplete");
-        // A good streamed end needs only the peek; a failure is judged, and a JSON client
-        // answered, from the whole event, which then gives the peek too (parsed once).
-        let (peek, json) = if ok && streaming {
+        // A good end needs only the peek (a JSON client is answered with the event's response
+        // as it came); a failure is judged from the whole event, which then gives the peek too
+        // (parsed once).
+        let (peek, json) = if ok {
             (ResponsePeek::of(&ev), Value::Null)
         } else {
             let json = ev.json().unwrap_or(Value::Null);
@@ -463,7 +464,7 @@ impl Attempt<'_> {
                 reqwest::header::CONTENT_TYPE,
                 HeaderValue::from_static("application/json"),
             ));
-            let body = Bytes::from(json["response"].to_string());
+            let body = response_text(&ev);
             return End::Done {
                 outcome,
                 status,
@@ -542,6 +543,21 @@ impl Attempt<'_> {
     }
 }
 
+/// The `response` object of a terminal event, as it was received (`null` when it has none).
+fn response_text(ev: &Event) -> Bytes {
+    #[derive(serde::Deserialize)]
+    struct Terminal<'a> {
+        #[serde(borrow)]
+        response: Option<&'a serde_json::value::RawValue>,
+    }
+    match crate::base::raw_json::from_bytes::<Terminal<'_>>(ev.data()) {
+        Ok(Terminal {
+            response: Some(raw),
+        }) => ev.data_bytes().slice_ref(raw.get().as_bytes()),
+        _ => Bytes::from_static(b"null"),
+    }
+}
+
 /// Puts events already read (and not yet sent) in front of the final frames.
 fn with_batch(mut batch: Vec<Event>, end: End) -> End {
     match end {
@@ -610,6 +626,22 @@ mod tests {
             "{data}"
         );
         p
+    }
+
+    /// A JSON client gets the terminal event's response as it came, not rebuilt.
+    #[test]
+    fn a_json_answer_is_the_response_as_received() {
+        let text = |data: &str| response_text(&Event::from_data(Bytes::from(data.to_string())));
+        let response = "{ \"id\": \"resp_1\",\n  \"output\": [{\"text\": \"a \\\"b\\\" \\u00e9\"}], \"usage\": null }";
+        let data = format!("{{\"type\":\"response.completed\",\"response\": {response} }}");
+        assert_eq!(text(&data), response.as_bytes());
+        for none in [
+            r#"{"type":"response.completed"}"#,
+            r#"{"response":null}"#,
+            "not json",
+        ] {
+            assert_eq!(text(none), "null".as_bytes(), "{none}");
+        }
     }
 
     #[test]
