@@ -91,6 +91,25 @@ impl Event {
         }
     }
 
+    /// The event of a block the splitter found to be `event: {kind}\ndata: {data}\n\n`
+    /// exactly: in the edge's own form when its type is ASCII (the checks [`Event::of_block`]
+    /// makes, the rest already made).
+    pub(super) fn of_plain_block(block: Bytes, kind: Range<usize>, data: Range<usize>) -> Event {
+        debug_assert!(
+            block.starts_with(b"event: ")
+                && block.get(kind.end..data.start) == Some(b"\ndata: ")
+                && block.len() == data.end + 2
+                && block.ends_with(b"\n\n")
+        );
+        let framed = !kind.is_empty() && block[kind.clone()].is_ascii();
+        Event {
+            bytes: block,
+            kind: narrow(kind),
+            data: narrow(data),
+            framed,
+        }
+    }
+
     /// The SSE block to write for it, when it arrived as one in the edge's own form.
     pub fn framed(&self) -> Option<&Bytes> {
         self.framed.then_some(&self.bytes)

@@ -47,6 +47,14 @@ impl SseSplitter {
     /// The next whole block, read in one pass over its bytes (newlines found with `memchr`):
     /// its type and data are slices of what was received.
     pub fn next_piece(&mut self) -> Result<Option<Piece>, EventTooLarge> {
+        match self.next_plain() {
+            Some(ev) => Ok(Some(Piece::Event(ev))),
+            None => self.next_by_lines(),
+        }
+    }
+
+    /// The next whole block, read line by line: any block of any form.
+    fn next_by_lines(&mut self) -> Result<Option<Piece>, EventTooLarge> {
         loop {
             let mut pos = 0;
             let mut lines = 0;
@@ -114,6 +122,37 @@ impl SseSplitter {
                 None => Event::from_data(data),
             })));
         }
+    }
+}
+
+impl SseSplitter {
+    /// The block nearly every event comes in, `event: {type}\ndata: {data}\n\n`, when one is
+    /// whole at the front: found with two searches, for its two line ends. Anything else (a
+    /// comment, a `\r`, spaces around the type, more lines, a block not yet whole) is left to
+    /// the line-by-line reading, which reads this block the same way.
+    fn next_plain(&mut self) -> Option<Event> {
+        const EVENT: &[u8] = b"event: ";
+        const DATA: &[u8] = b"data: ";
+        let buf = &self.buf[..];
+        if !buf.starts_with(EVENT) {
+            return None;
+        }
+        let kind = EVENT.len()..EVENT.len() + memchr::memchr(b'\n', &buf[EVENT.len()..])?;
+        let data_start = kind.end + 1 + DATA.len();
+        if buf.get(kind.end + 1..data_start)? != DATA {
+            return None;
+        }
+        let data = data_start..data_start + memchr::memchr(b'\n', &buf[data_start..])?;
+        let edge = |c: Option<&u8>| c.is_none_or(u8::is_ascii_whitespace);
+        if buf.get(data.end + 1) != Some(&b'\n')
+            || edge(buf[kind.clone()].first())
+            || edge(buf[kind.clone()].last())
+            || buf[data.clone()].last() == Some(&b'\r')
+        {
+            return None;
+        }
+        let block = self.buf.split_to(data.end + 2).freeze();
+        Some(Event::of_plain_block(block, kind, data))
     }
 }
 
@@ -199,6 +238,55 @@ mod tests {
         };
         assert_eq!((e.kind(), e.data()), ("x", b"{\"a\":1}".as_ref()));
         assert_eq!(got[1], Piece::Comment);
+    }
+
+    /// The plain block's quick reading takes what reading it line by line takes, and leaves
+    /// every other form (and a block not yet whole) to that.
+    #[test]
+    fn the_plain_block_reads_as_its_lines_do() {
+        let blocks: [&[u8]; 14] = [
+            b"event: response.output_text.delta\ndata: {\"delta\":\"a\"}\n\n",
+            b"event: x\ndata: \n\n",
+            b"event: x\ndata:  two spaces\n\n",
+            b"event: x \ndata: {}\n\n",
+            b"event:  x\ndata: {}\n\n",
+            b"event: \ndata: {}\n\n",
+            b"event: x\r\ndata: {}\r\n\r\n",
+            b"event: x\ndata: {}\r\n\n",
+            b"event: x\ndata: {}\n\r\n",
+            b"event: x\ndata: a\ndata: b\n\n",
+            b"event: x\nid: 1\ndata: {}\n\n",
+            b"event:x\ndata:{}\n\n",
+            b"event: x\ndata: {}\n",
+            b"event: x\ndata: {}",
+        ];
+        for block in blocks {
+            let mut quick = SseSplitter::new(1 << 20);
+            quick.push(block);
+            let mut lines = SseSplitter::new(1 << 20);
+            lines.push(block);
+            match quick.next_plain() {
+                Some(ev) => {
+                    let Some(Piece::Event(by_lines)) = lines.next_by_lines().unwrap() else {
+                        panic!("{block:?} is an event");
+                    };
+                    assert_eq!(by_lines, ev, "{block:?}");
+                    assert_eq!(ev.framed(), by_lines.framed(), "{block:?}");
+                    assert!(ev.framed().is_some(), "{block:?}");
+                    assert_eq!((quick.pending(), lines.pending()), (0, 0));
+                }
+                None => assert_eq!(quick.pending(), block.len(), "{block:?} untouched"),
+            }
+        }
+        // The first three are plain; the rest are not (or not yet whole).
+        let plain = |b: &[u8]| {
+            let mut s = SseSplitter::new(1 << 20);
+            s.push(b);
+            s.next_plain().is_some()
+        };
+        let taken: Vec<bool> = blocks.iter().map(|b| plain(b)).collect();
+        assert_eq!(taken.iter().filter(|t| **t).count(), 3, "{taken:?}");
+        assert!(taken[..3].iter().all(|t| *t));
     }
 
     #[test]
