@@ -48,8 +48,13 @@ impl SseSplitter {
     /// its type and data are slices of what was received.
     pub fn next_piece(&mut self) -> Result<Option<Piece>, EventTooLarge> {
         match self.next_plain() {
-            Some(ev) => Ok(Some(Piece::Event(ev))),
-            None => self.next_by_lines(),
+            Plain::Event(ev) => Ok(Some(Piece::Event(ev))),
+            // A line of the front block has not ended: reading by lines would find no more.
+            Plain::NotWhole if self.buf.len() > self.max_event => {
+                Err(EventTooLarge(self.max_event))
+            }
+            Plain::NotWhole => Ok(None),
+            Plain::Other => self.next_by_lines(),
         }
     }
 
@@ -123,37 +128,61 @@ impl SseSplitter {
             })));
         }
     }
-}
 
-impl SseSplitter {
     /// The block nearly every event comes in, `event: {type}\ndata: {data}\n\n`, when one is
-    /// whole at the front: found with two searches, for its two line ends. Anything else (a
-    /// comment, a `\r`, spaces around the type, more lines, a block not yet whole) is left to
-    /// the line-by-line reading, which reads this block the same way.
-    fn next_plain(&mut self) -> Option<Event> {
+    /// whole at the front: found with two searches, for its two line ends. A front block whose
+    /// lines have not all ended is not searched again line by line; anything else (a comment,
+    /// a `\r`, spaces around the type, more lines) is left to the line-by-line reading, which
+    /// reads this block the same way.
+    fn next_plain(&mut self) -> Plain {
         const EVENT: &[u8] = b"event: ";
         const DATA: &[u8] = b"data: ";
         let buf = &self.buf[..];
         if !buf.starts_with(EVENT) {
-            return None;
+            return Plain::Other;
         }
-        let kind = EVENT.len()..EVENT.len() + memchr::memchr(b'\n', &buf[EVENT.len()..])?;
+        let Some(nl) = memchr::memchr(b'\n', &buf[EVENT.len()..]) else {
+            return Plain::NotWhole;
+        };
+        let kind = EVENT.len()..EVENT.len() + nl;
+        let rest = &buf[kind.end + 1..];
+        if !rest.starts_with(DATA) {
+            return if DATA.starts_with(rest) {
+                Plain::NotWhole
+            } else {
+                Plain::Other
+            };
+        }
         let data_start = kind.end + 1 + DATA.len();
-        if buf.get(kind.end + 1..data_start)? != DATA {
-            return None;
-        }
-        let data = data_start..data_start + memchr::memchr(b'\n', &buf[data_start..])?;
+        let Some(nl) = memchr::memchr(b'\n', &buf[data_start..]) else {
+            return Plain::NotWhole;
+        };
+        let data = data_start..data_start + nl;
         let edge = |c: Option<&u8>| c.is_none_or(u8::is_ascii_whitespace);
-        if buf.get(data.end + 1) != Some(&b'\n')
-            || edge(buf[kind.clone()].first())
+        match buf.get(data.end + 1) {
+            None => return Plain::NotWhole,
+            Some(b'\n') => {}
+            Some(_) => return Plain::Other,
+        }
+        if edge(buf[kind.clone()].first())
             || edge(buf[kind.clone()].last())
             || buf[data.clone()].last() == Some(&b'\r')
         {
-            return None;
+            return Plain::Other;
         }
         let block = self.buf.split_to(data.end + 2).freeze();
-        Some(Event::of_plain_block(block, kind, data))
+        Plain::Event(Event::of_plain_block(block, kind, data))
     }
+}
+
+/// What the quick reading of the front block found.
+enum Plain {
+    /// A whole plain block, taken.
+    Event(Event),
+    /// A block (of whatever form) with a line not yet ended.
+    NotWhole,
+    /// Something else, for the line-by-line reading.
+    Other,
 }
 
 /// Where a field's value starts: after the colon and one optional space.
@@ -244,7 +273,7 @@ mod tests {
     /// every other form (and a block not yet whole) to that.
     #[test]
     fn the_plain_block_reads_as_its_lines_do() {
-        let blocks: [&[u8]; 14] = [
+        let blocks: [&[u8]; 18] = [
             b"event: response.output_text.delta\ndata: {\"delta\":\"a\"}\n\n",
             b"event: x\ndata: \n\n",
             b"event: x\ndata:  two spaces\n\n",
@@ -257,36 +286,62 @@ mod tests {
             b"event: x\ndata: a\ndata: b\n\n",
             b"event: x\nid: 1\ndata: {}\n\n",
             b"event:x\ndata:{}\n\n",
+            b"event: x\n\n",
+            // Not whole yet:
             b"event: x\ndata: {}\n",
             b"event: x\ndata: {}",
+            b"event: x\nda",
+            b"event: x\n",
+            b"event: x",
         ];
+        let mut taken = Vec::new();
         for block in blocks {
             let mut quick = SseSplitter::new(1 << 20);
             quick.push(block);
             let mut lines = SseSplitter::new(1 << 20);
             lines.push(block);
+            let by_lines = lines.next_by_lines().unwrap();
             match quick.next_plain() {
-                Some(ev) => {
-                    let Some(Piece::Event(by_lines)) = lines.next_by_lines().unwrap() else {
+                Plain::Event(ev) => {
+                    let Some(Piece::Event(by_lines)) = by_lines else {
                         panic!("{block:?} is an event");
                     };
                     assert_eq!(by_lines, ev, "{block:?}");
                     assert_eq!(ev.framed(), by_lines.framed(), "{block:?}");
                     assert!(ev.framed().is_some(), "{block:?}");
                     assert_eq!((quick.pending(), lines.pending()), (0, 0));
+                    taken.push("event");
                 }
-                None => assert_eq!(quick.pending(), block.len(), "{block:?} untouched"),
+                Plain::NotWhole => {
+                    assert_eq!(by_lines, None, "{block:?} is not whole either way");
+                    assert_eq!(quick.pending(), block.len(), "{block:?} untouched");
+                    taken.push("not whole");
+                }
+                Plain::Other => {
+                    assert!(by_lines.is_some(), "{block:?} is whole");
+                    assert_eq!(quick.pending(), block.len(), "{block:?} untouched");
+                    taken.push("other");
+                }
             }
         }
-        // The first three are plain; the rest are not (or not yet whole).
-        let plain = |b: &[u8]| {
-            let mut s = SseSplitter::new(1 << 20);
-            s.push(b);
-            s.next_plain().is_some()
-        };
-        let taken: Vec<bool> = blocks.iter().map(|b| plain(b)).collect();
-        assert_eq!(taken.iter().filter(|t| **t).count(), 3, "{taken:?}");
-        assert!(taken[..3].iter().all(|t| *t));
+        let mut want = vec!["event"; 3];
+        want.extend(["other"; 10]);
+        want.extend(["not whole"; 5]);
+        assert_eq!(taken, want);
+    }
+
+    /// An unended plain block is refused at the limit as any other block is.
+    #[test]
+    fn an_endless_plain_event_is_refused() {
+        let mut s = SseSplitter::new(16);
+        s.push(b"event: x\ndata: 0123456789012345678901234567890");
+        assert_eq!(s.next_piece(), Err(EventTooLarge(16)));
+        // Within it, the block waits for the rest.
+        let mut s = SseSplitter::new(64);
+        s.push(b"event: x\ndata: 0123");
+        assert_eq!(s.next_piece(), Ok(None));
+        s.push(b"4\n\n");
+        assert!(matches!(s.next_piece(), Ok(Some(Piece::Event(_)))));
     }
 
     #[test]
