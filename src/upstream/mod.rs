@@ -140,6 +140,11 @@ struct Target {
     /// What names the URL on an answer (an answer that names none makes reqwest parse a
     /// placeholder URL for it: 3,300 instructions per answer).
     url: hyper::http::Extensions,
+    /// The `Host` of a plain-HTTP URL, made once. Plain HTTP is always HTTP/1.1, where hyper's
+    /// client would otherwise format it per request (2,200 instructions); over TLS the
+    /// protocol is only known on the connection (HTTP/2 names the host otherwise), so there
+    /// it is left to the client.
+    host: Option<HeaderValue>,
 }
 
 impl Target {
@@ -147,7 +152,24 @@ impl Target {
         let url = reqwest::Url::parse(&uri.to_string())
             .map(answer_url)
             .unwrap_or_default();
-        Target { uri, url }
+        let host = (uri.scheme() == Some(&hyper::http::uri::Scheme::HTTP))
+            .then(|| host_value(&uri))
+            .flatten();
+        Target { uri, url, host }
+    }
+}
+
+/// The `Host` header HTTP/1.1 sends for `uri`: its host, and its port unless it is the
+/// scheme's own.
+fn host_value(uri: &Uri) -> Option<HeaderValue> {
+    let host = uri.host()?;
+    let default = match uri.scheme_str() {
+        Some("https") => 443,
+        _ => 80,
+    };
+    match uri.port_u16() {
+        Some(port) if port != default => HeaderValue::try_from(format!("{host}:{port}")).ok(),
+        _ => HeaderValue::try_from(host).ok(),
     }
 }
 
@@ -327,7 +349,7 @@ impl Upstream {
                     Facts::transport(Phase::Connect, format!("upstream URL for {path}: {e}"))
                 })?,
         };
-        let Target { uri, url } = target;
+        let Target { uri, url, host } = target;
         let mut req = hyper::Request::new(reqwest::Body::from(body));
         *req.method_mut() = hyper::Method::POST;
         let h = req.headers_mut();
@@ -366,6 +388,10 @@ impl Upstream {
         }
         h.entry(reqwest::header::USER_AGENT)
             .or_insert(HeaderValue::from_static(USER_AGENT));
+        if let Some(host) = host {
+            // Last, where the client would have put it.
+            h.insert(reqwest::header::HOST, host);
+        }
         let https = uri.scheme_str() == Some("https");
         let client = match self.route(id.proxy.as_ref(), https, uri.host().unwrap_or("")) {
             None => self.direct.clone(),
@@ -680,7 +706,6 @@ pub fn egress_cause<'a>(e: &'a (dyn std::error::Error + 'static)) -> Option<&'a 
     None
 }
 
-/// A transport error, with its causes, in one line.
 /// A hyper client of the backend on `connector`: idle connections kept 90 s.
 fn hyper_client(connector: TunnelConnector) -> TunnelClient {
     hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
@@ -837,5 +862,68 @@ mod tests {
             "{}",
             err.summary()
         );
+    }
+
+    #[test]
+    fn a_plain_http_url_names_its_host_as_http1_does() {
+        let host = |u: &str| Target::of(u.parse().unwrap()).host;
+        let text = |u: &str| host(u).map(|v| v.to_str().unwrap().to_string());
+        assert_eq!(
+            text("http://127.0.0.1:8080/x").as_deref(),
+            Some("127.0.0.1:8080")
+        );
+        assert_eq!(text("http://example.com/x").as_deref(), Some("example.com"));
+        assert_eq!(
+            text("http://example.com:80/x").as_deref(),
+            Some("example.com")
+        );
+        assert_eq!(text("http://[::1]:9/x").as_deref(), Some("[::1]:9"));
+        // Over TLS the connection decides between HTTP/1.1 and HTTP/2: left to the client.
+        assert!(host("https://example.com/x").is_none());
+    }
+
+    #[tokio::test]
+    async fn a_request_carries_one_host_header_last() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (tx, mut rx) = tokio::sync::mpsc::channel::<String>(4);
+        tokio::spawn(async move {
+            while let Ok((mut conn, _)) = listener.accept().await {
+                let tx = tx.clone();
+                tokio::spawn(async move {
+                    // Each request on the kept connection: its head (the bodies are empty).
+                    let mut buf = [0u8; 4096];
+                    loop {
+                        let mut head = Vec::new();
+                        while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                            match conn.read(&mut buf).await {
+                                Ok(0) | Err(_) => return,
+                                Ok(n) => head.extend_from_slice(&buf[..n]),
+                            }
+                        }
+                        let _ = tx.send(String::from_utf8_lossy(&head).into_owned()).await;
+                        let answer = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n{}";
+                        if conn.write_all(answer).await.is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        let u = upstream(format!("http://{addr}"));
+        // Parsed once at start, and parsed per request.
+        for path in ["/responses", "/responses/other"] {
+            u.post(path, &identity(), &[], Bytes::new(), false)
+                .await
+                .unwrap();
+            let head = rx.recv().await.unwrap();
+            let hosts: Vec<&str> = head
+                .lines()
+                .filter(|l| l.to_ascii_lowercase().starts_with("host:"))
+                .collect();
+            assert_eq!(hosts, [format!("host: {addr}")], "{head}");
+            let last = head.trim_end().lines().last().unwrap();
+            assert!(last.starts_with("host:"), "{head}");
+        }
     }
 }
