@@ -9,6 +9,7 @@
 
 pub mod attempt;
 pub mod credits;
+pub mod cut;
 pub mod frames;
 pub mod probe;
 pub mod request;
@@ -286,19 +287,19 @@ pub(crate) async fn send_within(
     }
 }
 
-/// Runs requests. Cloning shares it: a request's copy is three counted references (what it
-/// shares, the tunables it runs with, its shutdown token), however many parts the
-/// dispatcher has.
+/// Runs requests. Cloning shares it: a request's copy is four counted references (what it
+/// shares, the tunables it runs with, shutdown's cut and its own part of it), however many
+/// parts the dispatcher has.
 #[derive(Clone)]
 pub struct Dispatcher {
     shared: Arc<Shared>,
     /// The tunables this request runs with (a snapshot of `live` taken when it started, so a
     /// reload never changes a request half-way).
     pub config: Arc<DispatchConfig>,
-    /// Cancelled when shutdown's grace period is over: every request still running ends. A
-    /// request's copy holds a child of the dispatcher's token, cut with it: its checks and
-    /// waits lock only its own token, not the one every request in flight would share.
-    cut: tokio_util::sync::CancellationToken,
+    /// Made when shutdown's grace period is over: every request still running ends. A
+    /// request's copy holds its own part of it ([`cut::Cut::join`]): its checks are an atomic
+    /// load, and its waits keep its task's waker where no other request looks.
+    cut: cut::Cut,
 }
 
 impl std::ops::Deref for Dispatcher {
@@ -383,7 +384,7 @@ impl Dispatcher {
         Dispatcher {
             shared: Arc::new(shared),
             config,
-            cut: tokio_util::sync::CancellationToken::new(),
+            cut: cut::Cut::default(),
         }
     }
 
@@ -401,17 +402,17 @@ impl Dispatcher {
     /// — a committed stream with `response.failed` (`server_shutting_down`), anything else
     /// with a 503 of that code. Requests that arrive later get the 503 at once.
     pub fn cut(&self) {
-        self.cut.cancel();
+        self.cut.cut();
     }
 
     /// Whether shutdown has cut the requests.
     pub fn is_cut(&self) -> bool {
-        self.cut.is_cancelled()
+        self.cut.is_cut()
     }
 
     /// Resolves when shutdown cuts the requests.
     pub(crate) async fn cut_off(&self) {
-        self.cut.cancelled().await;
+        self.cut.cut_off().await;
     }
 
     /// Waits until every request has ended (its last frame handed to the edge, its record
@@ -470,7 +471,7 @@ impl Dispatcher {
     pub fn start(&self, ctx: RequestCtx) -> frames::Frames {
         let mut d = self.clone();
         d.config = self.current();
-        d.cut = self.cut.child_token();
+        d.cut = self.cut.join();
         let (tx, rx) = mpsc::channel(64);
         // The tracker's token is held inside the future rather than wrapped around it, and the
         // future (4.5 KB) is made in its box.
