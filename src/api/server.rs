@@ -37,6 +37,7 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use crate::base::names::named;
+use crate::base::signal::Signal;
 
 /// The limits of client connections (`[server]`).
 #[derive(Debug, Clone, Copy)]
@@ -120,8 +121,8 @@ pub struct ClientConn {
     /// 0 when none is.
     reading_since: AtomicU64,
     /// Finish what is in flight, keep nothing alive.
-    wind_down: CancellationToken,
-    close: CancellationToken,
+    wind_down: Signal,
+    close: Signal,
     /// Told when a connection has nothing left in flight.
     settled: Arc<tokio::sync::Notify>,
 }
@@ -289,13 +290,13 @@ impl Registry {
         };
         let oldest_idle = conns
             .values()
-            .filter(|c| !c.close.is_cancelled())
+            .filter(|c| !c.close.is_set())
             .filter_map(|c| Some((rank(c)?, c)))
             .min_by_key(|(r, _)| *r)
             .map(|(_, c)| c);
         match oldest_idle {
             Some(c) => {
-                c.close.cancel();
+                c.close.set();
                 self.stats.closed(Closed::Evicted);
                 true
             }
@@ -312,8 +313,8 @@ impl Registry {
             idle_since: AtomicU64::new(self.idle_clock.fetch_add(1, Ordering::SeqCst)),
             idle_clock: Arc::clone(&self.idle_clock),
             reading_since: AtomicU64::new(0),
-            wind_down: CancellationToken::new(),
-            close: CancellationToken::new(),
+            wind_down: Signal::default(),
+            close: Signal::default(),
             settled: Arc::clone(&self.settled),
         });
         self.lock().insert(conn.id, Arc::clone(&conn));
@@ -356,7 +357,7 @@ impl Registry {
         self.draining.store(true, Ordering::SeqCst);
         for c in self.lock().values() {
             if !c.idle() {
-                c.wind_down.cancel();
+                c.wind_down.set();
             }
         }
     }
@@ -376,7 +377,7 @@ impl Registry {
 
     fn close_all(&self) {
         for c in self.lock().values() {
-            c.close.cancel();
+            c.close.set();
         }
     }
 }
@@ -448,7 +449,7 @@ async fn connection(
         hyper::service::service_fn(move |mut req: hyper::Request<Incoming>| {
             let active = Active::new(Arc::clone(&conn));
             if registry.draining.load(Ordering::SeqCst) {
-                conn.wind_down.cancel();
+                conn.wind_down.set();
             }
             req.extensions_mut().insert(Arc::clone(&conn));
             let mut app = app.clone();
@@ -489,7 +490,7 @@ async fn connection(
                     _ => None,
                 };
             }
-            _ = conn.wind_down.cancelled(), if !winding_down => {
+            _ = conn.wind_down.wait(), if !winding_down => {
                 winding_down = true;
                 served.as_mut().graceful_shutdown();
             }
@@ -501,7 +502,7 @@ async fn connection(
                 break Some(Closed::HeadTimeout);
             }
             // Evicted (counted then) or closed at the end of shutdown.
-            _ = conn.close.cancelled() => break None,
+            _ = conn.close.wait() => break None,
         }
     };
     if let Some(why) = closed {

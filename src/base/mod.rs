@@ -1,6 +1,6 @@
 //! What every layer uses and that knows nothing of the rest of the crate: the clock, the
-//! stable names of enums, URL encoding, globs, durations for people, periodic jobs, and JSON
-//! objects read as raw members.
+//! stable names of enums, URL encoding, globs, durations for people, periodic jobs, JSON
+//! objects read as raw members, and one-shot signals.
 
 pub mod clock;
 pub mod duration;
@@ -8,4 +8,5 @@ pub mod glob;
 pub mod job;
 pub(crate) mod names;
 pub mod raw_json;
+pub mod signal;
 pub(crate) mod urlcode;
