@@ -171,21 +171,24 @@ async fn read_limited(
     let mut received: u64 = 0;
     let mut body = read_apart(body);
     let judged_from = start + limits.grace();
-    let mut check = tokio::time::interval_at(judged_from, Duration::from_secs(1));
-    check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // One timer for both limits: it fires at the deadline or at the next check of the rate
+    // (the first when the grace is over, then a second after each), whichever comes first.
+    let wake = tokio::time::sleep_until(judged_from.min(deadline));
+    tokio::pin!(wake);
     loop {
         let frame = tokio::select! {
             biased;
             f = body.frame() => f,
-            _ = tokio::time::sleep_until(deadline) => {
-                return Err(body_timeout(format!(
-                    "the request body did not arrive within {}",
-                    crate::base::duration::human_duration(
-                        u64::try_from(limits.timeout.as_millis()).unwrap_or(u64::MAX)
-                    )
-                )));
-            }
-            now = check.tick() => {
+            () = &mut wake => {
+                let now = tokio::time::Instant::now();
+                if now >= deadline {
+                    return Err(body_timeout(format!(
+                        "the request body did not arrive within {}",
+                        crate::base::duration::human_duration(
+                            u64::try_from(limits.timeout.as_millis()).unwrap_or(u64::MAX)
+                        )
+                    )));
+                }
                 let judged = now.saturating_duration_since(judged_from);
                 let due = (limits.min_rate as f64 * judged.as_secs_f64()) as u64;
                 if received < due {
@@ -194,6 +197,7 @@ async fn read_limited(
                         limits.min_rate
                     )));
                 }
+                wake.as_mut().reset((now + Duration::from_secs(1)).min(deadline));
                 continue;
             }
         };
