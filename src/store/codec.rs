@@ -31,11 +31,16 @@ pub trait Versioned: Serialize + Sized {
 }
 
 pub fn encode<T: Versioned>(value: &T) -> Result<Vec<u8>, CodecError> {
+    encode_as::<T>(value)
+}
+
+/// `shape` written as `T`'s newest version: for a borrowed form whose encoding is `T`'s.
+pub fn encode_as<T: Versioned>(shape: &impl Serialize) -> Result<Vec<u8>, CodecError> {
     // Room for a typical record up front: growing the buffer byte by byte from one element
     // cost more than the encoding itself.
     let mut out = Vec::with_capacity(256);
     out.push(T::VERSION);
-    postcard::to_extend(value, out).map_err(|e| CodecError::Malformed(e.to_string()))
+    postcard::to_extend(shape, out).map_err(|e| CodecError::Malformed(e.to_string()))
 }
 
 pub fn decode<T: Versioned>(bytes: &[u8]) -> Result<T, CodecError> {

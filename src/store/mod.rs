@@ -749,8 +749,11 @@ impl Store {
     // ---- request records -------------------------------------------------------------------
 
     /// The mutation that stores a request record under its key.
-    pub fn request_mutation(key: u64, row: &RequestRow) -> Result<Mutation, StoreError> {
-        let bytes = codec::encode(row)
+    pub fn request_mutation(
+        key: u64,
+        row: &impl records::RequestShape,
+    ) -> Result<Mutation, StoreError> {
+        let bytes = codec::encode_as::<RequestRow>(row)
             .map_err(|e| StoreError::codec(format!("request record {key:016x}"), e))?;
         Ok(Mutation::Put(Table::Requests, Key::Int(key), bytes))
     }

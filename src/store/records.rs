@@ -561,6 +561,94 @@ pub struct RequestRow {
     pub credit: Option<CreditRow>,
 }
 
+/// A version-4 [`RequestRow`] written from borrowed parts, with no string copied: the same
+/// fields in the same order and of the same encoding (a `&str` is written as a `String` is, a
+/// [`MapSeq`] as a `Vec`), so that its bytes are the row's. What a request's record costs to
+/// keep is then the encoding alone.
+#[derive(Serialize)]
+#[serde(bound = "")]
+pub struct RequestRowOut<'a, A, R> {
+    pub started_ms: u64,
+    pub key_name: &'a str,
+    pub model: &'a str,
+    pub path: &'a str,
+    pub stream: bool,
+    pub ws: bool,
+    pub outcome: &'a str,
+    pub status: u16,
+    pub account: Option<&'a str>,
+    pub attempts: MapSeq<'a, A, AttemptRowOut<'a>>,
+    pub ttft_ms: Option<u64>,
+    pub duration_ms: u64,
+    pub usage: Option<UsageRow>,
+    pub session: Option<&'a str>,
+    pub candidate_pool: &'a [String],
+    pub skipped: MapSeq<'a, R, SkipRowOut<'a>>,
+    pub affinity: std::borrow::Cow<'a, str>,
+    pub queue: Option<QueueRowOut<'a>>,
+    pub transport: &'a str,
+    pub ws_connect_ms: Option<u64>,
+    pub terminal_source: Option<&'a str>,
+    pub attempt_rules: MapSeq<'a, A, Option<&'a str>>,
+    pub service_tier: Option<&'a str>,
+    pub served_tier: Option<&'a str>,
+    pub credit: Option<CreditRowOut<'a>>,
+}
+
+/// What is written as a request record: the row, or the row borrowed.
+pub trait RequestShape: Serialize {}
+
+impl RequestShape for RequestRow {}
+
+impl<A, R> RequestShape for RequestRowOut<'_, A, R> {}
+
+/// [`AttemptRow`] borrowed.
+#[derive(Serialize)]
+pub struct AttemptRowOut<'a> {
+    pub account: &'a str,
+    pub class: &'a str,
+    pub status: Option<u16>,
+    pub phase: Option<&'a str>,
+    pub ms: u64,
+    pub error: Option<&'a str>,
+}
+
+/// [`SkipRow`] borrowed.
+#[derive(Serialize)]
+pub struct SkipRowOut<'a> {
+    pub account: &'a str,
+    pub reason: &'a str,
+}
+
+/// [`QueueRow`] borrowed.
+#[derive(Serialize)]
+pub struct QueueRowOut<'a> {
+    pub queue: &'a str,
+    pub outcome: &'a str,
+    pub wait_ms: u64,
+}
+
+/// [`CreditRow`] borrowed.
+#[derive(Serialize)]
+pub struct CreditRowOut<'a> {
+    pub account: &'a str,
+    pub redeem_id: &'a str,
+    pub outcome: &'a str,
+    pub windows_reset: u64,
+}
+
+/// A sequence written as each of `items` mapped by `each`, as a `Vec` of the results would be.
+pub struct MapSeq<'a, T, U> {
+    pub items: &'a [T],
+    pub each: fn(&'a T) -> U,
+}
+
+impl<T, U: Serialize> Serialize for MapSeq<'_, T, U> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_seq(self.items.iter().map(self.each))
+    }
+}
+
 /// A reset-credit spend as a request record tells it. Part of version 4 of [`RequestRow`].
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CreditRow {

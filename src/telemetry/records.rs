@@ -3,6 +3,7 @@
 //! edge); all are offered to the store as telemetry in the store's own shape (dropped, and
 //! counted, when the writer is behind) and pruned by age.
 
+use std::borrow::Cow;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -13,7 +14,10 @@ use crate::fleet::affinity::Decision;
 use crate::fleet::health::Class;
 use crate::fleet::scheduler::{QueueKind, QueueOutcome, SkipReason};
 use crate::store::Store;
-use crate::store::records::{AttemptRow, CreditRow, QueueRow, RequestRow, SkipRow, UsageRow};
+use crate::store::records::{
+    AttemptRow, AttemptRowOut, CreditRow, CreditRowOut, MapSeq, QueueRow, QueueRowOut, RequestRow,
+    RequestRowOut, SkipRow, SkipRowOut, UsageRow,
+};
 use crate::store::schema::Table;
 use crate::store::writer::Mutation;
 use crate::upstream::Transport;
@@ -98,6 +102,18 @@ pub struct Usage {
     pub cached_tokens: u64,
     pub output_tokens: u64,
     pub reasoning_tokens: u64,
+}
+
+impl Usage {
+    /// The stored shape.
+    fn row(self) -> UsageRow {
+        UsageRow {
+            input_tokens: self.input_tokens,
+            cached_tokens: self.cached_tokens,
+            output_tokens: self.output_tokens,
+            reasoning_tokens: self.reasoning_tokens,
+        }
+    }
 }
 
 /// One attempt of a request on one account.
@@ -188,6 +204,73 @@ impl RequestRecord {
         RequestLog::id_of(self.key)
     }
 
+    /// The stored shape, borrowed from the record: what is written (its bytes are
+    /// [`RequestRecord::to_row`]'s).
+    pub fn row_out(&self) -> RequestRowOut<'_, AttemptRecord, (String, SkipReason)> {
+        RequestRowOut {
+            started_ms: self.started_ms,
+            key_name: &self.key_name,
+            model: &self.model,
+            path: &self.path,
+            stream: self.stream,
+            ws: self.ws,
+            outcome: self.outcome.as_str(),
+            status: self.status,
+            account: self.account.as_deref(),
+            attempts: MapSeq {
+                items: &self.attempts,
+                each: |a| AttemptRowOut {
+                    account: &a.account,
+                    class: a.class.as_str(),
+                    status: a.status,
+                    phase: a.phase.map(Phase::as_str),
+                    ms: a.ms,
+                    error: a.error.as_deref(),
+                },
+            },
+            ttft_ms: self.ttft_ms,
+            duration_ms: self.duration_ms,
+            usage: self.usage.map(Usage::row),
+            session: self.session.as_deref(),
+            candidate_pool: &self.candidate_pool,
+            skipped: MapSeq {
+                items: &self.skipped,
+                each: |(account, reason)| SkipRowOut {
+                    account,
+                    reason: reason.as_str(),
+                },
+            },
+            affinity: match self.affinity {
+                Decision::Rebound(_) => Cow::Owned(self.affinity.label()),
+                other => Cow::Borrowed(other.kind()),
+            },
+            queue: self.queue.map(|q| QueueRowOut {
+                queue: q.kind.as_str(),
+                outcome: q.outcome.as_str(),
+                wait_ms: q.wait_ms,
+            }),
+            transport: self.transport.as_str(),
+            ws_connect_ms: self.ws_connect_ms,
+            terminal_source: self.terminal_source.map(TerminalSource::as_str),
+            attempt_rules: MapSeq {
+                items: if self.attempts.iter().any(|a| a.rule.is_some()) {
+                    &self.attempts
+                } else {
+                    &[]
+                },
+                each: |a| a.rule.as_deref(),
+            },
+            service_tier: self.service_tier.as_deref(),
+            served_tier: self.served_tier.as_deref(),
+            credit: self.credit.as_ref().map(|c| CreditRowOut {
+                account: &c.account,
+                redeem_id: &c.redeem_id,
+                outcome: &c.outcome,
+                windows_reset: c.windows_reset,
+            }),
+        }
+    }
+
     /// The stored shape.
     pub fn to_row(&self) -> RequestRow {
         RequestRow {
@@ -214,12 +297,7 @@ impl RequestRecord {
                 .collect(),
             ttft_ms: self.ttft_ms,
             duration_ms: self.duration_ms,
-            usage: self.usage.map(|u| UsageRow {
-                input_tokens: u.input_tokens,
-                cached_tokens: u.cached_tokens,
-                output_tokens: u.output_tokens,
-                reasoning_tokens: u.reasoning_tokens,
-            }),
+            usage: self.usage.map(Usage::row),
             session: self.session.clone(),
             candidate_pool: self.candidate_pool.clone(),
             skipped: self
@@ -410,7 +488,7 @@ impl RequestLog {
 
     /// Keeps a finished record: in memory at once, in the store when the writer has room.
     pub fn push(&self, record: RequestRecord) {
-        match Store::request_mutation(record.key, &record.to_row()) {
+        match Store::request_mutation(record.key, &record.row_out()) {
             Ok(m) => {
                 self.store.try_write(vec![m]);
             }
@@ -536,6 +614,38 @@ mod tests {
         assert_eq!(row.terminal_source.as_deref(), Some("upstream"));
         assert_eq!(RequestRecord::from_row(r.key, row).unwrap(), r);
         assert_eq!(r.id(), "req_019b76daa87b0007");
+    }
+
+    /// What is written is the row, byte for byte: for a record with every part there (rules
+    /// and a credit spend included), with none, and with a plain affinity.
+    #[test]
+    fn the_borrowed_row_is_written_as_the_row() {
+        use crate::store::codec::{encode, encode_as};
+        let full = record();
+        let mut bare = record();
+        bare.attempts.clear();
+        bare.skipped.clear();
+        bare.candidate_pool.clear();
+        (bare.account, bare.session, bare.usage, bare.queue) = (None, None, None, None);
+        bare.terminal_source = None;
+        bare.affinity = Decision::Reused;
+        let mut ruled = record();
+        ruled.attempts[0].rule = Some("quota-words".into());
+        ruled.service_tier = Some("priority".into());
+        ruled.served_tier = Some("default".into());
+        ruled.credit = Some(CreditSpend {
+            account: "acc-1".into(),
+            redeem_id: "r-1".into(),
+            outcome: "reset".into(),
+            windows_reset: 2,
+            error: None,
+        });
+        for r in [full, bare, ruled] {
+            let row = encode(&r.to_row()).unwrap();
+            assert_eq!(encode_as::<RequestRow>(&r.row_out()).unwrap(), row);
+            let back: RequestRow = crate::store::codec::decode(&row).unwrap();
+            assert_eq!(RequestRecord::from_row(r.key, back).unwrap(), r);
+        }
     }
 
     #[test]
