@@ -207,6 +207,9 @@ impl Event {
 /// read at all (a `response.created` may echo the request's instructions and tools after it).
 /// `None` when the event has no `response` object with a text `id` before anything unreadable.
 fn response_id(data: &[u8]) -> Option<String> {
+    if let Some(id) = plain_response_id(data) {
+        return Some(id);
+    }
     let mut id = None;
     let mut de = serde_json::Deserializer::from_slice(data);
     // Reading stops at the id: the map it is in is left unfinished, which the reader then
@@ -219,6 +222,103 @@ fn response_id(data: &[u8]) -> Option<String> {
         &mut de,
     );
     id
+}
+
+/// The `response.id` of an event in the plain form the backend writes, found by a scan of its
+/// bytes: the members before `response` (and before its `id`) are plain strings (no escapes,
+/// ASCII), integers or literals, and the id is such a string. Anything else, and an event with
+/// no such id, is `None`, left to the full reading, which finds the same id wherever this one
+/// does.
+fn plain_response_id(data: &[u8]) -> Option<String> {
+    let mut s = Skim { b: data, at: 0 };
+    s.member(b"response")?;
+    s.member(b"id")?;
+    let id = s.plain_str()?;
+    std::str::from_utf8(id).ok().map(str::to_string)
+}
+
+/// A cursor over JSON bytes that reads only the plain forms (see [`plain_response_id`]).
+struct Skim<'a> {
+    b: &'a [u8],
+    at: usize,
+}
+
+impl<'a> Skim<'a> {
+    /// The next byte that is no whitespace, taken.
+    fn next(&mut self) -> Option<u8> {
+        while let Some(&c) = self.b.get(self.at) {
+            self.at += 1;
+            if !matches!(c, b' ' | b'\t' | b'\n' | b'\r') {
+                return Some(c);
+            }
+        }
+        None
+    }
+
+    /// A string without escapes, control characters or bytes beyond ASCII; its contents.
+    fn plain_str(&mut self) -> Option<&'a [u8]> {
+        if self.next()? != b'"' {
+            return None;
+        }
+        let start = self.at;
+        let len = memchr::memchr2(b'"', b'\\', &self.b[start..])?;
+        let text = &self.b[start..start + len];
+        if self.b[start + len] != b'"'
+            || text
+                .iter()
+                .fold(false, |bad, &c| bad | !(0x20..0x80).contains(&c))
+        {
+            return None;
+        }
+        self.at = start + len + 1;
+        Some(text)
+    }
+
+    /// A plain string, an integer without fraction or exponent, or a literal; read past.
+    fn scalar(&mut self) -> Option<()> {
+        let rest = &self.b[self.at..];
+        let skip = rest.iter().position(|c| !c.is_ascii_whitespace())?;
+        let rest = &rest[skip..];
+        let len = match rest[0] {
+            b'"' => return self.plain_str().map(drop),
+            b't' | b'n' if rest.starts_with(b"true") || rest.starts_with(b"null") => 4,
+            b'f' if rest.starts_with(b"false") => 5,
+            _ => {
+                let sign = usize::from(rest[0] == b'-');
+                let digits = rest[sign..]
+                    .iter()
+                    .take_while(|c| c.is_ascii_digit())
+                    .count();
+                let leading_zero = digits > 1 && rest[sign] == b'0';
+                if digits == 0 || leading_zero {
+                    return None;
+                }
+                sign + digits
+            }
+        };
+        self.at += skip + len;
+        Some(())
+    }
+
+    /// Enters an object and reads past its members up to `name`'s value.
+    fn member(&mut self, name: &[u8]) -> Option<()> {
+        if self.next()? != b'{' {
+            return None;
+        }
+        loop {
+            let key = self.plain_str()?;
+            if self.next()? != b':' {
+                return None;
+            }
+            if key == name {
+                return Some(());
+            }
+            self.scalar()?;
+            if self.next()? != b',' {
+                return None;
+            }
+        }
+    }
 }
 
 /// Reads a map down `path`, reading past the members before each step and stopping, at the
@@ -344,6 +444,65 @@ mod tests {
             ev.json()
                 .and_then(|v| v["response"]["id"].as_str().map(str::to_string))
         );
+    }
+
+    /// The scan of the plain form finds what the full reading finds, or leaves it to it: on
+    /// every prefix of events in various forms, and on the forms it does not read.
+    #[test]
+    fn the_plain_scan_of_an_id_agrees_with_the_full_reading() {
+        let full = |data: &[u8]| {
+            let mut id = None;
+            let mut de = serde_json::Deserializer::from_slice(data);
+            let _ = serde::de::DeserializeSeed::deserialize(
+                IdWithin {
+                    out: &mut id,
+                    path: &["response", "id"],
+                },
+                &mut de,
+            );
+            id
+        };
+        let events = [
+            r#"{"type":"response.created","sequence_number":0,"response":{"id":"resp_1","object":"response"}}"#,
+            r#"{ "type" : "response.created" , "n":-12,"ok":true,"no":false,"x":null, "response" : { "object":"response", "id" : "resp_2" } }"#,
+            r#"{"type":"response.created","response":{"id":"resp_\u0033"}}"#,
+            r#"{"type":"response.created","v":1.5,"response":{"id":"resp_4"}}"#,
+            r#"{"type":"response.created","v":01,"response":{"id":"resp_5"}}"#,
+            r#"{"type":"response.created","v":[1],"response":{"id":"resp_6"}}"#,
+            r#"{"type":"r\u00e9","response":{"id":"resp_7"}}"#,
+            "{\"type\":\"r\u{e9}\",\"response\":{\"id\":\"resp_8\"}}",
+            r#"{"type":"response.created","response":{"id":7}}"#,
+            r#"{"type":"response.created","response":{"id":null}}"#,
+            r#"{"type":"response.created","response":{"status":"x"}}"#,
+            r#"{"type":"response.created","response":"resp_9"}"#,
+            r#"{"type":"response.created","truth":tru,"response":{"id":"resp_10"}}"#,
+            r#"{"type":"response.created","n":-,"response":{"id":"resp_11"}}"#,
+        ];
+        let mut scanned = 0;
+        for ev in events {
+            let ev = ev.as_bytes();
+            for end in 0..=ev.len() {
+                let data = &ev[..end];
+                let quick = plain_response_id(data);
+                if quick.is_some() {
+                    scanned += 1;
+                    assert_eq!(quick, full(data), "{}", String::from_utf8_lossy(data));
+                }
+                assert_eq!(response_id(data), full(data));
+            }
+        }
+        assert!(scanned > 0, "the plain form is scanned");
+        assert_eq!(
+            plain_response_id(events[0].as_bytes()),
+            Some("resp_1".into())
+        );
+        assert_eq!(
+            plain_response_id(events[1].as_bytes()),
+            Some("resp_2".into())
+        );
+        for left in &events[2..] {
+            assert_eq!(plain_response_id(left.as_bytes()), None, "{left}");
+        }
     }
 
     #[test]
