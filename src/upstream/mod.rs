@@ -22,7 +22,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use futures_util::StreamExt;
 use hyper::Uri;
-use reqwest::header::{HeaderName, HeaderValue};
+use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
 use serde_json::{Value, json};
 
 use self::config::UpstreamConfig;
@@ -352,6 +352,9 @@ impl Upstream {
         let Target { uri, url, host } = target;
         let mut req = hyper::Request::new(reqwest::Body::from(body));
         *req.method_mut() = hyper::Method::POST;
+        // Room for all of them at once (the gateway's eight and the client's): grown one by
+        // one, the map is rebuilt on the way.
+        *req.headers_mut() = HeaderMap::with_capacity(8 + headers.len());
         let h = req.headers_mut();
         let bearer = match &id.bearer {
             Some(made) => made.clone(),
