@@ -325,7 +325,7 @@ async fn handle(
         &state,
         &admitted.key,
         &headers,
-        admitted.bytes.clone(),
+        (admitted.bytes.clone(), admitted.session.clone()),
         kind,
         admitted.received,
     ) {
@@ -347,6 +347,8 @@ pub struct Admitted {
     pub key: KeyIdentity,
     pub bytes: Bytes,
     pub received: Instant,
+    /// The session its headers name (read once, for the admission).
+    pub session: Option<String>,
     permit: Arc<crate::keys::KeyPermit>,
     charge: Charge,
     conn: Option<Arc<ClientConn>>,
@@ -411,6 +413,7 @@ pub async fn admit_and_read(
         key,
         bytes,
         received,
+        session: head.session,
         permit,
         charge,
         conn,
@@ -517,7 +520,7 @@ pub fn request_ctx_from_bytes(
     state: &AppState,
     key: &KeyIdentity,
     headers: &HeaderMap,
-    bytes: Bytes,
+    (bytes, head_session): (Bytes, Option<String>),
     turn: Turn,
     received: Instant,
 ) -> Result<RequestCtx, ApiError> {
@@ -535,8 +538,7 @@ pub fn request_ctx_from_bytes(
             Turn::Compact => Mode::Compact,
             Turn::Http | Turn::WebSocket => Mode::Stream,
         };
-        let session = session_from_headers(headers)
-            .or_else(|| peek.prompt_cache_key.as_deref().map(str::to_string));
+        let session = head_session.or_else(|| peek.prompt_cache_key.as_deref().map(str::to_string));
         let previous_response_id = peek
             .previous_response_id
             .as_deref()
