@@ -515,7 +515,8 @@ fn header_ids(h: &HeaderMap) -> Vec<String> {
 /// The dispatcher's view of a request from its body as received. When the body needs no change
 /// — its model is no alias and it already asks for a stream (what Codex CLI sends) — it goes
 /// upstream byte for byte, read once without being built into a tree; otherwise it is parsed,
-/// changed and encoded again ([`request_ctx`]).
+/// changed and encoded again ([`request_ctx`]). `head_session` is the session its headers
+/// name, as the admission read it.
 pub fn request_ctx_from_bytes(
     state: &AppState,
     key: &KeyIdentity,
