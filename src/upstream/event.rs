@@ -260,18 +260,18 @@ impl<'a> Skim<'a> {
         if self.next()? != b'"' {
             return None;
         }
+        // Short strings (names, types, ids): a loop beats a vector search's setup.
         let start = self.at;
-        let len = memchr::memchr2(b'"', b'\\', &self.b[start..])?;
-        let text = &self.b[start..start + len];
-        if self.b[start + len] != b'"'
-            || text
-                .iter()
-                .fold(false, |bad, &c| bad | !(0x20..0x80).contains(&c))
-        {
-            return None;
+        let mut end = start;
+        loop {
+            match *self.b.get(end)? {
+                b'"' => break,
+                b'\\' | 0..0x20 | 0x80.. => return None,
+                _ => end += 1,
+            }
         }
-        self.at = start + len + 1;
-        Some(text)
+        self.at = end + 1;
+        Some(&self.b[start..end])
     }
 
     /// A plain string, an integer without fraction or exponent, or a literal; read past.
