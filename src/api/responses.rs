@@ -381,11 +381,13 @@ pub async fn admit_and_read(
         return Err(closing(e.into_response()));
     }
     let conn = conn.map(|axum::Extension(c)| c);
-    let head = head_ctx(&key, headers, kind, received);
+    let session = session_from_headers(headers);
+    let head = || head_ctx(&key, kind, session.clone(), received);
     let permit = match state
         .dispatcher
         .admit_head(
-            &head,
+            (&key.id, received),
+            head,
             declared_length(headers).unwrap_or(0),
             std::future::pending(),
         )
@@ -413,7 +415,7 @@ pub async fn admit_and_read(
         key,
         bytes,
         received,
-        session: head.session,
+        session,
         permit,
         charge,
         conn,
@@ -430,7 +432,12 @@ fn closing(mut resp: Response) -> Response {
 
 /// A request as its head describes it, for its admission before the body is read: no model
 /// and no body yet, and none of the headers that only an attempt sends upstream.
-fn head_ctx(key: &KeyIdentity, headers: &HeaderMap, turn: Turn, received: Instant) -> RequestCtx {
+fn head_ctx(
+    key: &KeyIdentity,
+    turn: Turn,
+    session: Option<String>,
+    received: Instant,
+) -> RequestCtx {
     let mode = match turn {
         Turn::Compact => Mode::Compact,
         Turn::Http | Turn::WebSocket => Mode::Stream,
@@ -439,7 +446,7 @@ fn head_ctx(key: &KeyIdentity, headers: &HeaderMap, turn: Turn, received: Instan
         key,
         &HeaderMap::new(),
         (String::new(), mode, turn),
-        (session_from_headers(headers), None),
+        (session, None),
         (Bytes::new(), identity::ClientIds::default()),
         received,
     )

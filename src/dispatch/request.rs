@@ -61,25 +61,27 @@ enum Acquire {
 }
 
 impl Dispatcher {
-    /// Admits a request on its head alone, before its body is read (`ctx` has no model or
-    /// body yet): revoked, expired, budgets, rate and a slot among the key's own, waiting in
-    /// the key's queue as [`Dispatcher::run`] would. A refusal is recorded like any other,
-    /// and its answer returned.
+    /// Admits the request of key `key_id` received at `received` on its head alone, before
+    /// its body is read: revoked, expired, budgets, rate and a slot among the key's own,
+    /// waiting in the key's queue as [`Dispatcher::run`] would. A refusal is recorded like any
+    /// other, with the context `head` makes (no model or body yet; made only then), and its
+    /// answer returned.
     pub async fn admit_head(
         &self,
-        ctx: &RequestCtx,
+        (key_id, received): (&str, Instant),
+        head: impl FnOnce() -> RequestCtx,
         body_bytes: u64,
         gone: impl std::future::Future<Output = ()>,
     ) -> Result<Arc<KeyPermit>, Vec<Frame>> {
         let settings = self.fleet.settings();
-        let deadline = ctx.received + self.config.request_deadline;
+        let deadline = received + self.config.request_deadline;
         let wait = settings
             .queue_wait
             .min(deadline.saturating_duration_since(Instant::now()));
         let admitted = self
             .keys
             .admit_head(
-                (&ctx.key_id, body_bytes),
+                (key_id, body_bytes),
                 &self.usage,
                 wait,
                 settings.queue_max_waiting,
@@ -89,7 +91,7 @@ impl Dispatcher {
         admitted.map(Arc::new).map_err(|denied| {
             let trace = Trace::new(self.log.next_key(), self.fleet.clock().now_ms());
             let end = self.denied(denied);
-            self.finish(ctx, None, trace, Vec::new(), end)
+            self.finish(&head(), None, trace, Vec::new(), end)
         })
     }
 
