@@ -53,40 +53,9 @@ pub async fn readyz(State(state): State<Arc<AppState>>) -> (StatusCode, Json<Val
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::base::clock::{ManualClock, SharedClock};
-    use crate::dispatch::{DispatchConfig, Dispatcher};
-    use crate::fleet::Fleet;
-    use crate::keys::KeyRing;
-    use crate::keys::usage::UsageBook;
-    use crate::store::Store;
-    use crate::telemetry::records::RequestLog;
-    use crate::upstream::Upstream;
-    use crate::upstream::config::UpstreamConfig;
 
     fn state() -> Arc<AppState> {
-        crate::upstream::install_crypto_provider();
-        let store = Store::open_in_memory().unwrap();
-        let clock: SharedClock = Arc::new(ManualClock::new(0));
-        let fleet = Fleet::load(store.clone(), Arc::clone(&clock)).unwrap();
-        let keys = KeyRing::load(store.clone(), Arc::clone(&clock)).unwrap();
-        let usage = UsageBook::load(store.clone(), Arc::clone(&clock)).unwrap();
-        let dispatcher = Dispatcher::new(
-            fleet.clone(),
-            Arc::new(Upstream::new(&UpstreamConfig::default()).unwrap()),
-            RequestLog::load(store.clone(), Arc::clone(&clock)),
-            (keys.clone(), usage),
-            DispatchConfig::default(),
-        );
-        Arc::new(AppState::new(
-            store,
-            fleet,
-            keys,
-            dispatcher,
-            clock,
-            "127.0.0.1:0".into(),
-            None,
-            1 << 20,
-        ))
+        crate::api::test_state()
     }
 
     #[tokio::test]

@@ -423,6 +423,74 @@ pub fn router(state: Arc<AppState>) -> Router {
         .with_state(state)
 }
 
+/// The client-facing service: [`router`], with a Responses turn (`POST /v1/responses` and
+/// `/v1/responses/compact`: nearly every request a Codex client sends) handed to its handler
+/// at once. The router would match the path, clone its boxed route service, and insert the
+/// matched path and the (empty) path parameters into the request's extensions before calling
+/// the same handler; those routes need none of it (their handlers read the body themselves,
+/// under no body limit layer). Everything else goes through the router.
+#[derive(Clone)]
+pub struct Edge {
+    router: Router,
+    state: Arc<AppState>,
+}
+
+impl Edge {
+    pub fn new(state: Arc<AppState>) -> Edge {
+        Edge {
+            router: router(Arc::clone(&state)),
+            state,
+        }
+    }
+
+    pub async fn call(&self, req: Request) -> Response {
+        if req.method() == axum::http::Method::POST {
+            let state = State(Arc::clone(&self.state));
+            match req.uri().path() {
+                "/v1/responses" => return responses::create(state, req).await,
+                "/v1/responses/compact" => return responses::compact(state, req).await,
+                _ => {}
+            }
+        }
+        let mut router = self.router.clone();
+        match tower_service::Service::call(&mut router, req).await {
+            Ok(resp) => resp,
+            Err(never) => match never {},
+        }
+    }
+}
+
+/// A state with no accounts and no keys, on an in-memory store, for tests.
+#[cfg(test)]
+pub(crate) fn test_state() -> Arc<AppState> {
+    crate::upstream::install_crypto_provider();
+    let store = crate::store::Store::open_in_memory().unwrap();
+    let clock: SharedClock = Arc::new(crate::base::clock::ManualClock::new(0));
+    let fleet = crate::fleet::Fleet::load(store.clone(), Arc::clone(&clock)).unwrap();
+    let keys = crate::keys::KeyRing::load(store.clone(), Arc::clone(&clock)).unwrap();
+    let usage = crate::keys::usage::UsageBook::load(store.clone(), Arc::clone(&clock)).unwrap();
+    let dispatcher = crate::dispatch::Dispatcher::new(
+        fleet.clone(),
+        Arc::new(
+            crate::upstream::Upstream::new(&crate::upstream::config::UpstreamConfig::default())
+                .unwrap(),
+        ),
+        crate::telemetry::records::RequestLog::load(store.clone(), Arc::clone(&clock)),
+        (keys.clone(), usage),
+        crate::dispatch::DispatchConfig::default(),
+    );
+    Arc::new(AppState::new(
+        store,
+        fleet,
+        keys,
+        dispatcher,
+        clock,
+        "127.0.0.1:0".into(),
+        None,
+        1 << 20,
+    ))
+}
+
 /// The admin router served on the Unix socket (file permissions are its access control).
 pub fn admin_router(state: Arc<AppState>) -> Router {
     admin::routes()
@@ -505,4 +573,67 @@ async fn require_admin_token(
 
 fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http_body_util::BodyExt;
+
+    /// What the client-facing service answers, whole.
+    async fn answer(resp: Response) -> (u16, Option<String>, bytes::Bytes) {
+        let status = resp.status().as_u16();
+        let ctype = resp
+            .headers()
+            .get(axum::http::header::CONTENT_TYPE)
+            .map(|v| v.to_str().unwrap().to_string());
+        (
+            status,
+            ctype,
+            resp.into_body().collect().await.unwrap().to_bytes(),
+        )
+    }
+
+    /// The Responses routes taken before the router answer as the router does, and what only
+    /// looks like them still goes to the router.
+    #[tokio::test]
+    async fn the_responses_routes_answer_as_the_router_does() {
+        let state = test_state();
+        let edge = Edge::new(Arc::clone(&state));
+        let requests = [
+            ("POST", "/v1/responses", None),
+            ("POST", "/v1/responses?stream=true", None),
+            ("POST", "/v1/responses/compact", None),
+            ("POST", "/v1/responses", Some("Bearer sk-sy-unknown")),
+            (
+                "POST",
+                "/v1/responses/compact",
+                Some("Bearer sk-sy-unknown"),
+            ),
+            ("POST", "/v1/responses/", None),
+            ("POST", "/v1/Responses", None),
+            ("GET", "/v1/responses", None),
+            ("PUT", "/v1/responses", None),
+        ];
+        let mut statuses = Vec::new();
+        for (method, uri, auth) in requests {
+            let make = || {
+                let mut b = axum::http::Request::builder().method(method).uri(uri);
+                if let Some(a) = auth {
+                    b = b.header(AUTHORIZATION, a);
+                }
+                b.body(axum::body::Body::from("{}")).unwrap()
+            };
+            let direct = answer(edge.call(make()).await).await;
+            let mut router = router(Arc::clone(&state));
+            let routed = tower_service::Service::call(&mut router, make())
+                .await
+                .unwrap();
+            assert_eq!(direct, answer(routed).await, "{method} {uri}");
+            statuses.push(direct.0);
+        }
+        assert_eq!(statuses[..5], [401; 5], "no key is no answer");
+        assert_eq!(statuses[5..7], [404; 2]);
+        assert_eq!(statuses[8], 405);
+    }
 }

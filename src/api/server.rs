@@ -27,7 +27,6 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
-use axum::Router;
 use axum::body::{Body, HttpBody};
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioIo, TokioTimer};
@@ -36,6 +35,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
+use super::Edge;
 use crate::base::names::named;
 use crate::base::signal::Signal;
 
@@ -387,7 +387,7 @@ impl Registry {
 /// closed. Aborting the returned future's task cuts every connection.
 pub async fn serve(
     listener: TcpListener,
-    app: Router,
+    app: Edge,
     limits: Limits,
     stats: Arc<EdgeStats>,
     stop: CancellationToken,
@@ -433,7 +433,7 @@ pub async fn serve(
 
 async fn connection(
     tcp: TcpStream,
-    app: Router,
+    app: Edge,
     limits: Limits,
     conn: Arc<ClientConn>,
     registry: Arc<Registry>,
@@ -452,9 +452,9 @@ async fn connection(
                 conn.wind_down.set();
             }
             req.extensions_mut().insert(Arc::clone(&conn));
-            let mut app = app.clone();
+            let app = app.clone();
             async move {
-                let resp = tower_service::Service::call(&mut app, req.map(Body::new)).await?;
+                let resp = app.call(req.map(Body::new)).await;
                 Ok::<_, Infallible>(resp.map(|inner| {
                     Body::new(Tracked {
                         inner,

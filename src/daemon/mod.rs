@@ -156,7 +156,7 @@ pub async fn run_with(
     };
     let http = tokio::spawn(api::server::serve(
         listeners.http,
-        api::router(Arc::clone(&state)),
+        api::Edge::new(Arc::clone(&state)),
         limits,
         Arc::clone(&state.edge),
         stop_accepting.clone(),
