@@ -207,9 +207,11 @@ impl Event {
 /// read at all (a `response.created` may echo the request's instructions and tools after it).
 /// `None` when the event has no `response` object with a text `id` before anything unreadable.
 fn response_id(data: &[u8]) -> Option<String> {
-    if let Some(id) = plain_response_id(data) {
-        return Some(id);
-    }
+    plain_response_id(data).or_else(|| read_response_id(data))
+}
+
+/// The same, read with serde_json: any form.
+fn read_response_id(data: &[u8]) -> Option<String> {
     let mut id = None;
     let mut de = serde_json::Deserializer::from_slice(data);
     // Reading stops at the id: the map it is in is left unfinished, which the reader then
@@ -450,18 +452,7 @@ mod tests {
     /// every prefix of events in various forms, and on the forms it does not read.
     #[test]
     fn the_plain_scan_of_an_id_agrees_with_the_full_reading() {
-        let full = |data: &[u8]| {
-            let mut id = None;
-            let mut de = serde_json::Deserializer::from_slice(data);
-            let _ = serde::de::DeserializeSeed::deserialize(
-                IdWithin {
-                    out: &mut id,
-                    path: &["response", "id"],
-                },
-                &mut de,
-            );
-            id
-        };
+        let full = read_response_id;
         let events = [
             r#"{"type":"response.created","sequence_number":0,"response":{"id":"resp_1","object":"response"}}"#,
             r#"{ "type" : "response.created" , "n":-12,"ok":true,"no":false,"x":null, "response" : { "object":"response", "id" : "resp_2" } }"#,
