@@ -123,6 +123,53 @@ async fn a_body_past_its_deadline_is_cut_with_408() {
     );
 }
 
+/// A body whose start came in the same write as its head (taken without waiting) and whose
+/// rest never comes is cut at its deadline all the same.
+#[tokio::test]
+async fn a_body_begun_with_its_head_then_stalled_is_cut_at_its_deadline() {
+    let gw = Gw::start_with(1, |c| {
+        c.server.body_timeout = Duration::from_secs(1);
+        c.server.body_min_rate = 0;
+    })
+    .await;
+    let mut s = TcpStream::connect(gw.addr).await.unwrap();
+    let mut first = head(&gw, &gw.key, 50);
+    first.extend_from_slice(b"{\"model\":");
+    s.write_all(&first).await.unwrap();
+    let (status, head, body) = answer_then_close(&mut s).await;
+    assert_eq!(status, 408, "{head}{body}");
+    assert!(
+        error_of(&body)["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("did not arrive within 1s"),
+        "{body}"
+    );
+}
+
+/// A chunked body sent whole with its head, its last chunk included, is read to its end and
+/// answered: nothing of it is waited for.
+#[tokio::test]
+async fn a_chunked_body_sent_whole_with_its_head_is_answered() {
+    let gw = Gw::start(1).await;
+    let json = body_plain("gpt-5.5", "all at once", true).to_string();
+    let (front, back) = json.split_at(json.len() / 2);
+    let mut req = format!(
+        "POST /v1/responses HTTP/1.1\r\nhost: {}\r\nauthorization: Bearer {}\r\n\
+         content-type: application/json\r\ntransfer-encoding: chunked\r\nconnection: close\r\n\r\n",
+        gw.addr, gw.key
+    );
+    for part in [front, back] {
+        req.push_str(&format!("{:x}\r\n{part}\r\n", part.len()));
+    }
+    req.push_str("0\r\n\r\n");
+    let mut s = TcpStream::connect(gw.addr).await.unwrap();
+    s.write_all(req.as_bytes()).await.unwrap();
+    let (status, head, body) = answer_then_close(&mut s).await;
+    assert_eq!(status, 200, "{head}{body}");
+    assert!(body.contains("response.completed"), "{body}");
+}
+
 #[tokio::test]
 async fn a_body_announced_over_the_cap_is_refused_from_its_head() {
     let gw = Gw::start(1).await;
