@@ -56,17 +56,18 @@ pub fn authenticate(state: &AppState, headers: &HeaderMap) -> Result<KeyIdentity
 }
 
 /// Reads the body up to the configured cap (413 beyond it), and decodes it as its
-/// `Content-Encoding` says (the cap applies to the decoded bytes too).
+/// `Content-Encoding` says (the cap applies to the decoded bytes too). `declared` is the
+/// length its head declares ([`declared_length`], read once per request).
 ///
 /// With a `charge`, the key pays for the body in its memory budget as it arrives (and for the
 /// decoded body, when it is larger): 429 when the budget has no room for it.
 pub async fn read_body(
     state: &AppState,
-    headers: &HeaderMap,
+    (headers, declared): (&HeaderMap, Option<u64>),
     body: Body,
     mut charge: Option<&mut Charge>,
 ) -> Result<Bytes, ApiError> {
-    let raw = read_limited(state, headers, body, true, charge.as_deref_mut()).await?;
+    let raw = read_limited(state, declared, body, true, charge.as_deref_mut()).await?;
     let encoding = headers
         .get(header::CONTENT_ENCODING)
         .and_then(|v| v.to_str().ok());
@@ -111,10 +112,10 @@ fn declared_length(headers: &HeaderMap) -> Option<u64> {
         .and_then(|v| v.trim().parse().ok())
 }
 
-/// A body larger than the cap by its own `Content-Length`: refused from the head.
-fn declared_too_large(state: &AppState, headers: &HeaderMap) -> Option<ApiError> {
+/// A body larger than the cap by its own `Content-Length` (`declared`): refused from the head.
+fn declared_too_large(state: &AppState, declared: Option<u64>) -> Option<ApiError> {
     let cap = state.max_body_bytes;
-    declared_length(headers)
+    declared
         .is_some_and(|n| n > cap as u64)
         .then(|| too_large(cap))
 }
@@ -146,7 +147,7 @@ fn body_timeout(message: String) -> ApiError {
 /// the head declares before any of it is read, and what arrives beyond that as it arrives.
 async fn read_limited(
     state: &AppState,
-    headers: &HeaderMap,
+    declared: Option<u64>,
     body: Body,
     keep: bool,
     mut charge: Option<&mut Charge>,
@@ -159,7 +160,7 @@ async fn read_limited(
     let start = tokio::time::Instant::now();
     let deadline = start + limits.timeout;
     let reserve = if keep {
-        declared_length(headers).map_or(0, |n| usize::try_from(n).unwrap_or(cap).min(cap))
+        declared.map_or(0, |n| usize::try_from(n).unwrap_or(cap).min(cap))
     } else {
         0
     };
@@ -400,7 +401,8 @@ pub async fn admit_and_read(
 ) -> Result<Admitted, Response> {
     let received = Instant::now();
     let key = authenticate(state, headers).map_err(IntoResponse::into_response)?;
-    if let Some(e) = declared_too_large(state, headers) {
+    let declared = declared_length(headers);
+    if let Some(e) = declared_too_large(state, declared) {
         return Err(closing(e.into_response()));
     }
     let conn = conn.map(|axum::Extension(c)| c);
@@ -411,7 +413,7 @@ pub async fn admit_and_read(
         .admit_head(
             (&key.id, received),
             head,
-            declared_length(headers).unwrap_or(0),
+            declared.unwrap_or(0),
             std::future::pending(),
         )
         .await
@@ -421,7 +423,7 @@ pub async fn admit_and_read(
             let _reading = conn.as_ref().map(ClientConn::reading_body);
             // Read and dropped, so the client sees the answer rather than a reset.
             return Err(
-                match read_limited(state, headers, body, false, None).await {
+                match read_limited(state, declared, body, false, None).await {
                     Ok(_) => tail_response(tail),
                     Err(e) => closing(e.into_response()),
                 },
@@ -431,7 +433,7 @@ pub async fn admit_and_read(
     let mut charge = state.key_memory.charge(&key.id);
     let bytes = {
         let _reading = conn.as_ref().map(ClientConn::reading_body);
-        read_body(state, headers, body, Some(&mut charge)).await
+        read_body(state, (headers, declared), body, Some(&mut charge)).await
     };
     let bytes = bytes.map_err(|e| closing(e.into_response()))?;
     Ok(Admitted {

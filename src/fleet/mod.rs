@@ -114,9 +114,17 @@ pub(crate) struct Entry {
     route: Route,
     /// Its row in the scheduler's table (see [`table`]).
     slot: usize,
-    /// Its access token as an `Authorization` value, made once per token: a token is about
-    /// 2 KB, and making the value copies and checks it.
-    bearer: std::sync::Mutex<Option<HeaderValue>>,
+    /// Its access token as an `Authorization` value, made once per token (a token is about
+    /// 2 KB, and making the value copies and checks it), and its identity headers' values.
+    made: std::sync::Mutex<Made>,
+}
+
+/// Header values an account's requests carry, made on the first request that needs them and
+/// remade only when what they are made of has changed.
+#[derive(Default)]
+struct Made {
+    bearer: Option<HeaderValue>,
+    values: Option<crate::upstream::IdValues>,
 }
 
 /// What workspace routing discovery says of an account (memory only: it is asked again at
@@ -155,23 +163,30 @@ impl Entry {
             installation_id: installation_id(&record.id),
             route: Route::Unknown,
             slot: 0,
-            bearer: std::sync::Mutex::new(None),
+            made: std::sync::Mutex::default(),
             record,
         }
     }
 
-    /// The `Authorization` value for `token`: the one made before while the token is the
-    /// same; `None` when the token cannot be a header value.
-    fn bearer(&self, token: &str) -> Option<HeaderValue> {
-        let mut made = self.bearer.lock().unwrap_or_else(|e| e.into_inner());
+    /// The `Authorization` value for `token` (`None` when the token cannot be a header value)
+    /// and the values of the account's identity headers: the ones made before while what they
+    /// are made of is the same.
+    fn made(&self, token: &str) -> (Option<HeaderValue>, Option<crate::upstream::IdValues>) {
+        let mut made = self.made.lock().unwrap_or_else(|e| e.into_inner());
         let same =
             |v: &HeaderValue| v.as_bytes().strip_prefix(b"Bearer ") == Some(token.as_bytes());
-        if let Some(v) = made.as_ref().filter(|v| same(v)) {
-            return Some(v.clone());
+        if !made.bearer.as_ref().is_some_and(same) {
+            made.bearer = crate::upstream::bearer(token).ok();
         }
-        let v = crate::upstream::bearer(token).ok()?;
-        *made = Some(v.clone());
-        Some(v)
+        let (account, installation) = (&self.record.chatgpt_account_id, &self.installation_id);
+        if !made
+            .values
+            .as_ref()
+            .is_some_and(|v| v.are(account, installation))
+        {
+            made.values = crate::upstream::IdValues::of(account, installation);
+        }
+        (made.bearer.clone(), made.values.clone())
     }
 
     pub(crate) fn is_unsupported(&self, model: &str, now_ms: u64) -> bool {
@@ -392,8 +407,10 @@ impl Fleet {
         let inner = self.read();
         let e = inner.accounts.get(id)?;
         let s = e.secrets.as_ref()?;
+        let (bearer, values) = e.made(s.access_token.expose());
         Some(Identity {
-            bearer: e.bearer(s.access_token.expose()),
+            bearer,
+            values,
             access_token: s.access_token.expose().to_string(),
             chatgpt_account_id: e.record.chatgpt_account_id.clone(),
             installation_id: e.installation_id.clone(),

@@ -599,6 +599,20 @@ mod tests {
             bearer(&again).as_bytes().as_ptr(),
             bearer(&ident).as_bytes().as_ptr()
         );
+        // So are the identity headers' values: the account's own ids, made once.
+        let values = |i: &Identity| i.values.clone().unwrap();
+        assert_eq!(
+            values(&ident).account.as_bytes(),
+            ident.chatgpt_account_id.as_bytes()
+        );
+        assert_eq!(
+            values(&ident).installation.as_bytes(),
+            ident.installation_id.as_bytes()
+        );
+        assert_eq!(
+            values(&again).installation.as_bytes().as_ptr(),
+            values(&ident).installation.as_bytes().as_ptr()
+        );
         // The old token is no longer current: a late second report does not refresh again.
         f.ensure_fresh(&id, Some(&old), &r).await.unwrap();
         assert_eq!(r.calls.load(Ordering::SeqCst), 1);

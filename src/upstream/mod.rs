@@ -75,6 +75,8 @@ pub struct Identity {
     pub access_token: String,
     /// The token as an `Authorization` value, when it was made before (see [`bearer`]).
     pub bearer: Option<HeaderValue>,
+    /// `chatgpt_account_id` and `installation_id` as header values, when made before.
+    pub values: Option<IdValues>,
     pub chatgpt_account_id: String,
     /// Per-account device id (`x-codex-installation-id`).
     pub installation_id: String,
@@ -82,6 +84,30 @@ pub struct Identity {
     pub proxy: Option<Arc<ProxyUrl>>,
     /// A data-residency workspace's origin and override ([`routing`]), when it has one.
     pub route: Option<Arc<routing::Route>>,
+}
+
+/// An account's identity headers' values (`chatgpt-account-id`, `x-codex-installation-id`),
+/// made once per account rather than copied and checked per request.
+#[derive(Debug, Clone)]
+pub struct IdValues {
+    pub account: HeaderValue,
+    pub installation: HeaderValue,
+}
+
+impl IdValues {
+    /// The values of `account` and `installation`; `None` when either cannot be a header value.
+    pub fn of(account: &str, installation: &str) -> Option<IdValues> {
+        Some(IdValues {
+            account: HeaderValue::try_from(account).ok()?,
+            installation: HeaderValue::try_from(installation).ok()?,
+        })
+    }
+
+    /// Whether these are the values of `account` and `installation`.
+    pub fn are(&self, account: &str, installation: &str) -> bool {
+        self.account.as_bytes() == account.as_bytes()
+            && self.installation.as_bytes() == installation.as_bytes()
+    }
 }
 
 /// The account an access token belongs to, as the auth server's whoami says.
@@ -366,8 +392,16 @@ impl Upstream {
             Facts::transport(Phase::Connect, format!("header value: {e}"))
         };
         let text = |v: &str| HeaderValue::try_from(v);
-        h.insert(&ACCOUNT_ID, text(&id.chatgpt_account_id).map_err(bad)?);
-        h.insert(&INSTALLATION_ID, text(&id.installation_id).map_err(bad)?);
+        match &id.values {
+            Some(v) => {
+                h.insert(&ACCOUNT_ID, v.account.clone());
+                h.insert(&INSTALLATION_ID, v.installation.clone());
+            }
+            None => {
+                h.insert(&ACCOUNT_ID, text(&id.chatgpt_account_id).map_err(bad)?);
+                h.insert(&INSTALLATION_ID, text(&id.installation_id).map_err(bad)?);
+            }
+        }
         if let Some(r) = &id.route {
             h.insert(
                 routing::OVERRIDE_HEADER,
@@ -802,6 +836,7 @@ mod tests {
         Identity {
             access_token: "t".into(),
             bearer: None,
+            values: None,
             chatgpt_account_id: "a".into(),
             installation_id: "i".into(),
             proxy: None,
