@@ -4,7 +4,6 @@
 
 use std::borrow::Cow;
 use std::convert::Infallible;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -152,8 +151,6 @@ async fn read_limited(
     keep: bool,
     mut charge: Option<&mut Charge>,
 ) -> Result<Bytes, ApiError> {
-    use axum::body::HttpBody as _;
-    use futures_util::FutureExt;
     use http_body_util::BodyExt;
     let cap = state.max_body_bytes;
     let limits = state.body_limits;
@@ -173,57 +170,37 @@ async fn read_limited(
     pay(reserve)?;
     let mut buf = BytesMut::with_capacity(reserve);
     let mut received: u64 = 0;
-    // The frames already here (a small body arrives with its head) are taken on this task; the
-    // first time one is not, the rest is read apart ([`read_apart`]) under the limits' timer.
-    enum Source {
-        Here(Body),
-        Apart(Body, Pin<Box<tokio::time::Sleep>>),
-    }
-    let mut source = Source::Here(body);
+    let mut body = read_apart(body);
     let judged_from = start + limits.grace();
+    // One timer for both limits: it fires at the deadline or at the next check of the rate
+    // (the first when the grace is over, then a second after each), whichever comes first.
+    let wake = tokio::time::sleep_until(judged_from.min(deadline));
+    tokio::pin!(wake);
     loop {
-        let frame = match &mut source {
-            Source::Here(body) => {
-                if body.is_end_stream() {
-                    break;
+        let frame = tokio::select! {
+            biased;
+            f = body.frame() => f,
+            () = &mut wake => {
+                let now = tokio::time::Instant::now();
+                if now >= deadline {
+                    return Err(body_timeout(format!(
+                        "the request body did not arrive within {}",
+                        crate::base::duration::human_duration(
+                            u64::try_from(limits.timeout.as_millis()).unwrap_or(u64::MAX)
+                        )
+                    )));
                 }
-                match body.frame().now_or_never() {
-                    Some(frame) => frame,
-                    None => {
-                        // One timer for both limits: it fires at the deadline or at the next
-                        // check of the rate (the first when the grace is over, then a second
-                        // after each), whichever comes first.
-                        let wake = tokio::time::sleep_until(judged_from.min(deadline));
-                        source = Source::Apart(read_apart(std::mem::take(body)), Box::pin(wake));
-                        continue;
-                    }
+                let judged = now.saturating_duration_since(judged_from);
+                let due = (limits.min_rate as f64 * judged.as_secs_f64()) as u64;
+                if received < due {
+                    return Err(body_timeout(format!(
+                        "the request body arrived slower than {} bytes a second",
+                        limits.min_rate
+                    )));
                 }
+                wake.as_mut().reset((now + Duration::from_secs(1)).min(deadline));
+                continue;
             }
-            Source::Apart(body, wake) => tokio::select! {
-                biased;
-                f = body.frame() => f,
-                () = wake.as_mut() => {
-                    let now = tokio::time::Instant::now();
-                    if now >= deadline {
-                        return Err(body_timeout(format!(
-                            "the request body did not arrive within {}",
-                            crate::base::duration::human_duration(
-                                u64::try_from(limits.timeout.as_millis()).unwrap_or(u64::MAX)
-                            )
-                        )));
-                    }
-                    let judged = now.saturating_duration_since(judged_from);
-                    let due = (limits.min_rate as f64 * judged.as_secs_f64()) as u64;
-                    if received < due {
-                        return Err(body_timeout(format!(
-                            "the request body arrived slower than {} bytes a second",
-                            limits.min_rate
-                        )));
-                    }
-                    wake.as_mut().reset((now + Duration::from_secs(1)).min(deadline));
-                    continue;
-                }
-            },
         };
         let Some(frame) = frame else { break };
         let frame = frame.map_err(|e| {
@@ -244,13 +221,13 @@ async fn read_limited(
     Ok(buf.freeze())
 }
 
-/// The rest of a request body, read on a task of its own as it arrives. Read on the
-/// connection's own task, a chunk not yet there wakes that same task when it comes (hyper's
-/// server waits as the body channel's sender), and tokio reschedules a task woken while it runs
-/// as a yield, waking the other worker for it: two `futex` calls and a context switch per
-/// request at one connection. From another task the wake is an ordinary one. The reader stops
-/// as soon as the body it returns is dropped (an error answered, the client gone), so a body
-/// left unread is not held open, and it holds at most one chunk beyond what was taken.
+/// The request body, read on a task of its own as it arrives. Read on the connection's own
+/// task, taking its first chunk wakes that same task (hyper's server waits as the body
+/// channel's sender), and tokio reschedules a task woken while it runs as a yield, waking the
+/// other worker for it: two `futex` calls and a context switch per request at one connection.
+/// From another task the wake is an ordinary one. The reader stops as soon as the body it
+/// returns is dropped (an error answered, the client gone), so a body left unread is not held
+/// open, and it holds at most one chunk beyond what was taken.
 fn read_apart(mut body: Body) -> Body {
     use http_body_util::BodyExt;
     let (tx, mut rx) = tokio::sync::mpsc::channel::<Result<Bytes, axum::Error>>(1);
