@@ -512,12 +512,15 @@ impl PeekMetadata<'_> {
 /// The device ids a request's headers carry: `x-codex-installation-id` and the one inside the
 /// turn-metadata header.
 fn header_ids(h: &HeaderMap) -> Vec<String> {
-    let text = |name: &str| h.get(name).and_then(|v| v.to_str().ok());
-    let mut ids: Vec<String> = text(identity::INSTALLATION_FIELD)
+    // Named once: a name given as text is parsed and checked on every lookup.
+    static INSTALLATION: HeaderName = HeaderName::from_static(identity::INSTALLATION_FIELD);
+    static TURN_METADATA: HeaderName = HeaderName::from_static(identity::TURN_METADATA_FIELD);
+    let text = |name: &HeaderName| h.get(name).and_then(|v| v.to_str().ok());
+    let mut ids: Vec<String> = text(&INSTALLATION)
         .map(str::to_string)
         .into_iter()
         .collect();
-    ids.extend(text(identity::TURN_METADATA_FIELD).and_then(identity::turn_metadata_id));
+    ids.extend(text(&TURN_METADATA).and_then(identity::turn_metadata_id));
     ids
 }
 
