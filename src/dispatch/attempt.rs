@@ -329,7 +329,7 @@ impl<'a> Attempt<'a> {
         );
         let resp = tokio::select! {
             r = send => r,
-            _ = self.tx.closed() => return Sent::End(self.client_gone(None)),
+            _ = super::client_left(self.tx) => return Sent::End(self.client_gone(None)),
             _ = tokio::time::sleep_until(self.deadline()) => return Sent::End(self.abandon()),
             _ = self.d.cut_off() => return Sent::End(self.shut_down(None, None)),
         };
@@ -344,7 +344,7 @@ impl<'a> Attempt<'a> {
             let resp_headers = resp.headers().clone();
             let body = tokio::select! {
                 b = self.d.upstream.read_body(resp, MAX_ERROR_BODY, Overflow::Truncate) => b.unwrap_or_default(),
-                _ = self.tx.closed() => return Sent::End(self.client_gone(Some(status))),
+                _ = super::client_left(self.tx) => return Sent::End(self.client_gone(Some(status))),
                 _ = self.d.cut_off() => return Sent::End(self.shut_down(None, None)),
             };
             return self.failed(Facts::from_response(status, &resp_headers, body));

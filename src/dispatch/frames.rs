@@ -68,6 +68,9 @@ impl Drop for Frames {
     /// The reader left first: the request goes on by itself to its end (it finds the channel
     /// closed, ends as its client's leaving, and keeps its record).
     fn drop(&mut self) {
+        // Closed first: the request, polled on its new task perhaps before this reader is
+        // gone, must find its client gone ([`super::client_left`] waits on nothing else).
+        self.rx.close();
         if let Some(run) = self.run.take()
             && let Ok(rt) = tokio::runtime::Handle::try_current()
         {
@@ -100,6 +103,31 @@ mod tests {
         drop(frames);
         answer.send(()).unwrap();
         assert!(end.await.unwrap(), "it ran on and found its reader gone");
+    }
+
+    /// A request waiting on its upstream finds at once that its reader left, though nothing
+    /// was registered to wake it on that: the reader closes the channel before handing the
+    /// request to a task of its own.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_waiting_request_finds_its_reader_gone_once_it_leaves() {
+        let (tx, rx) = mpsc::channel(1);
+        let (ended, end) = oneshot::channel();
+        let run = Box::pin(async move {
+            tokio::select! {
+                () = std::future::pending::<()>() => {}
+                () = super::super::client_left(&tx) => {
+                    let _ = ended.send(());
+                }
+            }
+        });
+        let mut frames = Frames::new(rx, run);
+        let waiting = std::future::poll_fn(|cx| Poll::Ready(frames.poll_recv(cx))).await;
+        assert!(waiting.is_pending(), "the request waits on its upstream");
+        drop(frames);
+        tokio::time::timeout(std::time::Duration::from_secs(10), end)
+            .await
+            .expect("the request never found its reader gone")
+            .unwrap();
     }
 
     /// A request that ends leaves its last frames to be read, then the end.

@@ -268,6 +268,21 @@ pub(crate) enum Unsent {
     Stalled,
 }
 
+/// Resolves once the request's client has left (its frames' reader is gone). Nothing is
+/// registered to wake on it: the only reader is a [`frames::Frames`], which drives the request
+/// itself while it lives and, when it goes, closes the channel and then hands the request to a
+/// task of its own, whose first poll finds the channel closed. (`Sender::closed` would enter
+/// a waiter list and leave it again at every wait for the upstream.)
+pub(crate) fn client_left(tx: &mpsc::Sender<Frame>) -> impl std::future::Future<Output = ()> + '_ {
+    std::future::poll_fn(|_| {
+        if tx.is_closed() {
+            std::task::Poll::Ready(())
+        } else {
+            std::task::Poll::Pending
+        }
+    })
+}
+
 /// Sends `frame` to the edge, waiting at most `limit` for room. A frame that finds room at once
 /// (the usual case) goes without a timer.
 pub(crate) async fn send_within(

@@ -649,7 +649,7 @@ impl Dispatcher {
     /// cut it.
     async fn gone(&self, tx: &mpsc::Sender<Frame>) {
         tokio::select! {
-            _ = tx.closed() => {}
+            _ = super::client_left(tx) => {}
             _ = self.cut_off() => {}
         }
     }

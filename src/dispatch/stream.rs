@@ -310,7 +310,7 @@ impl Attempt<'_> {
                             Ok(None) => Err("stream closed before response.completed".to_string()),
                             Ok(Some(r)) => r,
                         },
-                        _ = self.tx.closed() => return self.client_gone(Some(200)),
+                        _ = super::client_left(self.tx) => return self.client_gone(Some(200)),
                         _ = self.d.cut_off() => {
                             let committed = (b.committed && streaming).then(|| b.response_id.clone());
                             return with_batch(batch, self.shut_down(committed, Some(b.phase())));
