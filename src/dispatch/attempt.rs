@@ -229,7 +229,7 @@ impl<'a> Attempt<'a> {
     async fn send(&mut self) -> Sent {
         match self.send_once().await {
             Sent::End(End::Next) if std::mem::take(&mut self.token_refused) => {
-                Sent::TokenRefused(self.identity.access_token.clone())
+                Sent::TokenRefused(self.identity.access_token.to_string())
             }
             sent => sent,
         }
@@ -614,7 +614,7 @@ impl<'a> Attempt<'a> {
             ..facts
         };
         match self.judge(&facts) {
-            Class::AuthExpired => Sent::TokenRefused(self.identity.access_token.clone()),
+            Class::AuthExpired => Sent::TokenRefused(self.identity.access_token.to_string()),
             Class::Caller => {
                 self.serve(None);
                 Sent::End(End::Reply(caller_reply(&facts), Outcome::CallerError))

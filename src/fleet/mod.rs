@@ -123,6 +123,9 @@ pub(crate) struct Entry {
 /// remade only when what they are made of has changed.
 #[derive(Default)]
 struct Made {
+    /// The access token the values below were made of (a real one is about 2 KB: shared with
+    /// each request, not copied for it).
+    token: Option<Arc<str>>,
     bearer: Option<HeaderValue>,
     values: Option<crate::upstream::IdValues>,
 }
@@ -168,16 +171,27 @@ impl Entry {
         }
     }
 
-    /// The `Authorization` value for `token` (`None` when the token cannot be a header value)
-    /// and the values of the account's identity headers: the ones made before while what they
-    /// are made of is the same.
-    fn made(&self, token: &str) -> (Option<HeaderValue>, Option<crate::upstream::IdValues>) {
+    /// `token` shared, its `Authorization` value (`None` when the token cannot be a header
+    /// value) and the values of the account's identity headers: the ones made before while
+    /// what they are made of is the same.
+    fn made(
+        &self,
+        token: &str,
+    ) -> (
+        Arc<str>,
+        Option<HeaderValue>,
+        Option<crate::upstream::IdValues>,
+    ) {
         let mut made = self.made.lock().unwrap_or_else(|e| e.into_inner());
-        let same =
-            |v: &HeaderValue| v.as_bytes().strip_prefix(b"Bearer ") == Some(token.as_bytes());
-        if !made.bearer.as_ref().is_some_and(same) {
-            made.bearer = crate::upstream::bearer(token).ok();
-        }
+        let token = match &made.token {
+            Some(t) if **t == *token => Arc::clone(t),
+            _ => {
+                let t: Arc<str> = Arc::from(token);
+                made.token = Some(Arc::clone(&t));
+                made.bearer = crate::upstream::bearer(token).ok();
+                t
+            }
+        };
         let (account, installation) = (&self.record.chatgpt_account_id, &self.installation_id);
         if !made
             .values
@@ -186,7 +200,7 @@ impl Entry {
         {
             made.values = crate::upstream::IdValues::of(account, installation);
         }
-        (made.bearer.clone(), made.values.clone())
+        (token, made.bearer.clone(), made.values.clone())
     }
 
     pub(crate) fn is_unsupported(&self, model: &str, now_ms: u64) -> bool {
@@ -407,11 +421,11 @@ impl Fleet {
         let inner = self.read();
         let e = inner.accounts.get(id)?;
         let s = e.secrets.as_ref()?;
-        let (bearer, values) = e.made(s.access_token.expose());
+        let (access_token, bearer, values) = e.made(s.access_token.expose());
         Some(Identity {
             bearer,
             values,
-            access_token: s.access_token.expose().to_string(),
+            access_token,
             chatgpt_account_id: e.record.chatgpt_account_id.clone(),
             installation_id: e.installation_id.clone(),
             proxy: e.proxy.clone(),

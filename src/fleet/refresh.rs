@@ -510,7 +510,7 @@ mod tests {
         f.proven(&id);
         // Used as it is, never refreshed, never due.
         let identity = f.ensure_fresh(&id, None, &up).await.unwrap();
-        assert_eq!(identity.access_token, "at-acc-ws");
+        assert_eq!(&*identity.access_token, "at-acc-ws");
         assert!(f.due_for_refresh().is_empty());
         assert!(matches!(
             f.refresh_account(&id, &up).await,
@@ -545,7 +545,10 @@ mod tests {
         let (f, id, _) = setup(NOW_S + 3600).await;
         let r = fake(Ok(new_tokens()), 1);
         let ident = f.ensure_fresh(&id, None, &r).await.unwrap();
-        assert_eq!(ident.access_token, access_token(&spec(NOW_S + 3600, "old")));
+        assert_eq!(
+            *ident.access_token,
+            access_token(&spec(NOW_S + 3600, "old"))
+        );
         assert_eq!(r.calls.load(Ordering::SeqCst), 0);
     }
 
@@ -572,7 +575,7 @@ mod tests {
         r.gate.add_permits(10);
         for t in tasks {
             let ident = t.await.unwrap().unwrap();
-            assert_eq!(ident.access_token, new_tokens().access_token);
+            assert_eq!(*ident.access_token, new_tokens().access_token);
         }
         assert_eq!(r.calls.load(Ordering::SeqCst), 1);
         let stored = store.account_secrets(&id).unwrap().unwrap();
@@ -599,6 +602,11 @@ mod tests {
             bearer(&again).as_bytes().as_ptr(),
             bearer(&ident).as_bytes().as_ptr()
         );
+        // The token itself is shared with each identity, not copied.
+        assert!(std::sync::Arc::ptr_eq(
+            &again.access_token,
+            &ident.access_token
+        ));
         // So are the identity headers' values: the account's own ids, made once.
         let values = |i: &Identity| i.values.clone().unwrap();
         assert_eq!(
@@ -661,7 +669,7 @@ mod tests {
         let (f, id, _) = setup(NOW_S + 60).await;
         let r = fake(Err(token_answer(503, &[], "upstream connect error")), 1);
         let ident = f.ensure_fresh(&id, None, &r).await.unwrap();
-        assert_eq!(ident.access_token, access_token(&spec(NOW_S + 60, "old")));
+        assert_eq!(*ident.access_token, access_token(&spec(NOW_S + 60, "old")));
         let a = f.get(&id).unwrap();
         assert_eq!(a.state, AccountState::Ready);
         assert!(a.last_error.unwrap().contains("token refresh: 503"));

@@ -72,7 +72,8 @@ named! {
 /// The account-side identity of one attempt.
 #[derive(Debug, Clone)]
 pub struct Identity {
-    pub access_token: String,
+    /// Shared with the account's entry (see `fleet::Entry`), not copied per request.
+    pub access_token: Arc<str>,
     /// The token as an `Authorization` value, when it was made before (see [`bearer`]).
     pub bearer: Option<HeaderValue>,
     /// `chatgpt_account_id` and `installation_id` as header values, when made before.
