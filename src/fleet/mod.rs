@@ -114,8 +114,8 @@ pub(crate) struct Entry {
     route: Route,
     /// Its row in the scheduler's table (see [`table`]).
     slot: usize,
-    /// Its access token as an `Authorization` value, made once per token (a token is about
-    /// 2 KB, and making the value copies and checks it), and its identity headers' values.
+    /// Its access token shared, as an `Authorization` value, and its identity headers' values:
+    /// made once, not per request (see [`Made`]).
     made: std::sync::Mutex<Made>,
 }
 
