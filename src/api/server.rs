@@ -36,6 +36,7 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use super::Edge;
+use crate::base::cores;
 use crate::base::names::named;
 use crate::base::signal::Signal;
 
@@ -416,13 +417,35 @@ pub async fn serve(
         // Events are small writes: without TCP_NODELAY, delayed ACKs add ~40 ms per turn.
         let _ = tcp.set_nodelay(true);
         let conn = registry.register();
-        tasks.spawn(connection(
-            tcp,
-            app.clone(),
-            limits,
-            conn,
-            Arc::clone(&registry),
-        ));
+        let Some(cores) = cores::started() else {
+            tasks.spawn(connection(
+                tcp,
+                app.clone(),
+                limits,
+                conn,
+                Arc::clone(&registry),
+            ));
+            continue;
+        };
+        // Served on a thread of its own from here to its end (`base::cores`): the socket
+        // leaves this runtime's event queue for that thread's.
+        let placed = cores.place();
+        let on = placed.handle();
+        let (app, registry) = (app.clone(), Arc::clone(&registry));
+        let moved = tcp.into_std();
+        tasks.spawn_on(
+            async move {
+                let _placed = placed;
+                match moved.and_then(TcpStream::from_std) {
+                    Ok(tcp) => connection(tcp, app, limits, conn, registry).await,
+                    Err(e) => {
+                        registry.accept_failed(&e);
+                        registry.remove(conn.id);
+                    }
+                }
+            },
+            on,
+        );
     }
     drop(listener);
     registry.drain();

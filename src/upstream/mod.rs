@@ -26,6 +26,7 @@ use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
 use serde_json::{Value, json};
 
 use self::config::UpstreamConfig;
+use crate::base::cores;
 use crate::base::names::named;
 
 use self::egress::{EgressError, ProxyUrl, TunnelConnector};
@@ -145,16 +146,18 @@ type TunnelClient = hyper_util::client::legacy::Client<TunnelConnector, reqwest:
 #[derive(Clone)]
 pub struct Upstream {
     http: reqwest::Client,
-    /// The request path's client (`/responses`, `/responses/compact`): hyper's own, straight
-    /// to the backend (HTTP/2 where TLS agrees on it).
-    direct: TunnelClient,
+    /// The request path's clients (`/responses`, `/responses/compact`): hyper's own, straight
+    /// to the backend (HTTP/2 where TLS agrees on it). One per serving thread, each with its
+    /// own pool, so a request and its upstream connection share a thread (`base::cores`),
+    /// and one (the first) for every other thread.
+    direct: Arc<[TunnelClient]>,
     config: UpstreamConfig,
     /// `[upstream] proxy`: the way out of accounts without a proxy of their own.
     default_proxy: Option<Arc<ProxyUrl>>,
     /// The proxy environment variables, when `use_env_proxy` says to honour them.
     env_proxies: Option<Arc<egress::EnvProxies>>,
-    /// One client per proxy in use, by its URL.
-    tunnels: Arc<Mutex<HashMap<String, TunnelClient>>>,
+    /// One client per proxy in use and thread (as `direct`), by its URL and the thread's slot.
+    tunnels: Arc<Mutex<HashMap<(String, usize), TunnelClient>>>,
     /// `{base}/responses` and `{base}/responses/compact`, parsed once.
     responses_url: Target,
     compact_url: Target,
@@ -269,7 +272,9 @@ impl Upstream {
         };
         Ok(Upstream {
             http,
-            direct: hyper_client(TunnelConnector::direct(config.connect_timeout)),
+            direct: (0..=cores::count())
+                .map(|_| hyper_client(TunnelConnector::direct(config.connect_timeout)))
+                .collect(),
             config: config.clone(),
             default_proxy,
             env_proxies,
@@ -291,10 +296,16 @@ impl Upstream {
             .or_else(|| self.env_proxies.as_ref()?.for_target(https, host))
     }
 
+    /// This thread's client straight to the backend.
+    fn direct_client(&self) -> TunnelClient {
+        let slot = cores::slot().min(self.direct.len() - 1);
+        self.direct[slot].clone()
+    }
+
     fn tunnel_client(&self, proxy: &Arc<ProxyUrl>) -> TunnelClient {
         let mut tunnels = self.tunnels.lock().unwrap_or_else(|e| e.into_inner());
         tunnels
-            .entry(proxy.as_url())
+            .entry((proxy.as_url(), cores::slot()))
             .or_insert_with(|| {
                 hyper_client(TunnelConnector::new(
                     Arc::clone(proxy),
@@ -432,7 +443,7 @@ impl Upstream {
         }
         let https = uri.scheme_str() == Some("https");
         let client = match self.route(id.proxy.as_ref(), https, uri.host().unwrap_or("")) {
-            None => self.direct.clone(),
+            None => self.direct_client(),
             Some(p) => self.tunnel_client(p),
         };
         *req.uri_mut() = uri;
