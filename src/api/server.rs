@@ -195,7 +195,11 @@ impl HttpBody for Tracked {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<hyper::body::Frame<Self::Data>, Self::Error>>> {
         let polled = Pin::new(&mut self.inner).poll_frame(cx);
-        if matches!(polled, Poll::Ready(None) | Poll::Ready(Some(Err(_)))) {
+        // Done once the last frame is handed over, before it is written: a client that has
+        // read the whole answer finds its connection idle, whichever thread serves it.
+        if matches!(polled, Poll::Ready(None) | Poll::Ready(Some(Err(_))))
+            || (polled.is_ready() && self.inner.is_end_stream())
+        {
             self.active = None;
         }
         polled
@@ -479,10 +483,9 @@ async fn connection(
             async move {
                 let resp = app.call(req.map(Body::new)).await;
                 Ok::<_, Infallible>(resp.map(|inner| {
-                    Body::new(Tracked {
-                        inner,
-                        active: Some(active),
-                    })
+                    // An empty answer is never polled: it is done before its head is written.
+                    let active = (!inner.is_end_stream()).then_some(active);
+                    Body::new(Tracked { inner, active })
                 }))
             }
         })

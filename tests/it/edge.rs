@@ -344,20 +344,46 @@ async fn a_cut_stream_is_told_and_recorded_and_readyz_says_503_while_draining() 
         .unwrap();
     let head = read_head(&mut streaming).await;
     assert!(head.starts_with("HTTP/1.1 200"), "{head}");
-    // A client connected before the shutdown.
+    // Two clients connected before the shutdown, both idle once answered.
     let mut prober = TcpStream::connect(gw.addr).await.unwrap();
     let (status, _, _) = exchange(&mut prober, &get("/readyz")).await;
     assert_eq!(status, 200);
+    let mut idle = TcpStream::connect(gw.addr).await.unwrap();
+    let (status, _, _) = exchange(&mut idle, &get("/readyz")).await;
+    assert_eq!(status, 200);
 
     gw.begin_shutdown();
-    // While the stream runs, the connected client is told the gateway is draining.
-    let (status, head, body) = loop {
-        let (status, head, body) = exchange(&mut prober, &get("/readyz")).await;
-        if status != 200 {
-            break (status, head, body);
+    // One asks until the drain has begun: it is told so, or its request was in flight when
+    // the drain began and its connection closes after the answer.
+    loop {
+        prober.write_all(&get("/readyz")).await.unwrap();
+        let mut head = Vec::new();
+        let mut byte = [0u8; 1];
+        while !head.ends_with(b"\r\n\r\n") && prober.read(&mut byte).await.unwrap() == 1 {
+            head.push(byte[0]);
         }
-        tokio::task::yield_now().await;
-    };
+        let head = String::from_utf8(head).unwrap();
+        if !head.starts_with("HTTP/1.1 200") {
+            break;
+        }
+        if head.to_ascii_lowercase().contains("connection: close") {
+            break;
+        }
+        let len: usize = head
+            .lines()
+            .find_map(|l| {
+                l.to_ascii_lowercase()
+                    .strip_prefix("content-length:")?
+                    .trim()
+                    .parse()
+                    .ok()
+            })
+            .unwrap();
+        let mut body = vec![0u8; len];
+        prober.read_exact(&mut body).await.unwrap();
+    }
+    // While the stream runs, the connected client that was idle is told the gateway is draining.
+    let (status, head, body) = exchange(&mut idle, &get("/readyz")).await;
     assert_eq!(status, 503, "{head}{body}");
     assert!(body.contains("draining"), "{body}");
 
