@@ -147,7 +147,7 @@ fn body_timeout(message: String) -> ApiError {
 async fn read_limited(
     state: &AppState,
     declared: Option<u64>,
-    body: Body,
+    mut body: Body,
     keep: bool,
     mut charge: Option<&mut Charge>,
 ) -> Result<Bytes, ApiError> {
@@ -170,13 +170,16 @@ async fn read_limited(
     pay(reserve)?;
     let mut buf = BytesMut::with_capacity(reserve);
     let mut received: u64 = 0;
-    let mut body = read_apart(body);
     let judged_from = start + limits.grace();
     // One timer for both limits: it fires at the deadline or at the next check of the rate
     // (the first when the grace is over, then a second after each), whichever comes first.
     let wake = tokio::time::sleep_until(judged_from.min(deadline));
     tokio::pin!(wake);
-    loop {
+    // Read on the connection's own task: on its serving thread (`base::cores`) the wake that
+    // taking a chunk gives that task is a local one. The timer is armed only when the body is
+    // not there yet (the usual body comes with the head and its end is known from its length),
+    // since arming it writes to the runtime's wake-up descriptor.
+    while !hyper::body::Body::is_end_stream(&body) {
         let frame = tokio::select! {
             biased;
             f = body.frame() => f,
@@ -219,39 +222,6 @@ async fn read_limited(
         }
     }
     Ok(buf.freeze())
-}
-
-/// The request body, read on a task of its own as it arrives. Read on the connection's own
-/// task, taking its first chunk wakes that same task (hyper's server waits as the body
-/// channel's sender), and tokio reschedules a task woken while it runs as a yield, waking the
-/// other worker for it: two `futex` calls and a context switch per request at one connection.
-/// From another task the wake is an ordinary one. The reader stops as soon as the body it
-/// returns is dropped (an error answered, the client gone), so a body left unread is not held
-/// open, and it holds at most one chunk beyond what was taken.
-fn read_apart(mut body: Body) -> Body {
-    use http_body_util::BodyExt;
-    let (tx, mut rx) = tokio::sync::mpsc::channel::<Result<Bytes, axum::Error>>(1);
-    tokio::spawn(async move {
-        loop {
-            let frame = tokio::select! {
-                f = body.frame() => f,
-                () = tx.closed() => return,
-            };
-            let chunk = match frame {
-                None => return,
-                Some(Ok(frame)) => match frame.into_data() {
-                    Ok(data) => Ok(data),
-                    Err(_) => continue, // trailers: nothing is read from them
-                },
-                Some(Err(e)) => Err(e),
-            };
-            let failed = chunk.is_err();
-            if tx.send(chunk).await.is_err() || failed {
-                return;
-            }
-        }
-    });
-    Body::from_stream(futures_util::stream::poll_fn(move |cx| rx.poll_recv(cx)))
 }
 
 /// Reads a JSON object body once ([`RawObject`]), answering 400 with the parse position when
@@ -859,7 +829,6 @@ pub fn sse_response(body: Body) -> Response {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use http_body_util::BodyExt;
 
     /// A block already in the edge's form goes out as it came; any other is framed from its type
     /// and data, and both come out as the framing of the type and data alone would make them.
@@ -908,48 +877,5 @@ mod tests {
                 assert_eq!(&sse(&[ev])[..], block);
             }
         }
-    }
-
-    #[tokio::test]
-    async fn a_body_read_apart_arrives_whole_and_in_order() {
-        let chunks = ["{\"a\":", "1,\"b\"", ":2}"].map(|c| Ok::<_, std::io::Error>(Bytes::from(c)));
-        let body = Body::from_stream(futures_util::stream::iter(chunks));
-        let got = read_apart(body).collect().await.unwrap().to_bytes();
-        assert_eq!(&got[..], b"{\"a\":1,\"b\":2}");
-    }
-
-    /// Dropped on the stream's drop: tells the test the original body was let go.
-    struct Released(Option<tokio::sync::oneshot::Sender<()>>);
-
-    impl Drop for Released {
-        fn drop(&mut self) {
-            if let Some(tx) = self.0.take() {
-                let _ = tx.send(());
-            }
-        }
-    }
-
-    /// A client that sent one chunk and then nothing: once the reading side gives up (drops
-    /// the body), the reader lets the connection's body go instead of waiting for more.
-    #[tokio::test]
-    async fn the_reader_lets_a_stalled_body_go_when_its_reader_gives_up() {
-        let (tx, released) = tokio::sync::oneshot::channel();
-        let guard = Released(Some(tx));
-        let stalled = futures_util::stream::unfold((0, guard), |(n, guard)| async move {
-            if n == 0 {
-                Some((
-                    Ok::<_, std::io::Error>(Bytes::from_static(b"{")),
-                    (1, guard),
-                ))
-            } else {
-                std::future::pending().await
-            }
-        });
-        let mut body = read_apart(Body::from_stream(stalled));
-        let first = body.frame().await.unwrap().unwrap().into_data().unwrap();
-        assert_eq!(&first[..], b"{");
-        drop(body);
-        let let_go = tokio::time::timeout(Duration::from_secs(30), released).await;
-        assert!(let_go.is_ok(), "the reader still holds the stalled body");
     }
 }
