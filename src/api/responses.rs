@@ -176,14 +176,20 @@ async fn read_limited(
     let wake = tokio::time::sleep_until(judged_from.min(deadline));
     tokio::pin!(wake);
     // Read on the connection's own task: on its serving thread (`base::cores`) the wake that
-    // taking a chunk gives that task is a local one. The timer is armed only when the body is
-    // not there yet (the usual body comes with the head and its end is known from its length),
-    // since arming it writes to the runtime's wake-up descriptor.
+    // taking a chunk gives that task is a local one. Arming the timer writes to the runtime's
+    // wake-up descriptor, so it is armed only for a body that is not there yet: the usual one
+    // comes with its head, and hyper hands it over once its task has run again (`pass`); its
+    // end is known from its length.
+    let mut passed = false;
     while !hyper::body::Body::is_end_stream(&body) {
         let frame = tokio::select! {
             biased;
             f = body.frame() => f,
-            () = &mut wake => {
+            () = pass(), if !passed => {
+                passed = true;
+                continue;
+            }
+            () = &mut wake, if passed => {
                 let now = tokio::time::Instant::now();
                 if now >= deadline {
                     return Err(body_timeout(format!(
@@ -222,6 +228,20 @@ async fn read_limited(
         }
     }
     Ok(buf.freeze())
+}
+
+/// Pending once, its task woken at once to look again: on a single-threaded runtime a local
+/// wake, with no system call.
+fn pass() -> impl std::future::Future<Output = ()> {
+    let mut looked = false;
+    std::future::poll_fn(move |cx| {
+        if looked {
+            return std::task::Poll::Ready(());
+        }
+        looked = true;
+        cx.waker().wake_by_ref();
+        std::task::Poll::Pending
+    })
 }
 
 /// Reads a JSON object body once ([`RawObject`]), answering 400 with the parse position when
