@@ -13,6 +13,15 @@ use rustix::process::{Resource, Rlimit, getrlimit, setrlimit};
 /// and token refreshes.
 pub const RESERVED: u64 = 128;
 
+/// Descriptors each serving thread's runtime holds (`base::cores`): its event queue and its
+/// wake-up descriptor.
+pub const PER_SERVING_THREAD: u64 = 2;
+
+/// What is kept beyond client connections with `threads` serving threads.
+pub fn reserved(threads: usize) -> u64 {
+    RESERVED + PER_SERVING_THREAD * threads as u64
+}
+
 /// Descriptors one client connection may hold: its own socket and the upstream one it is
 /// forwarded on.
 pub const PER_CONNECTION: u64 = 2;
@@ -56,12 +65,12 @@ pub fn raise_open_file_limit() -> FileLimit {
 }
 
 /// The connection cap under a soft limit of `limit` descriptors: `configured`, or what the
-/// limit leaves after [`RESERVED`] at [`PER_CONNECTION`] each when that is less (never 0).
-pub fn connection_cap(configured: usize, limit: Option<u64>) -> usize {
+/// limit leaves after `reserved` at [`PER_CONNECTION`] each when that is less (never 0).
+pub fn connection_cap(configured: usize, limit: Option<u64>, reserved: u64) -> usize {
     let Some(limit) = limit else {
         return configured;
     };
-    let room = limit.saturating_sub(RESERVED) / PER_CONNECTION;
+    let room = limit.saturating_sub(reserved) / PER_CONNECTION;
     configured
         .min(usize::try_from(room).unwrap_or(usize::MAX))
         .max(1)
@@ -70,7 +79,7 @@ pub fn connection_cap(configured: usize, limit: Option<u64>) -> usize {
 /// Raises the limit, derives the cap from it, and says both once.
 pub fn start(configured: usize) -> usize {
     let limit = raise_open_file_limit();
-    let cap = connection_cap(configured, limit.now);
+    let cap = connection_cap(configured, limit.now, reserved(crate::base::cores::count()));
     let shown = |l: Option<u64>| l.map_or("unlimited".to_string(), |n| n.to_string());
     if cap < configured {
         tracing::warn!(
@@ -98,11 +107,14 @@ mod tests {
 
     #[test]
     fn the_cap_leaves_the_reserve_and_two_descriptors_a_connection() {
-        assert_eq!(connection_cap(4096, Some(1024)), 448);
-        assert_eq!(connection_cap(4096, Some(1_048_576)), 4096);
-        assert_eq!(connection_cap(200, Some(1024)), 200);
-        assert_eq!(connection_cap(4096, None), 4096);
-        assert_eq!(connection_cap(4096, Some(16)), 1);
+        assert_eq!(reserved(2), 132);
+        assert_eq!(reserved(64), 256);
+        assert_eq!(connection_cap(4096, Some(1024), reserved(2)), 446);
+        assert_eq!(connection_cap(4096, Some(1024), reserved(64)), 384);
+        assert_eq!(connection_cap(4096, Some(1_048_576), reserved(2)), 4096);
+        assert_eq!(connection_cap(200, Some(1024), reserved(2)), 200);
+        assert_eq!(connection_cap(4096, None, reserved(2)), 4096);
+        assert_eq!(connection_cap(4096, Some(16), reserved(2)), 1);
     }
 
     #[test]
