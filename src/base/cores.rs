@@ -1,5 +1,5 @@
 //! The serving threads: one single-threaded runtime per core, each serving the client
-//! connections placed on it from start to end. A connection's request, the task reading its
+//! connections placed on it from start to end. A connection's request, the reading of its
 //! body and its upstream connection (each thread has its own upstream pool, by
 //! [`slot`]) then share one thread, so handing an event or a chunk between them wakes no
 //! other thread. On the work-stealing runtime they were spread over both cores and each hand-off
