@@ -443,6 +443,12 @@ impl Edge {
         }
     }
 
+    /// An edge whose every other route is `router` (tests of the server under it).
+    #[cfg(test)]
+    pub(crate) fn with_router(router: Router, state: Arc<AppState>) -> Edge {
+        Edge { router, state }
+    }
+
     pub async fn call(&self, req: Request) -> Response {
         if req.method() == axum::http::Method::POST {
             let state = State(Arc::clone(&self.state));

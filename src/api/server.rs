@@ -123,6 +123,7 @@ pub struct ClientConn {
     reading_since: AtomicU64,
     /// Finish what is in flight, keep nothing alive.
     wind_down: Signal,
+    /// Close at once, whatever it holds (evicted to make room).
     close: Signal,
     /// Told when a connection has nothing left in flight.
     settled: Arc<tokio::sync::Notify>,
@@ -380,16 +381,19 @@ impl Registry {
         }
     }
 
+    /// The end of shutdown: every connection closes once what it holds of an answer is out
+    /// (at once when it holds nothing; a client that stopped reading is cut by the write
+    /// timeout, and the daemon's drain bounds the rest).
     fn close_all(&self) {
         for c in self.lock().values() {
-            c.close.set();
+            c.wind_down.set();
         }
     }
 }
 
 /// Serves `app` on `listener` until `stop` is cancelled, then drains: the requests in flight
 /// finish (their connections still answer new requests meanwhile), then every connection is
-/// closed. Aborting the returned future's task cuts every connection.
+/// closed once what it holds of an answer is written. Aborting the returned future's task cuts every connection.
 pub async fn serve(
     listener: TcpListener,
     app: Edge,
@@ -527,7 +531,7 @@ async fn connection(
                 }
                 break Some(Closed::HeadTimeout);
             }
-            // Evicted (counted then) or closed at the end of shutdown.
+            // Evicted (counted then).
             _ = conn.close.wait() => break None,
         }
     };
@@ -636,6 +640,74 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for ClientIo<S> {
 mod tests {
     use super::*;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    /// What the server still holds of an answer when shutdown closes the connections (its
+    /// request over, the client slow to read it) goes out before the connection closes.
+    #[tokio::test]
+    async fn an_answer_still_held_when_shutdown_closes_the_connections_goes_out_whole() {
+        const LEN: usize = 1 << 20;
+        let router = axum::Router::new()
+            .route("/big", axum::routing::get(|| async { vec![b'x'; LEN] }))
+            .route("/small", axum::routing::get(|| async { "ok" }));
+        let edge = crate::api::Edge::with_router(router, crate::api::test_state());
+        // Small socket buffers on both sides: most of the answer stays with the server.
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.set_send_buffer_size(4096).unwrap();
+        socket.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+        let listener = socket.listen(64).unwrap();
+        let addr = listener.local_addr().unwrap();
+        let limits = Limits {
+            header_read_timeout: Duration::from_secs(30),
+            keepalive_idle_timeout: Duration::from_secs(30),
+            client_write_timeout: Duration::from_secs(30),
+            max_connections: 16,
+        };
+        let stop = CancellationToken::new();
+        let server = tokio::spawn(serve(
+            listener,
+            edge,
+            limits,
+            Arc::new(EdgeStats::default()),
+            stop.clone(),
+        ));
+        let client = tokio::net::TcpSocket::new_v4().unwrap();
+        client.set_recv_buffer_size(4096).unwrap();
+        let mut slow = client.connect(addr).await.unwrap();
+        slow.write_all(b"GET /big HTTP/1.1\r\nhost: gateway\r\n\r\n")
+            .await
+            .unwrap();
+        // Its head is out, so the whole answer is in the server's hands.
+        let mut head = Vec::new();
+        let mut byte = [0u8; 1];
+        while !head.ends_with(b"\r\n\r\n") {
+            assert_eq!(slow.read(&mut byte).await.unwrap(), 1);
+            head.push(byte[0]);
+        }
+        let head = String::from_utf8(head).unwrap();
+        assert!(head.contains(&format!("content-length: {LEN}")), "{head}");
+        // A client idle since its answer: closed when every connection is.
+        let mut idle = tokio::net::TcpStream::connect(addr).await.unwrap();
+        idle.write_all(b"GET /small HTTP/1.1\r\nhost: gateway\r\n\r\n")
+            .await
+            .unwrap();
+        let mut answer = Vec::new();
+        while !answer.ends_with(b"\r\n\r\nok") {
+            assert_eq!(idle.read(&mut byte).await.unwrap(), 1);
+            answer.push(byte[0]);
+        }
+
+        stop.cancel();
+        assert_eq!(
+            idle.read(&mut byte).await.unwrap(),
+            0,
+            "the idle one is closed"
+        );
+        // Only now does the slow client read on.
+        let mut body = Vec::new();
+        slow.read_to_end(&mut body).await.unwrap();
+        assert_eq!(body.len(), LEN, "the answer was cut");
+        server.await.unwrap();
+    }
 
     #[tokio::test]
     async fn a_write_that_makes_no_progress_fails_and_marks_the_connection() {
