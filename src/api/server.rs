@@ -393,7 +393,8 @@ impl Registry {
 
 /// Serves `app` on `listener` until `stop` is cancelled, then drains: the requests in flight
 /// finish (their connections still answer new requests meanwhile), then every connection is
-/// closed once what it holds of an answer is written. Aborting the returned future's task cuts every connection.
+/// closed once what it holds of an answer is written. Aborting the returned future's task
+/// cuts every connection.
 pub async fn serve(
     listener: TcpListener,
     app: Edge,
