@@ -114,6 +114,9 @@ pub struct ClientConn {
     started: AtomicBool,
     /// A write to the client made no progress for the write timeout.
     stalled: Arc<AtomicBool>,
+    /// The server holds part of an answer not yet written to the client (its last frame was
+    /// handed over, and the connection's writes have not caught up since).
+    owed: Arc<AtomicBool>,
     /// Since when it has had no request in flight (ms since the server started).
     /// When it last became idle, on the registry's idle clock (a sequence: no two are equal).
     idle_since: AtomicU64,
@@ -201,6 +204,11 @@ impl HttpBody for Tracked {
         if matches!(polled, Poll::Ready(None) | Poll::Ready(Some(Err(_))))
             || (polled.is_ready() && self.inner.is_end_stream())
         {
+            // Owed until the connection's writes catch up: marked before the request is out
+            // of flight, so whoever finds the connection idle finds it owing.
+            if let Some(active) = &self.active {
+                active.conn.owed.store(true, Ordering::SeqCst);
+            }
             self.active = None;
         }
         polled
@@ -283,6 +291,10 @@ impl Registry {
     /// comes at once, so it goes last). False when every connection is serving a request.
     fn evict_oldest_idle(&self, conns: &HashMap<u64, Arc<ClientConn>>) -> bool {
         let rank = |c: &Arc<ClientConn>| {
+            // Still writing the end of an answer: busy, as if it were serving it.
+            if c.owed.load(Ordering::SeqCst) {
+                return None;
+            }
             let reading = c.reading_since.load(Ordering::SeqCst);
             if c.idle() && c.started.load(Ordering::SeqCst) {
                 Some((0, c.idle_since.load(Ordering::SeqCst)))
@@ -316,6 +328,7 @@ impl Registry {
             active: AtomicU32::new(0),
             started: AtomicBool::new(false),
             stalled: Arc::new(AtomicBool::new(false)),
+            owed: Arc::new(AtomicBool::new(false)),
             idle_since: AtomicU64::new(self.idle_clock.fetch_add(1, Ordering::SeqCst)),
             idle_clock: Arc::clone(&self.idle_clock),
             reading_since: AtomicU64::new(0),
@@ -474,6 +487,7 @@ async fn connection(
         tcp,
         limits.client_write_timeout,
         conn.stall_flag(),
+        Arc::clone(&conn.owed),
     ));
     let service = {
         let conn = Arc::clone(&conn);
@@ -548,16 +562,25 @@ pub struct ClientIo<S> {
     inner: S,
     timeout: Duration,
     stalled: Arc<AtomicBool>,
+    /// Cleared once everything handed to the socket's writer is written (hyper flushes its
+    /// socket only when it holds nothing more to write).
+    owed: Arc<AtomicBool>,
     /// Armed while a write waits.
     waiting: Option<Pin<Box<tokio::time::Sleep>>>,
 }
 
 impl<S> ClientIo<S> {
-    pub fn new(inner: S, timeout: Duration, stalled: Arc<AtomicBool>) -> ClientIo<S> {
+    pub fn new(
+        inner: S,
+        timeout: Duration,
+        stalled: Arc<AtomicBool>,
+        owed: Arc<AtomicBool>,
+    ) -> ClientIo<S> {
         ClientIo {
             inner,
             timeout,
             stalled,
+            owed,
             waiting: None,
         }
     }
@@ -627,6 +650,9 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for ClientIo<S> {
             Poll::Pending => self.pending(cx),
             ready => {
                 self.waiting = None;
+                if matches!(ready, Poll::Ready(Ok(()))) {
+                    self.owed.store(false, Ordering::SeqCst);
+                }
                 ready
             }
         }
@@ -640,18 +666,20 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for ClientIo<S> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::net::SocketAddr;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-    /// What the server still holds of an answer when shutdown closes the connections (its
-    /// request over, the client slow to read it) goes out before the connection closes.
-    #[tokio::test]
-    async fn an_answer_still_held_when_shutdown_closes_the_connections_goes_out_whole() {
-        const LEN: usize = 1 << 20;
+    const BIG: usize = 1 << 20;
+
+    /// A server of `/big` (1 MiB) and `/small` on a listener whose connections have small send
+    /// buffers, so that most of a big answer stays with the server.
+    async fn small_buffered_server(
+        max_connections: usize,
+    ) -> (SocketAddr, CancellationToken, tokio::task::JoinHandle<()>) {
         let router = axum::Router::new()
-            .route("/big", axum::routing::get(|| async { vec![b'x'; LEN] }))
+            .route("/big", axum::routing::get(|| async { vec![b'x'; BIG] }))
             .route("/small", axum::routing::get(|| async { "ok" }));
         let edge = crate::api::Edge::with_router(router, crate::api::test_state());
-        // Small socket buffers on both sides: most of the answer stays with the server.
         let socket = tokio::net::TcpSocket::new_v4().unwrap();
         socket.set_send_buffer_size(4096).unwrap();
         socket.bind("127.0.0.1:0".parse().unwrap()).unwrap();
@@ -661,7 +689,7 @@ mod tests {
             header_read_timeout: Duration::from_secs(30),
             keepalive_idle_timeout: Duration::from_secs(30),
             client_write_timeout: Duration::from_secs(30),
-            max_connections: 16,
+            max_connections,
         };
         let stop = CancellationToken::new();
         let server = tokio::spawn(serve(
@@ -671,33 +699,49 @@ mod tests {
             Arc::new(EdgeStats::default()),
             stop.clone(),
         ));
+        (addr, stop, server)
+    }
+
+    /// A client with a small receive buffer that asked for `/big` and read only its head: the
+    /// request is over, and the server holds most of its answer.
+    async fn slow_reader_of_big(addr: SocketAddr) -> tokio::net::TcpStream {
         let client = tokio::net::TcpSocket::new_v4().unwrap();
         client.set_recv_buffer_size(4096).unwrap();
         let mut slow = client.connect(addr).await.unwrap();
         slow.write_all(b"GET /big HTTP/1.1\r\nhost: gateway\r\n\r\n")
             .await
             .unwrap();
-        // Its head is out, so the whole answer is in the server's hands.
-        let mut head = Vec::new();
+        let head = read_until(&mut slow, b"\r\n\r\n").await;
+        assert!(head.contains(&format!("content-length: {BIG}")), "{head}");
+        slow
+    }
+
+    /// Reads byte by byte until `end`.
+    async fn read_until(s: &mut tokio::net::TcpStream, end: &[u8]) -> String {
+        let mut got = Vec::new();
         let mut byte = [0u8; 1];
-        while !head.ends_with(b"\r\n\r\n") {
-            assert_eq!(slow.read(&mut byte).await.unwrap(), 1);
-            head.push(byte[0]);
+        while !got.ends_with(end) {
+            assert_eq!(s.read(&mut byte).await.unwrap(), 1, "closed early");
+            got.push(byte[0]);
         }
-        let head = String::from_utf8(head).unwrap();
-        assert!(head.contains(&format!("content-length: {LEN}")), "{head}");
+        String::from_utf8(got).unwrap()
+    }
+
+    /// What the server still holds of an answer when shutdown closes the connections (its
+    /// request over, the client slow to read it) goes out before the connection closes.
+    #[tokio::test]
+    async fn an_answer_still_held_when_shutdown_closes_the_connections_goes_out_whole() {
+        let (addr, stop, server) = small_buffered_server(16).await;
+        let mut slow = slow_reader_of_big(addr).await;
         // A client idle since its answer: closed when every connection is.
         let mut idle = tokio::net::TcpStream::connect(addr).await.unwrap();
         idle.write_all(b"GET /small HTTP/1.1\r\nhost: gateway\r\n\r\n")
             .await
             .unwrap();
-        let mut answer = Vec::new();
-        while !answer.ends_with(b"\r\n\r\nok") {
-            assert_eq!(idle.read(&mut byte).await.unwrap(), 1);
-            answer.push(byte[0]);
-        }
+        read_until(&mut idle, b"\r\n\r\nok").await;
 
         stop.cancel();
+        let mut byte = [0u8; 1];
         assert_eq!(
             idle.read(&mut byte).await.unwrap(),
             0,
@@ -706,7 +750,36 @@ mod tests {
         // Only now does the slow client read on.
         let mut body = Vec::new();
         slow.read_to_end(&mut body).await.unwrap();
-        assert_eq!(body.len(), LEN, "the answer was cut");
+        assert_eq!(body.len(), BIG, "the answer was cut");
+        server.await.unwrap();
+    }
+
+    /// At the connection cap, a connection still writing the end of its answer is not taken
+    /// for an idle one: a connection that has sent nothing yet is closed to make room instead.
+    #[tokio::test]
+    async fn a_connection_still_writing_its_answer_is_not_evicted_as_idle() {
+        let (addr, stop, server) = small_buffered_server(2).await;
+        let mut slow = slow_reader_of_big(addr).await;
+        // The second of two, accepted before the third: it has sent nothing.
+        let mut silent = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let mut third = tokio::net::TcpStream::connect(addr).await.unwrap();
+        third
+            .write_all(b"GET /small HTTP/1.1\r\nhost: gateway\r\n\r\n")
+            .await
+            .unwrap();
+        read_until(&mut third, b"\r\n\r\nok").await;
+        // The slow client reads on: all of its answer comes.
+        let mut body = vec![0u8; BIG];
+        slow.read_exact(&mut body)
+            .await
+            .expect("the answer was cut");
+        let mut byte = [0u8; 1];
+        assert_eq!(
+            silent.read(&mut byte).await.unwrap(),
+            0,
+            "the silent one made room"
+        );
+        stop.cancel();
         server.await.unwrap();
     }
 
@@ -715,7 +788,12 @@ mod tests {
         // A pipe of 64 bytes nobody reads.
         let (ours, mut theirs) = tokio::io::duplex(64);
         let stalled = Arc::new(AtomicBool::new(false));
-        let mut io = ClientIo::new(ours, Duration::from_millis(50), Arc::clone(&stalled));
+        let mut io = ClientIo::new(
+            ours,
+            Duration::from_millis(50),
+            Arc::clone(&stalled),
+            Arc::default(),
+        );
         io.write_all(&[0; 64]).await.unwrap();
         let err = io.write_all(&[0; 64]).await.unwrap_err();
         assert_eq!(err.kind(), io::ErrorKind::TimedOut);
@@ -723,7 +801,12 @@ mod tests {
         // A reader that keeps up is never cut.
         let (ours, mut reader) = tokio::io::duplex(64);
         let stalled = Arc::new(AtomicBool::new(false));
-        let mut io = ClientIo::new(ours, Duration::from_millis(50), Arc::clone(&stalled));
+        let mut io = ClientIo::new(
+            ours,
+            Duration::from_millis(50),
+            Arc::clone(&stalled),
+            Arc::default(),
+        );
         let drain = tokio::spawn(async move {
             let mut buf = vec![0; 1 << 16];
             let mut n = 0;
