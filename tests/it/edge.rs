@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use crate::common::gw::{Gw, body_plain, until};
 use crate::common::sse::parse_sse;
-use crate::common::{SIGNAL_DEADLINE, dechunk, read_head, small_socket};
+use crate::common::{SIGNAL_DEADLINE, dechunk, read_head, small_socket, try_read_head};
 use futures_util::{SinkExt, StreamExt};
 use serde_json::{Value, json};
 use switchyard::sim::FaultKind;
@@ -33,8 +33,15 @@ fn get(path: &str) -> Vec<u8> {
 
 /// A whole answer with a `content-length` body: (status, head, body).
 async fn exchange(s: &mut TcpStream, request: &[u8]) -> (u16, String, String) {
+    try_exchange(s, request)
+        .await
+        .expect("the connection closed before an answer")
+}
+
+/// [`exchange`], or `None` when the gateway closes the connection before a whole head.
+async fn try_exchange(s: &mut TcpStream, request: &[u8]) -> Option<(u16, String, String)> {
     s.write_all(request).await.unwrap();
-    let head = read_head(s).await;
+    let head = try_read_head(s).await.ok()?;
     let status = head[9..12].parse().unwrap();
     let len: usize = head
         .lines()
@@ -46,7 +53,7 @@ async fn exchange(s: &mut TcpStream, request: &[u8]) -> (u16, String, String) {
         .unwrap_or(0);
     let mut body = vec![0; len];
     s.read_exact(&mut body).await.unwrap();
-    (status, head, String::from_utf8(body).unwrap())
+    Some((status, head, String::from_utf8(body).unwrap()))
 }
 
 /// The gateway closes this connection: reads reach EOF (or a reset). The wait ends with the
@@ -355,32 +362,10 @@ async fn a_cut_stream_is_told_and_recorded_and_readyz_says_503_while_draining() 
     gw.begin_shutdown();
     // One asks until the drain has begun: it is told so, or its request was in flight when
     // the drain began and its connection closes after the answer.
-    loop {
-        prober.write_all(&get("/readyz")).await.unwrap();
-        let mut head = Vec::new();
-        let mut byte = [0u8; 1];
-        while !head.ends_with(b"\r\n\r\n") && prober.read(&mut byte).await.unwrap() == 1 {
-            head.push(byte[0]);
-        }
-        let head = String::from_utf8(head).unwrap();
-        if !head.starts_with("HTTP/1.1 200") {
-            break;
-        }
+    while let Some((200, head, _)) = try_exchange(&mut prober, &get("/readyz")).await {
         if head.to_ascii_lowercase().contains("connection: close") {
             break;
         }
-        let len: usize = head
-            .lines()
-            .find_map(|l| {
-                l.to_ascii_lowercase()
-                    .strip_prefix("content-length:")?
-                    .trim()
-                    .parse()
-                    .ok()
-            })
-            .unwrap();
-        let mut body = vec![0u8; len];
-        prober.read_exact(&mut body).await.unwrap();
     }
     // While the stream runs, the connected client that was idle is told the gateway is draining.
     let (status, head, body) = exchange(&mut idle, &get("/readyz")).await;

@@ -419,15 +419,23 @@ pub async fn small_socket(addr: SocketAddr) -> tokio::net::TcpStream {
 
 /// Reads an answer's head, byte by byte (nothing of the body is taken).
 pub async fn read_head(s: &mut tokio::net::TcpStream) -> String {
+    try_read_head(s)
+        .await
+        .unwrap_or_else(|head| panic!("closed before the head: {head:?}"))
+}
+
+/// [`read_head`], or what came of it when the peer closed before its end.
+pub async fn try_read_head(s: &mut tokio::net::TcpStream) -> Result<String, Vec<u8>> {
     use tokio::io::AsyncReadExt;
     let mut head = Vec::new();
     let mut byte = [0u8; 1];
     while !head.ends_with(b"\r\n\r\n") {
-        let n = s.read(&mut byte).await.unwrap();
-        assert!(n > 0, "closed before the head: {head:?}");
+        if s.read(&mut byte).await.unwrap() == 0 {
+            return Err(head);
+        }
         head.push(byte[0]);
     }
-    String::from_utf8(head).unwrap()
+    Ok(String::from_utf8(head).unwrap())
 }
 
 pub fn http_tcp(
