@@ -672,10 +672,16 @@ mod tests {
     const BIG: usize = 1 << 20;
 
     /// A server of `/big` (1 MiB) and `/small` on a listener whose connections have small send
-    /// buffers, so that most of a big answer stays with the server.
+    /// buffers, so that most of a big answer stays with the server; with its stats.
     async fn small_buffered_server(
         max_connections: usize,
-    ) -> (SocketAddr, CancellationToken, tokio::task::JoinHandle<()>) {
+        client_write_timeout: Duration,
+    ) -> (
+        SocketAddr,
+        CancellationToken,
+        tokio::task::JoinHandle<()>,
+        Arc<EdgeStats>,
+    ) {
         let router = axum::Router::new()
             .route("/big", axum::routing::get(|| async { vec![b'x'; BIG] }))
             .route("/small", axum::routing::get(|| async { "ok" }));
@@ -688,18 +694,19 @@ mod tests {
         let limits = Limits {
             header_read_timeout: Duration::from_secs(30),
             keepalive_idle_timeout: Duration::from_secs(30),
-            client_write_timeout: Duration::from_secs(30),
+            client_write_timeout,
             max_connections,
         };
         let stop = CancellationToken::new();
+        let stats = Arc::new(EdgeStats::default());
         let server = tokio::spawn(serve(
             listener,
             edge,
             limits,
-            Arc::new(EdgeStats::default()),
+            Arc::clone(&stats),
             stop.clone(),
         ));
-        (addr, stop, server)
+        (addr, stop, server, stats)
     }
 
     /// A client with a small receive buffer that asked for `/big` and read only its head: the
@@ -731,7 +738,7 @@ mod tests {
     /// request over, the client slow to read it) goes out before the connection closes.
     #[tokio::test]
     async fn an_answer_still_held_when_shutdown_closes_the_connections_goes_out_whole() {
-        let (addr, stop, server) = small_buffered_server(16).await;
+        let (addr, stop, server, _) = small_buffered_server(16, Duration::from_secs(30)).await;
         let mut slow = slow_reader_of_big(addr).await;
         // A client idle since its answer: closed when every connection is.
         let mut idle = tokio::net::TcpStream::connect(addr).await.unwrap();
@@ -758,7 +765,7 @@ mod tests {
     /// for an idle one: a connection that has sent nothing yet is closed to make room instead.
     #[tokio::test]
     async fn a_connection_still_writing_its_answer_is_not_evicted_as_idle() {
-        let (addr, stop, server) = small_buffered_server(2).await;
+        let (addr, stop, server, _) = small_buffered_server(2, Duration::from_secs(30)).await;
         let mut slow = slow_reader_of_big(addr).await;
         // The second of two, accepted before the third: it has sent nothing.
         let mut silent = tokio::net::TcpStream::connect(addr).await.unwrap();
@@ -781,6 +788,22 @@ mod tests {
         );
         stop.cancel();
         server.await.unwrap();
+    }
+
+    /// Its worst user: a client that never reads the rest of its answer does not hold the end
+    /// of shutdown open; the write timeout closes it, as a stalled client.
+    #[tokio::test]
+    async fn a_client_that_never_reads_its_answer_does_not_hold_shutdown_open() {
+        let (addr, stop, server, stats) =
+            small_buffered_server(16, Duration::from_millis(200)).await;
+        let slow = slow_reader_of_big(addr).await;
+        stop.cancel();
+        server.await.unwrap();
+        assert_eq!(
+            stats.closed[Closed::Stalled as usize].load(Ordering::Relaxed),
+            1
+        );
+        drop(slow);
     }
 
     #[tokio::test]
