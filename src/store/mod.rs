@@ -6,6 +6,7 @@
 
 pub mod backup;
 pub mod codec;
+mod grouped;
 mod guard;
 mod open;
 pub mod records;
@@ -14,6 +15,7 @@ pub mod schema;
 pub mod secrets;
 pub mod writer;
 
+use std::cmp::Reverse;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -762,43 +764,66 @@ impl Store {
     /// rows are counted, logged and left out.
     pub fn recent_requests(&self, limit: usize) -> Result<Vec<(u64, RequestRow)>, StoreError> {
         // Raw rows first: a damaged file fails the read whole, a bad value only itself.
-        let rows = self.guard(|| {
+        let (mut records, bad) = self.guard(|| {
             let txn = self.inner.db.begin_read()?;
             let Some(table) = open_read(&txn, schema::REQUESTS)? else {
-                return Ok(Vec::new());
+                return Ok(Default::default());
             };
-            let mut rows = Vec::new();
+            // A row's records are no newer than its key, and rows come newest key first: once
+            // `limit` records are read, a row whose key is below the oldest of the newest
+            // `limit` can hold none of them. The keys of those, smallest on top.
+            let mut newest = std::collections::BinaryHeap::new();
+            let mut read = Rows::default();
             for row in table.iter().map_err(StoreError::db)?.rev() {
-                if rows.len() >= limit {
+                let (k, v) = row.map_err(StoreError::db)?;
+                let key = k.value();
+                if newest.len() >= limit && newest.peek().is_some_and(|r: &Reverse<u64>| key < r.0)
+                {
                     break;
                 }
-                let (k, v) = row.map_err(StoreError::db)?;
-                rows.push((k.value(), v.value().to_vec()));
+                for (k, _) in read.add(key, v.value()) {
+                    newest.push(Reverse(*k));
+                    if newest.len() > limit {
+                        newest.pop();
+                    }
+                }
             }
-            Ok(rows)
+            Ok((read.records, read.bad))
         })?;
-        Ok(self.decode_requests(rows))
+        self.note_bad_groups(bad);
+        records.sort_unstable_by_key(|(k, _)| Reverse(*k));
+        records.truncate(limit);
+        Ok(self.decode_requests(records))
     }
 
     /// The records that started at or after `from_ms` (unix ms), oldest first. Undecodable
     /// rows are counted, logged and left out.
     pub fn requests_since(&self, from_ms: u64) -> Result<Vec<(u64, RequestRow)>, StoreError> {
-        let rows = self.guard(|| {
+        let from = from_ms.saturating_mul(1 << 16);
+        let (mut records, bad) = self.guard(|| {
             let txn = self.inner.db.begin_read()?;
             let Some(table) = open_read(&txn, schema::REQUESTS)? else {
-                return Ok(Vec::new());
+                return Ok(Default::default());
             };
-            let mut rows = Vec::new();
-            for row in table
-                .range(from_ms.saturating_mul(1 << 16)..)
-                .map_err(StoreError::db)?
-            {
+            // Every row holding a record from `from` has a key from `from` (its greatest).
+            let mut read = Rows::default();
+            for row in table.range(from..).map_err(StoreError::db)? {
                 let (k, v) = row.map_err(StoreError::db)?;
-                rows.push((k.value(), v.value().to_vec()));
+                read.add(k.value(), v.value());
             }
-            Ok(rows)
+            Ok((read.records, read.bad))
         })?;
-        Ok(self.decode_requests(rows))
+        self.note_bad_groups(bad);
+        records.retain(|(k, _)| *k >= from);
+        records.sort_unstable_by_key(|(k, _)| *k);
+        Ok(self.decode_requests(records))
+    }
+
+    /// Counts and logs groups of records that could not be read apart.
+    fn note_bad_groups(&self, bad: Vec<(u64, String)>) {
+        for (key, e) in bad {
+            self.note_undecodable(schema::REQUESTS.name(), &format!("{key:016x}"), &e);
+        }
     }
 
     /// Decodes stored request records; an undecodable one is counted, logged and left out.
@@ -815,6 +840,28 @@ impl Store {
             }
         }
         out
+    }
+}
+
+/// The records of the rows of the `requests` table read so far, each its key and value, and the
+/// rows that hold a group that cannot be read apart.
+#[derive(Default)]
+struct Rows {
+    records: Vec<(u64, Vec<u8>)>,
+    bad: Vec<(u64, String)>,
+}
+
+impl Rows {
+    /// Adds a row's records; returns them.
+    fn add(&mut self, key: u64, value: &[u8]) -> &[(u64, Vec<u8>)] {
+        let before = self.records.len();
+        match grouped::records(key, value) {
+            Ok(records) => self
+                .records
+                .extend(records.into_iter().map(|(k, v)| (k, v.to_vec()))),
+            Err(e) => self.bad.push((key, e.to_string())),
+        }
+        &self.records[before..]
     }
 }
 
@@ -1125,19 +1172,144 @@ mod tests {
         for t in tasks {
             t.await.unwrap().unwrap();
         }
+        assert_eq!(record_keys(&s), (0..2000).collect::<Vec<u64>>());
+    }
+
+    fn request_row(started_ms: u64) -> RequestRow {
+        RequestRow {
+            started_ms,
+            key_name: "alice".into(),
+            model: "gpt-5.5".into(),
+            path: "/v1/responses".into(),
+            stream: true,
+            ws: false,
+            outcome: "success".into(),
+            status: 200,
+            account: Some("acc-1".into()),
+            attempts: Vec::new(),
+            ttft_ms: Some(5),
+            duration_ms: 20,
+            usage: None,
+            session: None,
+            candidate_pool: vec!["acc-1".into(), "acc-2".into()],
+            skipped: Vec::new(),
+            affinity: "none".into(),
+            queue: None,
+            transport: "http".into(),
+            ws_connect_ms: None,
+            terminal_source: Some("upstream".into()),
+            attempt_rules: Vec::new(),
+            service_tier: None,
+            served_tier: None,
+            credit: None,
+        }
+    }
+
+    /// A record started at `ms` (the `n`th of that millisecond), as the request log writes it.
+    fn record(ms: u64, n: u64) -> Mutation {
+        Store::request_mutation(ms << 16 | n, &request_row(ms)).unwrap()
+    }
+
+    /// Records that finish out of the order they started in, some stored one to a row (as
+    /// before) and most several to a row: the newest are read newest first, those since a time
+    /// oldest first, and each exactly once.
+    #[tokio::test]
+    async fn records_stored_several_to_a_row_read_back_by_their_own_times() {
+        let s = Store::open_in_memory().unwrap();
+        // One to a row: a commit of one record each.
+        for ms in [1_000, 1_001] {
+            s.write(vec![record(ms, 0)]).await.unwrap();
+        }
+        // 100 records finishing in an order of their own: a long request that started early
+        // finishes among later ones.
+        let mut order: Vec<u64> = (0..100).map(|i| (i * 37) % 100).collect();
+        order.swap(0, 99);
+        s.write(order.iter().map(|&i| record(2_000 + i, 1)).collect())
+            .await
+            .unwrap();
+        let rows = {
+            let txn = s.inner.db.begin_read().unwrap();
+            txn.open_table(schema::REQUESTS).unwrap().len().unwrap()
+        };
+        assert_eq!(rows, 2 + 100_u64.div_ceil(grouped::RECORDS_PER_ROW as u64));
+        let started = |read: Vec<(u64, RequestRow)>| {
+            read.into_iter()
+                .map(|(k, r)| {
+                    assert_eq!(k >> 16, r.started_ms, "a record under its own key");
+                    r.started_ms
+                })
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(
+            started(s.recent_requests(10).unwrap()),
+            (2_090..2_100).rev().collect::<Vec<_>>()
+        );
+        let mut all: Vec<u64> = (2_000..2_100).rev().collect();
+        all.extend([1_001, 1_000]);
+        assert_eq!(started(s.recent_requests(usize::MAX).unwrap()), all);
+        assert_eq!(
+            started(s.recent_requests(101).unwrap()),
+            all[..101].to_vec()
+        );
+        assert_eq!(
+            started(s.requests_since(2_050).unwrap()),
+            (2_050..2_100).collect::<Vec<_>>()
+        );
+        assert_eq!(started(s.requests_since(1_001).unwrap()).len(), 101);
+        assert_eq!(s.undecodable_rows(), 0);
+
+        // Retention removes a row only when all of its records are older than the bound.
+        s.write(vec![Mutation::DeleteIntBelow(Table::Requests, 2_050 << 16)])
+            .await
+            .unwrap();
+        let kept = started(s.requests_since(0).unwrap());
+        assert!(kept.iter().all(|&ms| ms >= 2_000), "{kept:?}");
+        assert!(
+            (2_050..2_100).all(|ms| kept.contains(&ms)),
+            "nothing from the bound on is removed"
+        );
+    }
+
+    /// A group of records cut short (a torn or hand-edited file) is counted and left out; the
+    /// rows beside it are read.
+    #[tokio::test]
+    async fn a_group_that_cannot_be_read_apart_is_counted_and_the_rest_read() {
+        let s = Store::open_in_memory().unwrap();
+        s.write(vec![record(1, 0), record(2, 0)]).await.unwrap();
+        let (_, mut cut) = grouped::group([(3 << 16, &[4u8, 1, 2][..]), (4 << 16, &[4u8][..])]);
+        cut.truncate(cut.len() - 2);
+        s.write(vec![Mutation::Put(Table::Requests, Key::Int(5 << 16), cut)])
+            .await
+            .unwrap();
+        let read: Vec<u64> = s
+            .recent_requests(10)
+            .unwrap()
+            .into_iter()
+            .map(|(k, _)| k >> 16)
+            .collect();
+        assert_eq!(read, vec![2, 1]);
+        assert_eq!(s.undecodable_rows(), 1);
+    }
+
+    /// The keys of every stored request record, however the rows group them, in order.
+    fn record_keys(s: &Store) -> Vec<u64> {
         let txn = s.inner.db.begin_read().unwrap();
         let t = txn.open_table(schema::REQUESTS).unwrap();
-        assert_eq!(t.len().unwrap(), 2000);
+        let mut keys = Vec::new();
+        for row in t.iter().unwrap() {
+            let (k, v) = row.unwrap();
+            let records = grouped::records(k.value(), v.value()).unwrap();
+            keys.extend(records.into_iter().map(|(k, _)| k));
+        }
+        keys.sort_unstable();
+        keys
     }
 
     /// Telemetry is committed in the background without waiting for a durable write, and a
     /// durable write commits every telemetry job queued before it.
     #[tokio::test]
     async fn telemetry_is_committed_on_its_own_and_by_the_next_durable_write() {
-        let count = |s: &Store| {
-            let txn = s.inner.db.begin_read().unwrap();
-            txn.open_table(schema::REQUESTS).unwrap().len().unwrap()
-        };
+        let count = |s: &Store| record_keys(s).len();
         let dir = tempfile::tempdir().unwrap();
         let s = Store::open(dir.path()).unwrap();
         for i in 0..300u64 {
@@ -1172,10 +1344,7 @@ mod tests {
     /// own: a copy of the file taken then (what a killed process leaves) holds it.
     #[tokio::test]
     async fn telemetry_followed_by_nothing_is_made_durable_within_a_second() {
-        let count = |s: &Store| {
-            let txn = s.inner.db.begin_read().unwrap();
-            txn.open_table(schema::REQUESTS).unwrap().len().unwrap()
-        };
+        let count = |s: &Store| record_keys(s).len();
         let dir = tempfile::tempdir().unwrap();
         let s = Store::open(dir.path()).unwrap();
         assert!(s.try_write(vec![Mutation::Put(Table::Requests, Key::Int(1), vec![1])]));

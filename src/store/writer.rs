@@ -2,7 +2,8 @@
 //! queued (group commit: up to [`MAX_BATCH_OPS`] mutations, or what arrived within
 //! [`MAX_BATCH_WINDOW`] of the first) into one redb transaction on its own thread, then
 //! acknowledges each job. An acknowledged write is durable (redb's default durability fsyncs
-//! on commit).
+//! on commit). Request records that follow one another in a commit are stored several to a
+//! row ([`super::grouped`]).
 //!
 //! Jobs that need their write (accounts, keys, settings, health) wait for queue space and for
 //! the acknowledgement; telemetry jobs (request records) are offered with `try_send` and
@@ -21,8 +22,8 @@ use std::time::{Duration, Instant};
 use redb::{Database, WriteTransaction};
 use tokio::sync::{mpsc, oneshot};
 
-use super::StoreError;
 use super::schema::{REQUESTS, Table};
+use super::{StoreError, grouped};
 
 /// Largest number of mutations folded into one transaction.
 pub const MAX_BATCH_OPS: usize = 512;
@@ -240,12 +241,38 @@ fn commit(
                 .map_err(StoreError::db)?;
         }
         let mut open = Open::new(&txn);
-        for m in muts {
-            apply(&mut open, m)?;
+        let mut rest = muts;
+        while let Some((first, tail)) = rest.split_first() {
+            // Request records side by side go into rows of several ([`super::grouped`]).
+            let run = rest
+                .iter()
+                .take(grouped::RECORDS_PER_ROW)
+                .map_while(|m| record_put(m))
+                .count();
+            if run >= 2 {
+                let (key, value) = grouped::group(rest[..run].iter().filter_map(|m| record_put(m)));
+                open.requests()?
+                    .insert(key, value.as_slice())
+                    .map_err(StoreError::db)?;
+                rest = &rest[run..];
+            } else {
+                apply(&mut open, first)?;
+                rest = tail;
+            }
         }
         drop(open);
         txn.commit().map_err(StoreError::db)
     })
+}
+
+/// A request record's key and value, when `m` stores one small enough to share a row.
+fn record_put(m: &Mutation) -> Option<(u64, &[u8])> {
+    match m {
+        Mutation::Put(Table::Requests, Key::Int(k), v) if v.len() <= grouped::MAX_GROUPED => {
+            Some((*k, v.as_slice()))
+        }
+        _ => None,
+    }
 }
 
 /// The tables one commit has opened: each is opened once, however many of the commit's
