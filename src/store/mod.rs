@@ -755,9 +755,19 @@ impl Store {
         key: u64,
         row: &impl records::RequestShape,
     ) -> Result<Mutation, StoreError> {
-        let bytes = codec::encode_as::<RequestRow>(row)
+        let bytes = Self::encode_request(row)
             .map_err(|e| StoreError::codec(format!("request record {key:016x}"), e))?;
-        Ok(Mutation::Put(Table::Requests, Key::Int(key), bytes))
+        Ok(Self::request_put(key, bytes))
+    }
+
+    /// A request record's row as the store keeps it.
+    pub fn encode_request(row: &impl records::RequestShape) -> Result<Vec<u8>, codec::CodecError> {
+        codec::encode_as::<RequestRow>(row)
+    }
+
+    /// The mutation that stores a row made by [`Store::encode_request`] under its key.
+    pub fn request_put(key: u64, row: Vec<u8>) -> Mutation {
+        Mutation::Put(Table::Requests, Key::Int(key), row)
     }
 
     /// The newest `limit` stored request records with their keys, newest first. Undecodable
