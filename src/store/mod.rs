@@ -750,16 +750,6 @@ impl Store {
 
     // ---- request records -------------------------------------------------------------------
 
-    /// The mutation that stores a request record under its key.
-    pub fn request_mutation(
-        key: u64,
-        row: &impl records::RequestShape,
-    ) -> Result<Mutation, StoreError> {
-        let bytes = Self::encode_request(row)
-            .map_err(|e| StoreError::codec(format!("request record {key:016x}"), e))?;
-        Ok(Self::request_put(key, bytes))
-    }
-
     /// A request record's row as the store keeps it.
     pub fn encode_request(row: &impl records::RequestShape) -> Result<Vec<u8>, codec::CodecError> {
         codec::encode_as::<RequestRow>(row)
@@ -1217,7 +1207,10 @@ mod tests {
 
     /// A record started at `ms` (the `n`th of that millisecond), as the request log writes it.
     fn record(ms: u64, n: u64) -> Mutation {
-        Store::request_mutation(ms << 16 | n, &request_row(ms)).unwrap()
+        Store::request_put(
+            ms << 16 | n,
+            Store::encode_request(&request_row(ms)).unwrap(),
+        )
     }
 
     /// Records that finish out of the order they started in, some stored one to a row (as

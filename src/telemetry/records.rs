@@ -547,7 +547,8 @@ impl RequestLog {
                 kept
             }
             Err(e) => {
-                tracing::error!(error = %e, "cannot encode a request record");
+                let id = RequestLog::id_of(record.key);
+                tracing::error!(error = %e, %id, "cannot encode a request record");
                 Kept::Whole(Box::new(record.clone()))
             }
         };
@@ -777,7 +778,10 @@ mod tests {
         bad.key += 1;
         let mut row = bad.to_row();
         row.transport = "pigeon".into();
-        store.try_write(vec![Store::request_mutation(bad.key, &row).unwrap()]);
+        store.try_write(vec![Store::request_put(
+            bad.key,
+            Store::encode_request(&row).unwrap(),
+        )]);
         store.flush().await.unwrap();
         let again = RequestLog::load(store.clone(), clock);
         assert_eq!(again.recent(10), vec![record()]);
