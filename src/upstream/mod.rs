@@ -9,6 +9,7 @@ pub mod failure;
 pub mod headers;
 pub mod identity;
 pub mod login;
+pub mod pool;
 pub mod quota;
 pub mod routing;
 pub mod sse;
@@ -31,6 +32,7 @@ use crate::base::names::named;
 
 use self::egress::{EgressError, ProxyUrl, TunnelConnector};
 use self::failure::{Endpoint, Facts, Phase};
+use self::pool::Pool;
 
 /// The headers that name a session, in the order they are looked at.
 pub static SESSION_HEADERS: [HeaderName; 4] = [
@@ -140,8 +142,11 @@ const USER_AGENT: &str = concat!("switchyard/", env!("CARGO_PKG_VERSION"));
 /// Largest error body read from the upstream.
 pub const MAX_ERROR_BODY: usize = 64 * 1024;
 
-/// The HTTP client of one egress proxy: every connection a tunnel through it.
-type TunnelClient = hyper_util::client::legacy::Client<TunnelConnector, reqwest::Body>;
+/// The pools through proxies: by the proxy's URL and the serving thread's slot.
+type Tunnels = HashMap<(String, usize), Arc<Pool>>;
+
+/// How long a connection to the backend may stay idle and still be used.
+const IDLE_TIMEOUT: Duration = Duration::from_secs(90);
 
 #[derive(Clone)]
 pub struct Upstream {
@@ -150,14 +155,14 @@ pub struct Upstream {
     /// to the backend (HTTP/2 where TLS agrees on it). One per serving thread, each with its
     /// own pool, so a request and its upstream connection share a thread (`base::cores`),
     /// and one (the first) for every other thread.
-    direct: Arc<[TunnelClient]>,
+    direct: Arc<[Pool]>,
     config: UpstreamConfig,
     /// `[upstream] proxy`: the way out of accounts without a proxy of their own.
     default_proxy: Option<Arc<ProxyUrl>>,
     /// The proxy environment variables, when `use_env_proxy` says to honour them.
     env_proxies: Option<Arc<egress::EnvProxies>>,
     /// One client per proxy in use and thread (as `direct`), by its URL and the thread's slot.
-    tunnels: Arc<Mutex<HashMap<(String, usize), TunnelClient>>>,
+    tunnels: Arc<Mutex<Tunnels>>,
     /// `{base}/responses` and `{base}/responses/compact`, parsed once.
     responses_url: Target,
     compact_url: Target,
@@ -273,7 +278,12 @@ impl Upstream {
         Ok(Upstream {
             http,
             direct: (0..=cores::count())
-                .map(|_| hyper_client(TunnelConnector::direct(config.connect_timeout)))
+                .map(|_| {
+                    Pool::new(
+                        TunnelConnector::direct(config.connect_timeout),
+                        IDLE_TIMEOUT,
+                    )
+                })
                 .collect(),
             config: config.clone(),
             default_proxy,
@@ -296,20 +306,21 @@ impl Upstream {
             .or_else(|| self.env_proxies.as_ref()?.for_target(https, host))
     }
 
-    /// This thread's client straight to the backend.
-    fn direct_client(&self) -> TunnelClient {
+    /// This thread's connections straight to the backend.
+    fn direct_pool(&self) -> &Pool {
         let slot = cores::slot().min(self.direct.len() - 1);
-        self.direct[slot].clone()
+        &self.direct[slot]
     }
 
-    fn tunnel_client(&self, proxy: &Arc<ProxyUrl>) -> TunnelClient {
+    /// This thread's connections through `proxy`.
+    fn tunnel_pool(&self, proxy: &Arc<ProxyUrl>) -> Arc<Pool> {
         let mut tunnels = self.tunnels.lock().unwrap_or_else(|e| e.into_inner());
         tunnels
             .entry((proxy.as_url(), cores::slot()))
             .or_insert_with(|| {
-                hyper_client(TunnelConnector::new(
-                    Arc::clone(proxy),
-                    self.config.connect_timeout,
+                Arc::new(Pool::new(
+                    TunnelConnector::new(Arc::clone(proxy), self.config.connect_timeout),
+                    IDLE_TIMEOUT,
                 ))
             })
             .clone()
@@ -442,13 +453,16 @@ impl Upstream {
             h.insert(reqwest::header::HOST, host);
         }
         let https = uri.scheme_str() == Some("https");
-        let client = match self.route(id.proxy.as_ref(), https, uri.host().unwrap_or("")) {
-            None => self.direct_client(),
-            Some(p) => self.tunnel_client(p),
+        let tunnel;
+        let pool = match self.route(id.proxy.as_ref(), https, uri.host().unwrap_or("")) {
+            None => self.direct_pool(),
+            Some(p) => {
+                tunnel = self.tunnel_pool(p);
+                &tunnel
+            }
         };
         *req.uri_mut() = uri;
-        self.within_header_timeout(exchange(&client, req, url))
-            .await
+        self.within_header_timeout(exchange(pool, req, url)).await
     }
 
     /// Sends a request on the account's way out (`proxy`: its own, see [`Upstream::route`])
@@ -508,7 +522,7 @@ impl Upstream {
         req.headers_mut()
             .entry(reqwest::header::USER_AGENT)
             .or_insert(HeaderValue::from_static(USER_AGENT));
-        exchange(&self.tunnel_client(proxy), req, url).await
+        exchange(&self.tunnel_pool(proxy), req, url).await
     }
 
     /// `GET {base}/models?client_version=…`.
@@ -755,13 +769,6 @@ pub fn egress_cause<'a>(e: &'a (dyn std::error::Error + 'static)) -> Option<&'a 
     None
 }
 
-/// A hyper client of the backend on `connector`: idle connections kept 90 s.
-fn hyper_client(connector: TunnelConnector) -> TunnelClient {
-    hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
-        .pool_idle_timeout(Duration::from_secs(90))
-        .build(connector)
-}
-
 /// An access token as the `Authorization` value that carries it (marked sensitive).
 pub fn bearer(token: &str) -> Result<HeaderValue, reqwest::header::InvalidHeaderValue> {
     let mut v = HeaderValue::try_from(format!("Bearer {token}"))?;
@@ -769,30 +776,24 @@ pub fn bearer(token: &str) -> Result<HeaderValue, reqwest::header::InvalidHeader
     Ok(v)
 }
 
-/// One request on a hyper client of the backend; its answer is handed on as any other (named
-/// by the extensions `url`), a failure as the transport's facts (a proxy's own words first:
-/// "proxy unreachable: …").
+/// One request on a pool of the backend's connections; its answer is handed on as any other
+/// (named by the extensions `url`), a failure as the transport's facts (a proxy's own words
+/// first: "proxy unreachable: …").
 async fn exchange(
-    client: &TunnelClient,
+    pool: &Pool,
     req: hyper::Request<reqwest::Body>,
     url: hyper::http::Extensions,
 ) -> Result<reqwest::Response, Facts> {
-    match client.request(req).await {
+    match pool.request(req).await {
         Ok(resp) => {
             let (mut parts, body) = resp.into_parts();
             parts.extensions.extend(url);
             let resp = hyper::http::Response::from_parts(parts, reqwest::Body::wrap(body));
             Ok(reqwest::Response::from(resp))
         }
-        Err(e) => {
-            let phase = if e.is_connect() {
-                Phase::Connect
-            } else {
-                Phase::PreHeaders
-            };
-            let text = egress_cause(&e).map_or_else(|| describe(&e), ToString::to_string);
-            Err(Facts::transport(phase, text))
-        }
+        Err(pool::Failed::Connect(e)) => Err(Facts::transport(Phase::Connect, e.to_string())),
+        Err(e @ pool::Failed::Handshake(_)) => Err(Facts::transport(Phase::Connect, describe(&e))),
+        Err(e @ pool::Failed::Send(_)) => Err(Facts::transport(Phase::PreHeaders, describe(&e))),
     }
 }
 
