@@ -104,7 +104,9 @@ impl Pool {
                 },
             }
         }
-        self.send_on_new(https, authority, req).await
+        // Boxed: opening a connection is rare, and its future (the connector's, both
+        // handshakes) would make every request's larger.
+        Box::pin(self.send_on_new(https, authority, req)).await
     }
 
     /// Hands `req` to an idle connection to `authority`, if there is one: a future of its
