@@ -39,6 +39,9 @@ pub struct Pool {
     connector: TunnelConnector,
     idle_timeout: Duration,
     conns: Mutex<Vec<Conn>>,
+    /// Speaks HTTP/2 on plain connections too (a test's backend without TLS).
+    #[cfg(test)]
+    h2_prior_knowledge: bool,
 }
 
 struct Conn {
@@ -78,6 +81,8 @@ impl Pool {
             connector,
             idle_timeout,
             conns: Mutex::new(Vec::new()),
+            #[cfg(test)]
+            h2_prior_knowledge: false,
         }
     }
 
@@ -164,7 +169,10 @@ impl Pool {
             .call(req.uri().clone())
             .await
             .map_err(Failed::Connect)?;
-        let mut sender = if io.connected().is_negotiated_h2() {
+        let h2 = io.connected().is_negotiated_h2();
+        #[cfg(test)]
+        let h2 = h2 || self.h2_prior_knowledge;
+        let mut sender = if h2 {
             let (mut tx, conn) = http2::Builder::new(TokioExecutor::new())
                 .handshake(io)
                 .await
@@ -367,6 +375,57 @@ mod tests {
         assert_eq!(exchange(&pool, &url).await, b"{}");
         assert_eq!(accepted.load(Ordering::SeqCst), 2);
         assert_eq!(pool.held(), 1, "the idle one was dropped");
+    }
+
+    /// An HTTP/2 backend on loopback (no TLS): answers `{path} {authority}` to each request,
+    /// counting the connections it accepted.
+    async fn h2_backend() -> (String, Arc<AtomicUsize>) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let accepted = Arc::new(AtomicUsize::new(0));
+        let count = Arc::clone(&accepted);
+        tokio::spawn(async move {
+            while let Ok((conn, _)) = listener.accept().await {
+                count.fetch_add(1, Ordering::SeqCst);
+                let service = hyper::service::service_fn(|req: Request<Incoming>| async move {
+                    let text = format!(
+                        "{} {}",
+                        req.uri().path(),
+                        req.uri().authority().map_or("", |a| a.as_str())
+                    );
+                    Ok::<_, std::convert::Infallible>(Response::new(http_body_util::Full::new(
+                        bytes::Bytes::from(text),
+                    )))
+                });
+                tokio::spawn(
+                    hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+                        .serve_connection(hyper_util::rt::TokioIo::new(conn), service),
+                );
+            }
+        });
+        (format!("http://{addr}/responses"), accepted)
+    }
+
+    #[tokio::test]
+    async fn http2_takes_requests_at_once_and_one_after_another_on_one_connection() {
+        let (url, accepted) = h2_backend().await;
+        let mut pool = pool(Duration::from_secs(90));
+        pool.h2_prior_knowledge = true;
+        let authority = url
+            .trim_start_matches("http://")
+            .trim_end_matches("/responses");
+        let want = format!("/responses {authority}");
+        assert_eq!(exchange(&pool, &url).await, want.as_bytes());
+        // Two at once: the first answer is not read when the second is sent.
+        let first = pool.request(post(&url)).await.unwrap();
+        let second = pool.request(post(&url)).await.unwrap();
+        for resp in [first, second] {
+            let body = resp.into_body().collect().await.unwrap().to_bytes();
+            assert_eq!(&body[..], want.as_bytes());
+        }
+        assert_eq!(exchange(&pool, &url).await, want.as_bytes());
+        assert_eq!(accepted.load(Ordering::SeqCst), 1);
+        assert_eq!(pool.held(), 1);
     }
 
     #[tokio::test]
