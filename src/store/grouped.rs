@@ -15,7 +15,7 @@
 use super::codec::CodecError;
 
 /// Records stored in one row at most.
-pub const RECORDS_PER_ROW: usize = 16;
+pub const RECORDS_PER_ROW: usize = 64;
 
 /// The largest record stored in a group; a larger one (none is near it: a record is a few
 /// hundred bytes) is stored alone.
