@@ -177,11 +177,7 @@ impl Pool {
                 .handshake(io)
                 .await
                 .map_err(Failed::Handshake)?;
-            tokio::spawn(async move {
-                if let Err(e) = conn.await {
-                    tracing::debug!(error = %e, "upstream connection ended");
-                }
-            });
+            drive(conn);
             tx.ready().await.map_err(Failed::Handshake)?;
             Sender::H2(tx)
         } else {
@@ -189,11 +185,7 @@ impl Pool {
                 .handshake(io)
                 .await
                 .map_err(Failed::Handshake)?;
-            tokio::spawn(async move {
-                if let Err(e) = conn.await {
-                    tracing::debug!(error = %e, "upstream connection ended");
-                }
-            });
+            drive(conn);
             tx.ready().await.map_err(Failed::Handshake)?;
             Sender::H1(tx)
         };
@@ -215,6 +207,15 @@ impl Pool {
     fn held(&self) -> usize {
         self.conns.lock().unwrap_or_else(|e| e.into_inner()).len()
     }
+}
+
+/// Runs a connection on a task of its own, to its end.
+fn drive(conn: impl Future<Output = Result<(), hyper::Error>> + Send + 'static) {
+    tokio::spawn(async move {
+        if let Err(e) = conn.await {
+            tracing::debug!(error = %e, "upstream connection ended");
+        }
+    });
 }
 
 /// Hands `req` to the connection: HTTP/1.1 takes the path alone and needs a `Host` (added
