@@ -159,6 +159,7 @@ impl AppState {
             self.fleet
                 .chatgpt_account_ids(&ids)
                 .into_iter()
+                .map(|id| id.to_string())
                 .zip(counts)
                 .collect::<std::collections::BTreeMap<_, _>>()
         };

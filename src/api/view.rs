@@ -262,7 +262,7 @@ pub fn request(r: &RequestRecord) -> wire::RequestRecord {
         }),
         path: r.path.clone(),
         session: r.session.clone(),
-        candidate_pool: r.candidate_pool.clone(),
+        candidate_pool: r.candidate_pool.iter().map(|id| id.to_string()).collect(),
         skipped: r
             .skipped
             .iter()

@@ -346,7 +346,7 @@ impl Dispatcher {
         ctx: &RequestCtx,
         plan: Option<&Plan>,
         trace: Trace,
-        candidate_pool: Vec<String>,
+        candidate_pool: Vec<Arc<str>>,
         end: End,
     ) -> Vec<Frame> {
         let nothing = TerminalSource::Nothing;

@@ -335,6 +335,7 @@ impl Fleet {
             id,
             || Entry::new(first, Health::default(), None, limit),
             |entry| {
+                entry.chatgpt_id = std::sync::Arc::from(record.chatgpt_account_id.as_str());
                 entry.record = record;
                 entry.secrets = Some(secrets);
                 // Its routing is asked again with the new login.

@@ -110,6 +110,8 @@ pub(crate) struct Entry {
     proxy: Option<Arc<ProxyUrl>>,
     /// Its `x-codex-installation-id`, derived once.
     installation_id: String,
+    /// Its `chatgpt_account_id`, shared with the records that name it as a candidate.
+    chatgpt_id: Arc<str>,
     /// Where its requests go (its workspace's origin), as last discovered; not persisted.
     route: Route,
     /// Its row in the scheduler's table (see [`table`]).
@@ -164,6 +166,7 @@ impl Entry {
             draining: false,
             proxy: None,
             installation_id: installation_id(&record.id),
+            chatgpt_id: Arc::from(record.chatgpt_account_id.as_str()),
             route: Route::Unknown,
             slot: 0,
             made: std::sync::Mutex::default(),
@@ -469,7 +472,7 @@ impl Fleet {
     }
 
     /// The `chatgpt_account_id`s of several accounts, under one lock.
-    pub fn chatgpt_account_ids(&self, ids: &[impl AsRef<str>]) -> Vec<String> {
+    pub fn chatgpt_account_ids(&self, ids: &[impl AsRef<str>]) -> Vec<Arc<str>> {
         let inner = self.read();
         ids.iter()
             .map(|id| {
@@ -477,7 +480,7 @@ impl Fleet {
                 inner
                     .accounts
                     .get(id)
-                    .map_or_else(|| id.to_string(), |e| e.record.chatgpt_account_id.clone())
+                    .map_or_else(|| Arc::from(id), |e| Arc::clone(&e.chatgpt_id))
             })
             .collect()
     }

@@ -582,7 +582,7 @@ pub struct RequestRowOut<'a, A, R> {
     pub duration_ms: u64,
     pub usage: Option<UsageRow>,
     pub session: Option<&'a str>,
-    pub candidate_pool: &'a [String],
+    pub candidate_pool: MapSeq<'a, std::sync::Arc<str>, &'a str>,
     pub skipped: MapSeq<'a, R, SkipRowOut<'a>>,
     pub affinity: std::borrow::Cow<'a, str>,
     pub queue: Option<QueueRowOut<'a>>,

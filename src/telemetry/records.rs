@@ -163,8 +163,9 @@ pub struct RequestRecord {
     pub usage: Option<Usage>,
     /// A short hash of the session key.
     pub session: Option<String>,
-    /// The candidates in the order they were to be tried (`chatgpt_account_id`s).
-    pub candidate_pool: Vec<String>,
+    /// The candidates in the order they were to be tried (`chatgpt_account_id`s, shared
+    /// with the pool's entries: a plan can name 32).
+    pub candidate_pool: Vec<Arc<str>>,
     pub skipped: Vec<(String, SkipReason)>,
     pub affinity: Decision,
     pub queue: Option<QueueRecord>,
@@ -232,7 +233,10 @@ impl RequestRecord {
             duration_ms: self.duration_ms,
             usage: self.usage.map(Usage::row),
             session: self.session.as_deref(),
-            candidate_pool: &self.candidate_pool,
+            candidate_pool: MapSeq {
+                items: &self.candidate_pool,
+                each: |id| &**id,
+            },
             skipped: MapSeq {
                 items: &self.skipped,
                 each: |(account, reason)| SkipRowOut {
@@ -299,7 +303,11 @@ impl RequestRecord {
             duration_ms: self.duration_ms,
             usage: self.usage.map(Usage::row),
             session: self.session.clone(),
-            candidate_pool: self.candidate_pool.clone(),
+            candidate_pool: self
+                .candidate_pool
+                .iter()
+                .map(|id| id.to_string())
+                .collect(),
             skipped: self
                 .skipped
                 .iter()
@@ -398,7 +406,7 @@ impl RequestRecord {
                 reasoning_tokens: u.reasoning_tokens,
             }),
             session: r.session,
-            candidate_pool: r.candidate_pool,
+            candidate_pool: r.candidate_pool.into_iter().map(Arc::from).collect(),
             skipped,
             affinity: name("affinity", &r.affinity, Decision::from_label)?,
             queue,
