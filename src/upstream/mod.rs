@@ -161,7 +161,7 @@ pub struct Upstream {
     default_proxy: Option<Arc<ProxyUrl>>,
     /// The proxy environment variables, when `use_env_proxy` says to honour them.
     env_proxies: Option<Arc<egress::EnvProxies>>,
-    /// One client per proxy in use and thread (as `direct`), by its URL and the thread's slot.
+    /// One pool per proxy in use and thread (as `direct`), by its URL and the thread's slot.
     tunnels: Arc<Mutex<Tunnels>>,
     /// `{base}/responses` and `{base}/responses/compact`, parsed once.
     responses_url: Target,

@@ -358,6 +358,22 @@ mod tests {
         assert_eq!(pool.held(), 2);
     }
 
+    /// A request whose answer is dropped half read (its client left mid-stream): its
+    /// connection cannot carry another answer, and the next request is not sent on it.
+    #[tokio::test]
+    async fn an_answer_dropped_half_read_leaves_its_connection_unused() {
+        let gate = Arc::new(tokio::sync::Semaphore::new(0));
+        let (url, accepted, _) = backend(false, Some(Arc::clone(&gate))).await;
+        let pool = pool(Duration::from_secs(90));
+        let mut body = pool.request(post(&url)).await.unwrap().into_body();
+        let first = body.frame().await.unwrap().unwrap().into_data().unwrap();
+        assert_eq!(&first[..], b"{");
+        drop(body);
+        gate.add_permits(1_000);
+        assert_eq!(exchange(&pool, &url).await, b"{}");
+        assert_eq!(accepted.load(Ordering::SeqCst), 2);
+    }
+
     #[tokio::test]
     async fn a_connection_its_backend_closed_is_not_used_again() {
         let (url, accepted, mut closed) = backend(true, None).await;
