@@ -312,7 +312,7 @@ async fn handle(
         Ok(a) => a,
         Err(resp) => return resp,
     };
-    let ctx = match request_ctx_from_bytes(
+    let mut ctx = match request_ctx_from_bytes(
         &state,
         &admitted.key,
         &headers,
@@ -323,6 +323,8 @@ async fn handle(
         Ok(c) => c,
         Err(e) => return e.into_response(),
     };
+    // This edge writes what the backend streamed as it came.
+    ctx.sse_out = true;
     let mode = ctx.mode;
     let rx = admitted.dispatch(&state, ctx);
     respond(
@@ -683,6 +685,7 @@ fn ctx_of(
         key_permit: None,
         memory: None,
         service_tier: None,
+        sse_out: false,
     }
 }
 
@@ -730,33 +733,10 @@ async fn respond(mut rx: Frames, sse: bool, keepalive_after: Duration) -> Respon
 /// Frames events as SSE, all in one buffer: an `event:` line with the type, then the data
 /// (one `data:` line per line of it).
 pub fn sse(events: &[Event]) -> Bytes {
-    let len: usize = events.iter().map(|e| e.len() + 18).sum();
+    let len: usize = events.iter().map(Event::sse_room).sum();
     let mut out = BytesMut::with_capacity(len);
     for e in events {
-        // A block that arrived in this very form goes out as it came.
-        if let Some(block) = e.framed() {
-            out.extend_from_slice(block);
-            continue;
-        }
-        let kind = e.kind();
-        if !kind.is_empty() {
-            out.extend_from_slice(b"event: ");
-            out.extend_from_slice(kind.as_bytes());
-            out.extend_from_slice(b"\n");
-        }
-        let data = e.data();
-        if memchr::memchr(b'\n', data).is_none() {
-            out.extend_from_slice(b"data: ");
-            out.extend_from_slice(data);
-            out.extend_from_slice(b"\n");
-        } else {
-            for line in data.split(|b| *b == b'\n') {
-                out.extend_from_slice(b"data: ");
-                out.extend_from_slice(line);
-                out.extend_from_slice(b"\n");
-            }
-        }
-        out.extend_from_slice(b"\n");
+        e.write_sse(&mut out);
     }
     out.freeze()
 }
@@ -766,6 +746,7 @@ fn encode(frame: Frame) -> Option<Bytes> {
     match frame {
         Frame::Head { .. } => None,
         Frame::Events(events) => Some(sse(&events)),
+        Frame::Sse(b) => Some(b),
         Frame::Body(b) => Some(b),
         Frame::KeepAlive => Some(Bytes::from_static(KEEPALIVE)),
         Frame::Error(reply) => Some(sse(&[reply.as_failed_event()])),

@@ -527,8 +527,9 @@ impl Connection {
             tokio::select! {
                 frame = rx.recv() => match frame {
                     None => break,
-                    // Keep-alives and heads have no WebSocket form; a turn is always streamed.
-                    Some(Frame::Head { .. } | Frame::KeepAlive | Frame::Body(_)) => {}
+                    // Keep-alives and heads have no WebSocket form; a turn is always streamed
+                    // (and as events: this edge does not ask for SSE frames).
+                    Some(Frame::Head { .. } | Frame::KeepAlive | Frame::Body(_) | Frame::Sse(_)) => {}
                     Some(Frame::Error(reply)) => {
                         let error = serde_json::from_slice::<Value>(&reply.body)
                             .ok()

@@ -170,6 +170,9 @@ pub struct RequestCtx {
     pub memory: Option<Arc<crate::keys::memory::Charge>>,
     /// The `service_tier` the request asked for, as sent (it is forwarded unchanged).
     pub service_tier: Option<String>,
+    /// The edge writes the stream as SSE in the backend's own form: events after the commit
+    /// may come to it as [`Frame::Sse`]. Other edges get every event as an [`Event`].
+    pub sse_out: bool,
 }
 
 /// What a downstream WebSocket turn carries beyond its expanded body.
@@ -250,6 +253,10 @@ pub enum Frame {
     },
     /// Events of the stream, in order (those of one upstream read together).
     Events(Vec<Event>),
+    /// Events of the stream already in SSE form, for an edge that asked for them so
+    /// ([`RequestCtx::sse_out`]): after the commit, the blocks of one upstream read pass as
+    /// they came, without being made into events one by one.
+    Sse(Bytes),
     /// A whole body: a JSON client's final `response`, or a unary upstream answer.
     Body(Bytes),
     /// The upstream's keep-alive comment after the commit.

@@ -218,7 +218,8 @@ impl Dispatcher {
                         ));
                     }
                     Some(Err(e)) => return Err(Facts::transport(Phase::PreCommit, e)),
-                    Some(Ok(Item::KeepAlive)) => {}
+                    // (Nothing is moved: no buffer is given for it.)
+                    Some(Ok(Item::KeepAlive | Item::Moved)) => {}
                     Some(Ok(Item::Event(ev))) => {
                         let kind = ev.kind();
                         if kind == "response.completed" {

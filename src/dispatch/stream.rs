@@ -7,7 +7,7 @@
 //! Non-streaming clients never see a partial answer, so for them the commit is the terminal
 //! event itself: a failure anywhere before it fails over.
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use reqwest::header::{HeaderName, HeaderValue};
 use serde_json::Value;
 
@@ -271,15 +271,23 @@ impl Attempt<'_> {
         };
         let first_output_deadline = self.d.config.first_output_timeout.map(|t| self.started + t);
         let idle = self.d.config.stream_idle_timeout;
-        // Events read after the commit and not yet sent: those of one read go out together.
-        let mut batch: Vec<Event> = Vec::new();
+        let mut batch = if streaming && self.ctx.sse_out {
+            Batch::Sse(BytesMut::new())
+        } else {
+            Batch::Events(Vec::new())
+        };
         loop {
+            // After the commit, with the response's id known, the plain blocks that follow
+            // need no look one by one: they go out as they came, up to the next block that
+            // does (a terminal event's, or one of another form).
+            let runs = b.committed && b.output_seen && b.response_id.is_some();
+            if runs && let Batch::Sse(out) = &mut batch {
+                events.take_plain_run(out);
+            }
             let item = match events.buffered() {
                 Some(item) => item,
                 None => {
-                    if !batch.is_empty()
-                        && !self.emit(Frame::Events(std::mem::take(&mut batch))).await
-                    {
+                    if !batch.is_empty() && !self.emit(batch.take()).await {
                         return self.client_gone(Some(200));
                     }
                     let shown = b.output_seen || b.committed;
@@ -298,7 +306,7 @@ impl Attempt<'_> {
                         wait = wait.min(left);
                     }
                     tokio::select! {
-                        r = tokio::time::timeout(wait, events.next()) => match r {
+                        r = tokio::time::timeout(wait, events.next_or_run(batch.run_room(runs))) => match r {
                             Err(_) if !shown && tokio::time::Instant::now() >= self.deadline() => {
                                 return self.abandon();
                             }
@@ -320,10 +328,10 @@ impl Attempt<'_> {
             };
             let ev = match item {
                 Ok(Item::Event(ev)) => ev,
+                Ok(Item::Moved) => continue,
                 Ok(Item::KeepAlive) => {
                     if b.committed && streaming {
-                        let sent = (batch.is_empty()
-                            || self.emit(Frame::Events(std::mem::take(&mut batch))).await)
+                        let sent = (batch.is_empty() || self.emit(batch.take()).await)
                             && self.emit(Frame::KeepAlive).await;
                         if !sent {
                             return self.client_gone(Some(200));
@@ -372,12 +380,7 @@ impl Attempt<'_> {
                 {
                     return self.client_gone(Some(200));
                 }
-                batch = std::mem::take(&mut b.held);
-            }
-            if batch.len() == batch.capacity() {
-                // A read brings several events at a time: room for them at once, not by doubling
-                // from one.
-                batch.reserve(BATCH_ROOM);
+                batch.start(std::mem::take(&mut b.held));
             }
             batch.push(ev);
         }
@@ -558,8 +561,62 @@ fn response_text(ev: &Event) -> Bytes {
     }
 }
 
+/// Events read after the commit and not yet sent: those of one read go out together.
+enum Batch {
+    Events(Vec<Event>),
+    /// Their SSE blocks, for an edge that takes them so (`RequestCtx::sse_out`).
+    Sse(BytesMut),
+}
+
+impl Batch {
+    fn is_empty(&self) -> bool {
+        match self {
+            Batch::Events(v) => v.is_empty(),
+            Batch::Sse(out) => out.is_empty(),
+        }
+    }
+
+    /// Begins with the events held until the commit (the batch is empty then).
+    fn start(&mut self, held: Vec<Event>) {
+        match self {
+            Batch::Events(v) if v.is_empty() => *v = held,
+            _ => held.into_iter().for_each(|e| self.push(e)),
+        }
+    }
+
+    fn push(&mut self, ev: Event) {
+        match self {
+            Batch::Events(v) => {
+                if v.len() == v.capacity() {
+                    // A read brings several events at a time: room for them at once, not by
+                    // doubling from one.
+                    v.reserve(BATCH_ROOM);
+                }
+                v.push(ev);
+            }
+            Batch::Sse(out) => ev.write_sse(out),
+        }
+    }
+
+    /// Where plain blocks may be moved as they came, when `runs` and the edge takes SSE.
+    fn run_room(&mut self, runs: bool) -> Option<&mut BytesMut> {
+        match self {
+            Batch::Sse(out) if runs => Some(out),
+            _ => None,
+        }
+    }
+
+    /// The frame of what is batched, leaving the batch empty.
+    fn take(&mut self) -> Frame {
+        match self {
+            Batch::Events(v) => Frame::Events(std::mem::take(v)),
+            Batch::Sse(out) => Frame::Sse(out.split().freeze()),
+        }
+    }
+}
+
 /// Puts events already read (and not yet sent) in front of the final frames.
-fn with_batch(mut batch: Vec<Event>, end: End) -> End {
+fn with_batch(batch: Batch, end: End) -> End {
     match end {
         End::Done {
             outcome,
@@ -567,13 +624,19 @@ fn with_batch(mut batch: Vec<Event>, end: End) -> End {
             mut tail,
             source,
         } if !batch.is_empty() => {
-            match tail.first_mut() {
+            match (batch, tail.first_mut()) {
                 // The end's own events go out in the same frame, after them.
-                Some(Frame::Events(last)) => {
+                (Batch::Events(mut batch), Some(Frame::Events(last))) => {
                     batch.append(last);
                     *last = batch;
                 }
-                _ => tail.insert(0, Frame::Events(batch)),
+                (Batch::Sse(mut out), Some(first @ Frame::Events(_))) => {
+                    if let Frame::Events(last) = first {
+                        last.iter().for_each(|e| e.write_sse(&mut out));
+                    }
+                    *first = Frame::Sse(out.freeze());
+                }
+                (mut batch, _) => tail.insert(0, batch.take()),
             }
             End::Done {
                 outcome,

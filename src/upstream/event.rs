@@ -6,7 +6,7 @@
 
 use std::ops::Range;
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use serde_json::{Value, json};
 
 /// Terminal events: the stream's answer is complete (or failed) after one of these.
@@ -15,7 +15,7 @@ pub fn is_terminal(kind: &str) -> bool {
 }
 
 /// The same on the type's bytes (text that is not UTF-8 is none of them).
-fn is_terminal_type(kind: &[u8]) -> bool {
+pub(super) fn is_terminal_type(kind: &[u8]) -> bool {
     matches!(
         kind,
         b"response.completed" | b"response.failed" | b"response.incomplete" | b"error"
@@ -108,6 +108,40 @@ impl Event {
             data: narrow(data),
             framed,
         }
+    }
+
+    /// Appends its SSE block to `out`: as it came when it arrived in this form, else an
+    /// `event:` line with its type (when it has one), then its data, one `data:` line per
+    /// line of it, and a blank line.
+    pub fn write_sse(&self, out: &mut BytesMut) {
+        if let Some(block) = self.framed() {
+            out.extend_from_slice(block);
+            return;
+        }
+        let kind = self.kind();
+        if !kind.is_empty() {
+            out.extend_from_slice(b"event: ");
+            out.extend_from_slice(kind.as_bytes());
+            out.extend_from_slice(b"\n");
+        }
+        let data = self.data();
+        if memchr::memchr(b'\n', data).is_none() {
+            out.extend_from_slice(b"data: ");
+            out.extend_from_slice(data);
+            out.extend_from_slice(b"\n");
+        } else {
+            for line in data.split(|b| *b == b'\n') {
+                out.extend_from_slice(b"data: ");
+                out.extend_from_slice(line);
+                out.extend_from_slice(b"\n");
+            }
+        }
+        out.extend_from_slice(b"\n");
+    }
+
+    /// Room enough for its SSE block in most cases (its bytes and the lines' names).
+    pub fn sse_room(&self) -> usize {
+        self.len() + 18
     }
 
     /// The SSE block to write for it, when it arrived as one in the edge's own form.

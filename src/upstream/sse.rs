@@ -4,9 +4,9 @@
 
 use std::ops::Range;
 
-use bytes::BytesMut;
+use bytes::{Buf, BytesMut};
 
-use super::event::Event;
+use super::event::{Event, is_terminal_type};
 
 /// One whole SSE block.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -130,49 +130,97 @@ impl SseSplitter {
     }
 
     /// The block nearly every event comes in, `event: {type}\ndata: {data}\n\n`, when one is
-    /// whole at the front: found with two searches, for its two line ends. A front block whose
-    /// lines have not all ended is not searched again line by line; anything else (a comment,
-    /// a `\r`, spaces around the type, more lines) is left to the line-by-line reading, which
-    /// reads this block the same way.
+    /// whole at the front: taken as it came (see [`plain_block`]). A front block whose lines
+    /// have not all ended is not searched again line by line; anything else is left to the
+    /// line-by-line reading, which reads this block the same way.
     fn next_plain(&mut self) -> Plain {
-        const EVENT: &[u8] = b"event: ";
-        const DATA: &[u8] = b"data: ";
-        let buf = &self.buf[..];
-        if !buf.starts_with(EVENT) {
-            return Plain::Other;
+        match plain_block(&self.buf) {
+            Scan::Block { kind, data } => {
+                let block = self.buf.split_to(data.end + 2).freeze();
+                Plain::Event(Event::of_plain_block(block, kind, data))
+            }
+            Scan::NotWhole => Plain::NotWhole,
+            Scan::Other => Plain::Other,
         }
-        let Some(nl) = memchr::memchr(b'\n', &buf[EVENT.len()..]) else {
-            return Plain::NotWhole;
-        };
-        let kind = EVENT.len()..EVENT.len() + nl;
-        let rest = &buf[kind.end + 1..];
-        if !rest.starts_with(DATA) {
-            return if DATA.starts_with(rest) {
-                Plain::NotWhole
-            } else {
-                Plain::Other
-            };
-        }
-        let data_start = kind.end + 1 + DATA.len();
-        let Some(nl) = memchr::memchr(b'\n', &buf[data_start..]) else {
-            return Plain::NotWhole;
-        };
-        let data = data_start..data_start + nl;
-        let edge = |c: Option<&u8>| c.is_none_or(u8::is_ascii_whitespace);
-        match buf.get(data.end + 1) {
-            None => return Plain::NotWhole,
-            Some(b'\n') => {}
-            Some(_) => return Plain::Other,
-        }
-        if edge(buf[kind.clone()].first())
-            || edge(buf[kind.clone()].last())
-            || buf[data.clone()].last() == Some(&b'\r')
-        {
-            return Plain::Other;
-        }
-        let block = self.buf.split_to(data.end + 2).freeze();
-        Plain::Event(Event::of_plain_block(block, kind, data))
     }
+
+    /// Moves the whole plain blocks at the front into `out` as they came, up to the first
+    /// block of another form, a terminal event's or one whose type is not plain ASCII (those
+    /// are left for [`SseSplitter::next_piece`]). Each moved block is already in the form an
+    /// SSE edge writes, so none is made into an [`Event`]. Returns how many were moved.
+    pub fn take_plain_run(&mut self, out: &mut BytesMut) -> usize {
+        let (mut pos, mut n) = (0, 0);
+        while let Scan::Block { kind, data } = plain_block(&self.buf[pos..]) {
+            let kind = &self.buf[pos + kind.start..pos + kind.end];
+            if !kind.is_ascii() || is_terminal_type(kind) {
+                break;
+            }
+            pos += data.end + 2;
+            n += 1;
+        }
+        if pos > 0 {
+            // Room for the rest of what was received too (the terminal event, likely).
+            out.reserve(self.buf.len());
+            out.extend_from_slice(&self.buf[..pos]);
+            self.buf.advance(pos);
+        }
+        n
+    }
+}
+
+/// What the front of a buffer holds, read as the plain block `event: {type}\ndata: {data}\n\n`
+/// (found with two searches, for its two line ends): its type's and data's ranges when it is
+/// one, whole. A type with spaces at its edges, a `\r`, or any other line is not plain.
+fn plain_block(buf: &[u8]) -> Scan {
+    const EVENT: &[u8] = b"event: ";
+    const DATA: &[u8] = b"data: ";
+    if !buf.starts_with(EVENT) {
+        return Scan::Other;
+    }
+    let Some(nl) = memchr::memchr(b'\n', &buf[EVENT.len()..]) else {
+        return Scan::NotWhole;
+    };
+    let kind = EVENT.len()..EVENT.len() + nl;
+    let rest = &buf[kind.end + 1..];
+    if !rest.starts_with(DATA) {
+        return if DATA.starts_with(rest) {
+            Scan::NotWhole
+        } else {
+            Scan::Other
+        };
+    }
+    let data_start = kind.end + 1 + DATA.len();
+    let Some(nl) = memchr::memchr(b'\n', &buf[data_start..]) else {
+        return Scan::NotWhole;
+    };
+    let data = data_start..data_start + nl;
+    let edge = |c: Option<&u8>| c.is_none_or(u8::is_ascii_whitespace);
+    match buf.get(data.end + 1) {
+        None => return Scan::NotWhole,
+        Some(b'\n') => {}
+        Some(_) => return Scan::Other,
+    }
+    if edge(buf[kind.clone()].first())
+        || edge(buf[kind.clone()].last())
+        || buf[data.clone()].last() == Some(&b'\r')
+    {
+        return Scan::Other;
+    }
+    Scan::Block { kind, data }
+}
+
+/// A reading of the front of a buffer by [`plain_block`].
+enum Scan {
+    /// A whole plain block: its type's and data's ranges (the block ends two bytes after
+    /// the data).
+    Block {
+        kind: Range<usize>,
+        data: Range<usize>,
+    },
+    /// A block (of whatever form) with a line not yet ended.
+    NotWhole,
+    /// Something else.
+    Other,
 }
 
 /// What the quick reading of the front block found.
@@ -349,5 +397,101 @@ mod tests {
         let mut s = SseSplitter::new(16);
         s.push(b"data: 0123456789012345678901234567890");
         assert_eq!(s.next_piece(), Err(EventTooLarge(16)));
+    }
+
+    /// The plain blocks after the commit pass as they came, up to one that needs a look: one
+    /// of another form, a comment, a terminal event, a type that is not ASCII, or a block
+    /// not yet whole.
+    #[test]
+    fn a_plain_run_stops_where_a_block_needs_a_look() {
+        let plain = |kind: &str, data: &str| format!("event: {kind}\ndata: {data}\n\n");
+        let (a, b) = (plain("a", "{\"n\":1}"), plain("b", "{\"n\":2}"));
+        let c = "data: {\"type\":\"c\"}\n\n".to_string();
+        let d = plain("d", "{}");
+        let e = plain("\u{e9}t\u{e9}", "{}");
+        let done = plain("response.completed", "{\"type\":\"response.completed\"}");
+        let stream = format!("{a}{b}{c}{d}: keep-alive\n\n{e}{d}{done}event: x\nda");
+        let mut s = SseSplitter::new(1 << 20);
+        s.push(stream.as_bytes());
+        let mut out = BytesMut::new();
+        let kind = |p: Option<Piece>| match p {
+            Some(Piece::Event(e)) => e.kind().to_string(),
+            Some(Piece::Comment) => ":".into(),
+            None => "none".into(),
+        };
+        assert_eq!(s.take_plain_run(&mut out), 2);
+        assert_eq!(&out[..], format!("{a}{b}").as_bytes(), "moved as they came");
+        assert_eq!(
+            s.take_plain_run(&mut out),
+            0,
+            "a data-only block needs a look"
+        );
+        assert_eq!(kind(s.next_piece().unwrap()), "c");
+        assert_eq!(s.take_plain_run(&mut out), 1);
+        assert_eq!(kind(s.next_piece().unwrap()), ":");
+        assert_eq!(s.take_plain_run(&mut out), 0, "a type that is not ASCII");
+        assert_eq!(kind(s.next_piece().unwrap()), "\u{e9}t\u{e9}");
+        assert_eq!(s.take_plain_run(&mut out), 1);
+        assert_eq!(
+            s.take_plain_run(&mut out),
+            0,
+            "the terminal event is never moved"
+        );
+        assert_eq!(kind(s.next_piece().unwrap()), "response.completed");
+        assert_eq!(s.take_plain_run(&mut out), 0, "a block not yet whole stays");
+        assert_eq!(s.pending(), "event: x\nda".len());
+        assert_eq!(&out[..], format!("{a}{b}{d}{d}").as_bytes());
+    }
+
+    /// However the bytes are cut, runs and single events together give back the stream in
+    /// order, each event once, and the terminal event always on its own.
+    #[test]
+    fn runs_and_pieces_give_back_the_stream_however_it_is_cut() {
+        let mut stream = Vec::new();
+        for i in 0..12 {
+            stream.extend_from_slice(
+                format!("event: response.output_text.delta\ndata: {{\"delta\":\"{i}\"}}\n\n")
+                    .as_bytes(),
+            );
+            if i % 5 == 4 {
+                stream.extend_from_slice(b"data: {\"type\":\"plain.data\"}\n\n");
+            }
+        }
+        stream.extend_from_slice(
+            b"event: response.completed\ndata: {\"type\":\"response.completed\"}\n\n",
+        );
+        // A block without an `event:` line is written with one, its type from its data.
+        let expected = String::from_utf8(stream.clone()).unwrap().replace(
+            "\n\ndata: {\"type\":\"plain.data\"}",
+            "\n\nevent: plain.data\ndata: {\"type\":\"plain.data\"}",
+        );
+        for chunk_size in [1, 2, 3, 7, 19, 64, stream.len()] {
+            let mut s = SseSplitter::new(1 << 20);
+            let mut out = BytesMut::new();
+            let (mut moved, mut single, mut terminal) = (0, 0, 0);
+            for chunk in stream.chunks(chunk_size) {
+                s.push(chunk);
+                loop {
+                    moved += s.take_plain_run(&mut out);
+                    match s.next_piece().unwrap() {
+                        Some(Piece::Event(e)) => {
+                            single += 1;
+                            terminal += usize::from(e.is_terminal());
+                            e.write_sse(&mut out);
+                        }
+                        Some(Piece::Comment) => panic!("no comment was sent"),
+                        None => break,
+                    }
+                }
+            }
+            assert_eq!(
+                &out[..],
+                expected.as_bytes(),
+                "cut every {chunk_size} bytes"
+            );
+            assert_eq!(moved + single, 15, "cut every {chunk_size} bytes");
+            assert_eq!(terminal, 1);
+            assert_eq!(s.pending(), 0);
+        }
     }
 }

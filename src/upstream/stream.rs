@@ -3,7 +3,7 @@
 //! received without waiting ([`EventStream::buffered`]) and waits only when none is left
 //! ([`EventStream::next`]), so the events of one read are forwarded together.
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use futures_util::StreamExt;
 use futures_util::stream::BoxStream;
 
@@ -17,6 +17,9 @@ pub enum Item {
     Event(Event),
     /// The upstream's keep-alive comment.
     KeepAlive,
+    /// Whole plain blocks were moved, as they came, into the buffer given to
+    /// [`EventStream::next_or_run`].
+    Moved,
 }
 
 /// Why a stream ended early, for the operator.
@@ -64,6 +67,16 @@ impl EventStream {
         EventStream(Source::Ws(Box::new(turn)))
     }
 
+    /// Moves the whole plain SSE blocks already received into `out` as they came, up to the
+    /// first one that needs a look of its own ([`SseSplitter::take_plain_run`]); a WebSocket
+    /// turn has none. Returns how many were moved.
+    pub fn take_plain_run(&mut self, out: &mut BytesMut) -> usize {
+        match &mut self.0 {
+            Source::Sse { split, .. } => split.take_plain_run(out),
+            Source::Ws(_) => 0,
+        }
+    }
+
     /// An event already received, without waiting.
     pub fn buffered(&mut self) -> Option<Result<Item, StreamError>> {
         match &mut self.0 {
@@ -79,8 +92,23 @@ impl EventStream {
     /// The next event, waiting for the network when none is buffered. `None` is the end of the
     /// stream (which, before a terminal event, is a failure for the caller to judge).
     pub async fn next(&mut self) -> Option<Result<Item, StreamError>> {
+        self.next_or_run(None).await
+    }
+
+    /// The same, except that while `run` is given, the whole plain blocks at the front of what
+    /// was received are moved into it as they came ([`SseSplitter::take_plain_run`]) and
+    /// [`Item::Moved`] says so.
+    pub async fn next_or_run(
+        &mut self,
+        mut run: Option<&mut BytesMut>,
+    ) -> Option<Result<Item, StreamError>> {
         match &mut self.0 {
             Source::Sse { body, split, ended } => loop {
+                if let Some(out) = run.as_deref_mut()
+                    && split.take_plain_run(out) > 0
+                {
+                    return Some(Ok(Item::Moved));
+                }
                 match split.next_piece() {
                     Ok(Some(p)) => return Some(Ok(item(p))),
                     Ok(None) if *ended => return None,

@@ -2,7 +2,7 @@
 //! where each request went, and the account state afterwards.
 
 use crate::common::gw::{Gw, body, until};
-use serde_json::json;
+use serde_json::{Value, json};
 use switchyard::sim::FaultKind;
 
 #[tokio::test]
@@ -42,6 +42,37 @@ async fn a_streamed_turn_goes_through_with_the_account_identity() {
     assert_eq!(records[0]["account"], first.as_str());
     assert_eq!(records[0]["attempts"][0]["class"], "success");
     assert!(records[0]["usage"]["input_tokens"].as_u64().unwrap() > 0);
+}
+
+/// The events reach the client in the backend's own framing, each once and in order: those
+/// after the commit pass as the blocks they came in, the terminal event after them.
+#[tokio::test]
+async fn a_streamed_answer_reaches_the_client_in_the_backends_framing() {
+    let gw = Gw::start(1).await;
+    let sse = gw.stream(&body("gpt-5.5", "hello there", true), &[]).await;
+    assert_eq!(sse.status, 200);
+    assert!(sse.body.ends_with("\n\n"), "{:?}", sse.body);
+    let blocks: Vec<&str> = sse.body.trim_end_matches("\n\n").split("\n\n").collect();
+    assert_eq!(
+        blocks.len(),
+        sse.events.len(),
+        "no comments, one block per event"
+    );
+    assert!(
+        sse.count("response.output_text.delta") >= 2,
+        "{:?}",
+        sse.body
+    );
+    for (block, (kind, data)) in blocks.iter().zip(&sse.events) {
+        let (event_line, data_line) = block.split_once('\n').expect("two lines");
+        assert_eq!(event_line, format!("event: {kind}"));
+        let sent: Value = serde_json::from_str(data_line.strip_prefix("data: ").unwrap()).unwrap();
+        assert_eq!(&sent, data);
+        assert_eq!(sent["type"], kind.as_str());
+    }
+    assert_eq!(sse.events[0].0, "response.created");
+    assert_eq!(sse.count("response.completed"), 1);
+    assert_eq!(sse.last().0, "response.completed");
 }
 
 #[tokio::test]

@@ -571,7 +571,8 @@ async fn stream_answer(rx: Frames, mut chunker: Chunker) -> Response {
                 b.extend_from_slice(DONE);
                 (Bytes::from(b), true)
             }
-            Frame::Head { .. } | Frame::Body(_) => (Bytes::new(), false),
+            // No SSE frames: this door does not ask for them (`RequestCtx::sse_out`).
+            Frame::Head { .. } | Frame::Body(_) | Frame::Sse(_) => (Bytes::new(), false),
         },
     )
     .await

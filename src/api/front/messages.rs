@@ -606,7 +606,8 @@ async fn stream_answer(rx: Frames, mut seq: Sequencer) -> Response {
                 )]),
                 true,
             ),
-            Frame::Head { .. } | Frame::Body(_) => (Bytes::new(), false),
+            // No SSE frames: this door does not ask for them (`RequestCtx::sse_out`).
+            Frame::Head { .. } | Frame::Body(_) | Frame::Sse(_) => (Bytes::new(), false),
         },
     )
     .await

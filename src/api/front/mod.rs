@@ -73,7 +73,8 @@ pub async fn terminal(mut rx: Frames) -> Ended {
                     return Ended::Terminal(e.kind().to_string(), parsed(e));
                 }
             }
-            Frame::Head { .. } | Frame::Body(_) | Frame::KeepAlive => {}
+            // No SSE frames: the doors do not ask for them (`RequestCtx::sse_out`).
+            Frame::Head { .. } | Frame::Body(_) | Frame::KeepAlive | Frame::Sse(_) => {}
         }
     }
     Ended::Nothing
