@@ -380,7 +380,9 @@ impl Attempt<'_> {
                 {
                     return self.client_gone(Some(200));
                 }
-                batch.start(std::mem::take(&mut b.held));
+                // Room for what was received so far, held or not.
+                let room = ev.sse_room() + events.pending();
+                batch.start(std::mem::take(&mut b.held), room);
             }
             batch.push(ev);
         }
@@ -576,10 +578,15 @@ impl Batch {
         }
     }
 
-    /// Begins with the events held until the commit (the batch is empty then).
-    fn start(&mut self, held: Vec<Event>) {
+    /// Begins with the events held until the commit (the batch is empty then), with room
+    /// for `more` bytes of SSE after them.
+    fn start(&mut self, held: Vec<Event>, more: usize) {
         match self {
             Batch::Events(v) if v.is_empty() => *v = held,
+            Batch::Sse(out) => {
+                out.reserve(held.iter().map(Event::sse_room).sum::<usize>() + more);
+                held.iter().for_each(|e| e.write_sse(out));
+            }
             _ => held.into_iter().for_each(|e| self.push(e)),
         }
     }

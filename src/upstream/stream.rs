@@ -77,6 +77,14 @@ impl EventStream {
         }
     }
 
+    /// Bytes received and not yet taken (of an SSE body).
+    pub fn pending(&self) -> usize {
+        match &self.0 {
+            Source::Sse { split, .. } => split.pending(),
+            Source::Ws(_) => 0,
+        }
+    }
+
     /// An event already received, without waiting.
     pub fn buffered(&mut self) -> Option<Result<Item, StreamError>> {
         match &mut self.0 {
