@@ -583,11 +583,11 @@ impl Batch {
     fn start(&mut self, held: Vec<Event>, more: usize) {
         match self {
             Batch::Events(v) if v.is_empty() => *v = held,
+            Batch::Events(v) => v.extend(held),
             Batch::Sse(out) => {
                 out.reserve(held.iter().map(Event::sse_room).sum::<usize>() + more);
                 held.iter().for_each(|e| e.write_sse(out));
             }
-            _ => held.into_iter().for_each(|e| self.push(e)),
         }
     }
 
