@@ -76,7 +76,7 @@ const REQUEST: &str = r#"{"model":"gpt-5.5","instructions":"You are a load test.
 /// The gateway's own allocator, so that the floor (this program as a bare proxy) stands on
 /// the same libraries as the gateway.
 #[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static GLOBAL: switchyard_alloc::Alloc = switchyard_alloc::Alloc;
 
 struct Proc(Child, Option<Command>);
 

@@ -14,4 +14,4 @@ fn main() -> ExitCode {
 }
 
 #[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static GLOBAL: switchyard_alloc::Alloc = switchyard_alloc::Alloc;
