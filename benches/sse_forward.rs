@@ -51,7 +51,7 @@ fn main() {
                 for c in data.chunks(chunk) {
                     splitter.push(c);
                     while let Ok(Some(Piece::Event(ev))) = splitter.next_piece() {
-                        if !is_precommit(ev.kind()) || ev.is_terminal() {
+                        if !is_precommit(ev.kind_bytes()) || ev.is_terminal() {
                             batch.push(ev);
                         }
                         seen += 1;

@@ -229,7 +229,7 @@ impl Dispatcher {
                             let v = ev.json().unwrap_or_default();
                             return Err(Facts::from_event(Phase::PreCommit, &v));
                         }
-                        if !super::stream::is_precommit(kind) {
+                        if !super::stream::is_precommit(kind.as_bytes()) {
                             return Ok(());
                         }
                     }

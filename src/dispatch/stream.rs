@@ -22,18 +22,19 @@ use crate::upstream::stream::{EventStream, Item, StreamError};
 /// Events a batch has room for when it is started.
 const BATCH_ROOM: usize = 16;
 
-/// Events that carry nothing a client renders or acts on: held before the commit.
-pub fn is_precommit(kind: &str) -> bool {
+/// Events that carry nothing a client renders or acts on: held before the commit. Compared
+/// as bytes; a type that is not UTF-8 reads as none, as [`Event::kind`] gives it.
+pub fn is_precommit(kind: &[u8]) -> bool {
     matches!(
         kind,
-        "" | "response.created"
-            | "response.in_progress"
-            | "response.queued"
-            | "codex.rate_limits"
-            | "response.output_item.added"
-            | "response.content_part.added"
-            | "response.reasoning_summary_part.added"
-    )
+        b"" | b"response.created"
+            | b"response.in_progress"
+            | b"response.queued"
+            | b"codex.rate_limits"
+            | b"response.output_item.added"
+            | b"response.content_part.added"
+            | b"response.reasoning_summary_part.added"
+    ) || std::str::from_utf8(kind).is_err()
 }
 
 /// What the gateway reads from an event's `response` object: its id, tier and usage. A
@@ -345,7 +346,7 @@ impl Attempt<'_> {
                 return with_batch(batch, self.terminal(ev, &mut b));
             }
             // Looked at only until the answer shows output and is committed.
-            let precommit = (!b.output_seen || !b.committed) && is_precommit(ev.kind());
+            let precommit = (!b.output_seen || !b.committed) && is_precommit(ev.kind_bytes());
             if b.response_id.is_none() && ev.is_kind("response.created") {
                 b.response_id = ev.response_id();
             }
@@ -391,8 +392,8 @@ impl Attempt<'_> {
     /// A terminal event: the end of a good answer, or a failure to judge.
     fn terminal(&mut self, ev: Event, b: &mut Boundary) -> End {
         let streaming = self.ctx.mode == Mode::Stream;
-        let kind = ev.kind();
-        let ok = matches!(kind, "response.completed" | "response.incomplete");
+        let kind = ev.kind_bytes();
+        let ok = matches!(kind, b"response.completed" | b"response.incomplete");
         // A good end needs only the peek (a JSON client is answered with the event's response
         // as it came); a failure is judged from the whole event, which then gives the peek too
         // (parsed once).
@@ -422,20 +423,20 @@ impl Attempt<'_> {
         let response_id = b.response_id.clone().or_else(|| peek.id());
         self.serve(response_id);
         let outcome = match (kind, class) {
-            ("response.completed", _) => Outcome::Success,
-            ("response.incomplete", _) => Outcome::Incomplete,
+            (b"response.completed", _) => Outcome::Success,
+            (b"response.incomplete", _) => Outcome::Incomplete,
             (_, Class::Caller) => Outcome::CallerError,
             _ => Outcome::Failed,
         };
         match kind {
-            "response.completed" => {
+            b"response.completed" => {
                 self.d
                     .fleet
                     .report(&self.lease.id, Class::Success, None, &self.ctx.model);
                 self.trace.usage = peek.usage();
                 self.trace.served_tier = peek.service_tier();
             }
-            "response.incomplete" => {
+            b"response.incomplete" => {
                 self.trace.usage = peek.usage();
                 self.trace.served_tier = peek.service_tier();
             }
@@ -673,6 +674,28 @@ fn sse_head(relay: &[(HeaderName, HeaderValue)]) -> Vec<(HeaderName, HeaderValue
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The held types are told apart as bytes; a type that is not UTF-8 is held as a missing
+    /// one is, and anything that shows output is not held.
+    #[test]
+    fn precommit_types_are_compared_as_bytes() {
+        for held in [
+            "",
+            "response.created",
+            "codex.rate_limits",
+            "response.in_progress",
+        ] {
+            assert!(is_precommit(held.as_bytes()), "{held}");
+        }
+        assert!(is_precommit(b"response.\xffcreated"));
+        for shown in [
+            "response.output_text.delta",
+            "response.created ",
+            "Response.created",
+        ] {
+            assert!(!is_precommit(shown.as_bytes()), "{shown}");
+        }
+    }
 
     /// The peek of `data`, checked to read the same from the parsed event and to read what the
     /// tree itself says, field by field (`as_str`, `as_u64`).

@@ -194,7 +194,8 @@ impl Event {
         self.kind_bytes() == kind.as_bytes()
     }
 
-    fn kind_bytes(&self) -> &[u8] {
+    /// Its type as received, with no UTF-8 check.
+    pub fn kind_bytes(&self) -> &[u8] {
         &self.bytes[wide(&self.kind)]
     }
 
