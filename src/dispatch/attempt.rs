@@ -7,9 +7,8 @@
 use std::time::Instant;
 
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
-use tokio::sync::mpsc;
 
-use super::{Dispatcher, ErrorReply, Frame, Mode, RequestCtx, Unsent};
+use super::{Dispatcher, ErrorReply, Frame, Mode, RequestCtx, Unsent, frames};
 use crate::fleet::affinity::{Rebound, refusal_scope};
 use crate::fleet::health::{Blame, Class};
 use crate::fleet::refresh::TokenError;
@@ -133,7 +132,7 @@ pub(crate) fn ms_since(t: Instant) -> u64 {
 pub(crate) struct Attempt<'a> {
     pub(super) d: &'a Dispatcher,
     pub(super) ctx: &'a RequestCtx,
-    pub(super) tx: &'a mpsc::Sender<Frame>,
+    pub(super) tx: &'a frames::Sender,
     pub(super) trace: &'a mut Trace,
     pub(super) lease: Lease,
     identity: Identity,
@@ -164,7 +163,7 @@ impl<'a> Attempt<'a> {
     pub(crate) fn run(
         d: &'a Dispatcher,
         ctx: &'a RequestCtx,
-        tx: &'a mpsc::Sender<Frame>,
+        tx: &'a frames::Sender,
         trace: &'a mut Trace,
         lease: Lease,
     ) -> std::pin::Pin<Box<impl std::future::Future<Output = End> + Send + 'a>> {
@@ -174,7 +173,7 @@ impl<'a> Attempt<'a> {
     async fn run_inline(
         d: &'a Dispatcher,
         ctx: &'a RequestCtx,
-        tx: &'a mpsc::Sender<Frame>,
+        tx: &'a frames::Sender,
         trace: &'a mut Trace,
         lease: Lease,
     ) -> End {

@@ -23,7 +23,6 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use reqwest::header::{HeaderName, HeaderValue};
 use serde_json::{Map, Value, json};
-use tokio::sync::mpsc;
 
 use crate::base::job::{self, Ticker};
 use crate::fleet::Fleet;
@@ -280,7 +279,7 @@ pub(crate) enum Unsent {
 /// itself while it lives and, when it goes, closes the channel and then hands the request to a
 /// task of its own, whose first poll finds the channel closed. (`Sender::closed` would enter
 /// a waiter list and leave it again at every wait for the upstream.)
-pub(crate) fn client_left(tx: &mpsc::Sender<Frame>) -> impl std::future::Future<Output = ()> + '_ {
+pub(crate) fn client_left(tx: &frames::Sender) -> impl std::future::Future<Output = ()> + '_ {
     std::future::poll_fn(|_| {
         if tx.is_closed() {
             std::task::Poll::Ready(())
@@ -293,14 +292,14 @@ pub(crate) fn client_left(tx: &mpsc::Sender<Frame>) -> impl std::future::Future<
 /// Sends `frame` to the edge, waiting at most `limit` for room. A frame that finds room at once
 /// (the usual case) goes without a timer.
 pub(crate) async fn send_within(
-    tx: &mpsc::Sender<Frame>,
+    tx: &frames::Sender,
     frame: Frame,
     limit: Duration,
 ) -> Result<(), Unsent> {
     let frame = match tx.try_send(frame) {
         Ok(()) => return Ok(()),
-        Err(mpsc::error::TrySendError::Closed(_)) => return Err(Unsent::Gone),
-        Err(mpsc::error::TrySendError::Full(frame)) => frame,
+        Err(frames::TrySendError::Closed(_)) => return Err(Unsent::Gone),
+        Err(frames::TrySendError::Full(frame)) => frame,
     };
     match tokio::time::timeout(limit, tx.send(frame)).await {
         Ok(Ok(())) => Ok(()),
@@ -494,7 +493,7 @@ impl Dispatcher {
         let mut d = self.clone();
         d.config = self.current();
         d.cut = self.cut.join();
-        let (tx, rx) = mpsc::channel(64);
+        let (tx, rx) = frames::channel(64);
         // The tracker's token is held inside the future rather than wrapped around it, and the
         // future (4.5 KB) is made in its box.
         let token = self.tasks.token();

@@ -7,11 +7,10 @@ use std::time::{Duration, Instant};
 
 use reqwest::header::HeaderValue;
 use serde_json::{Map, json};
-use tokio::sync::mpsc;
 use tracing::Instrument;
 
 use super::attempt::{Attempt, End, Trace};
-use super::{Dispatcher, ErrorReply, Frame, Mode, RequestCtx};
+use super::{Dispatcher, ErrorReply, Frame, Mode, RequestCtx, frames};
 use crate::base::duration::human_duration;
 use crate::fleet::affinity::{Decision, Rebound, refusal_scope};
 use crate::fleet::scheduler::{QueueOutcome, Wait};
@@ -109,7 +108,7 @@ impl Dispatcher {
         }
     }
 
-    pub async fn run(&self, ctx: RequestCtx, tx: mpsc::Sender<Frame>) {
+    pub async fn run(&self, ctx: RequestCtx, tx: frames::Sender) {
         let key = self.log.next_key();
         // A debug span: the request path costs no formatting at `info` unless something goes
         // wrong (failures name the request themselves).
@@ -117,7 +116,7 @@ impl Dispatcher {
         self.run_traced(ctx, tx, key).instrument(span).await;
     }
 
-    async fn run_traced(&self, ctx: RequestCtx, tx: mpsc::Sender<Frame>, key: u64) {
+    async fn run_traced(&self, ctx: RequestCtx, tx: frames::Sender, key: u64) {
         let mut trace = Trace::new(key, self.fleet.clock().now_ms());
         // The key's policy first: a refused request touches no account and joins no queue.
         let settings = self.fleet.settings();
@@ -204,7 +203,7 @@ impl Dispatcher {
     }
 
     /// Sends a request's last frames, each within the client write timeout.
-    async fn send_tail(&self, tx: &mpsc::Sender<Frame>, tail: Vec<Frame>) {
+    async fn send_tail(&self, tx: &frames::Sender, tail: Vec<Frame>) {
         for frame in tail {
             if super::send_within(tx, frame, self.config.client_write_timeout)
                 .await
@@ -220,7 +219,7 @@ impl Dispatcher {
         &self,
         ctx: &RequestCtx,
         plan: &Plan,
-        tx: &mpsc::Sender<Frame>,
+        tx: &frames::Sender,
         trace: &mut Trace,
         credits_seen: u64,
     ) -> End {
@@ -501,7 +500,7 @@ impl Dispatcher {
         &self,
         plan: &Plan,
         walk: &mut Walk,
-        tx: &mpsc::Sender<Frame>,
+        tx: &frames::Sender,
         trace: &mut Trace,
     ) -> Acquire {
         let settings = self.fleet.settings();
@@ -647,7 +646,7 @@ impl Dispatcher {
 
     /// Resolves when a waiting request has no one to wait for: its client left, or shutdown
     /// cut it.
-    async fn gone(&self, tx: &mpsc::Sender<Frame>) {
+    async fn gone(&self, tx: &frames::Sender) {
         tokio::select! {
             _ = super::client_left(tx) => {}
             _ = self.cut_off() => {}
