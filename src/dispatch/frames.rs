@@ -52,6 +52,13 @@ struct State {
     sender_waiting: Option<Waker>,
 }
 
+/// Wakes the end that was waiting, if one was (called with the lock released).
+fn wake(waiting: Option<Waker>) {
+    if let Some(w) = waiting {
+        w.wake();
+    }
+}
+
 /// Why a frame was not sent; the frame comes back with it.
 #[derive(Debug)]
 pub(crate) enum TrySendError {
@@ -114,9 +121,7 @@ impl Sender {
         st.queue.push_back(frame);
         let receiver = st.receiver_waiting.take();
         drop(st);
-        if let Some(w) = receiver {
-            w.wake();
-        }
+        wake(receiver);
         Ok(())
     }
 
@@ -132,9 +137,7 @@ impl Drop for Sender {
         st.sender_gone = true;
         let receiver = st.receiver_waiting.take();
         drop(st);
-        if let Some(w) = receiver {
-            w.wake();
-        }
+        wake(receiver);
     }
 }
 
@@ -172,9 +175,7 @@ impl Receiver {
         };
         let sender = st.sender_waiting.take();
         drop(st);
-        if let Some(w) = sender {
-            w.wake();
-        }
+        wake(sender);
         Ok(frame)
     }
 
@@ -185,9 +186,7 @@ impl Receiver {
         st.receiver_closed = true;
         let sender = st.sender_waiting.take();
         drop(st);
-        if let Some(w) = sender {
-            w.wake();
-        }
+        wake(sender);
     }
 }
 
@@ -200,9 +199,7 @@ impl Drop for Receiver {
         let sender = st.sender_waiting.take();
         drop(st);
         drop(frames);
-        if let Some(w) = sender {
-            w.wake();
-        }
+        wake(sender);
     }
 }
 
