@@ -19,6 +19,7 @@ use serde_json::{Map, Value};
 use super::AppState;
 use super::error::ApiError;
 use super::server::ClientConn;
+use crate::base::json_scan::{Scan, Seen};
 use crate::base::raw_json::RawObject;
 use crate::dispatch::{ErrorReply, Frame, Mode, RequestCtx};
 use crate::keys::KeyIdentity;
@@ -464,7 +465,7 @@ pub enum Turn {
 }
 
 /// The fields of a request body the gateway reads, borrowed from it.
-#[derive(serde::Deserialize)]
+#[derive(serde::Deserialize, Debug, PartialEq)]
 struct Peek<'a> {
     #[serde(borrow, default)]
     model: Option<std::borrow::Cow<'a, str>>,
@@ -481,12 +482,100 @@ struct Peek<'a> {
 }
 
 /// The device ids of `client_metadata`, borrowed.
-#[derive(serde::Deserialize)]
+#[derive(serde::Deserialize, Debug, PartialEq)]
 struct PeekMetadata<'a> {
     #[serde(borrow, default, rename = "x-codex-installation-id")]
     installation_id: Option<std::borrow::Cow<'a, str>>,
     #[serde(borrow, default, rename = "x-codex-turn-metadata")]
     turn_metadata: Option<std::borrow::Cow<'a, str>>,
+}
+
+impl<'a> Peek<'a> {
+    /// The peek of a body: scanned, or read by `serde_json` where the scan leaves it to a
+    /// full reader (`None` when that refuses it too).
+    fn of(bytes: &'a [u8]) -> Option<Peek<'a>> {
+        std::str::from_utf8(bytes)
+            .ok()
+            .and_then(Peek::scan)
+            .or_else(|| crate::base::raw_json::from_bytes(bytes).ok())
+    }
+
+    /// The same as its derived reader gives, read by a scan of the text; `None` for what the
+    /// scan leaves to that reader (a field twice, a field of another type, bad JSON).
+    fn scan(text: &'a str) -> Option<Peek<'a>> {
+        let mut peek = Peek {
+            model: None,
+            stream: None,
+            prompt_cache_key: None,
+            previous_response_id: None,
+            service_tier: None,
+            client_metadata: None,
+        };
+        let mut seen = Seen::default();
+        let mut s = Scan::new(text);
+        s.members(|s, key| match key {
+            b"model" => {
+                seen.first(0)?;
+                peek.model = s.text_or_null()?;
+                Some(())
+            }
+            b"stream" => {
+                seen.first(1)?;
+                peek.stream = s.bool_or_null()?;
+                Some(())
+            }
+            b"prompt_cache_key" => {
+                seen.first(2)?;
+                peek.prompt_cache_key = s.text_or_null()?;
+                Some(())
+            }
+            b"previous_response_id" => {
+                seen.first(3)?;
+                peek.previous_response_id = s.text_or_null()?;
+                Some(())
+            }
+            b"service_tier" => {
+                seen.first(4)?;
+                peek.service_tier = s.text_or_null()?;
+                Some(())
+            }
+            b"client_metadata" => {
+                seen.first(5)?;
+                peek.client_metadata = match s.peek()? {
+                    b'n' => s.null().map(|()| None)?,
+                    _ => Some(PeekMetadata::scan(s)?),
+                };
+                Some(())
+            }
+            _ => s.value(),
+        })?;
+        s.end()?;
+        Some(peek)
+    }
+}
+
+impl<'a> PeekMetadata<'a> {
+    fn scan(s: &mut Scan<'a>) -> Option<PeekMetadata<'a>> {
+        let mut meta = PeekMetadata {
+            installation_id: None,
+            turn_metadata: None,
+        };
+        let mut seen = Seen::default();
+        s.members(|s, key| match key {
+            n if n == identity::INSTALLATION_FIELD.as_bytes() => {
+                seen.first(0)?;
+                meta.installation_id = s.text_or_null()?;
+                Some(())
+            }
+            n if n == identity::TURN_METADATA_FIELD.as_bytes() => {
+                seen.first(1)?;
+                meta.turn_metadata = s.text_or_null()?;
+                Some(())
+            }
+            _ => s.value(),
+        })?;
+        Some(meta)
+    }
 }
 
 impl PeekMetadata<'_> {
@@ -529,7 +618,7 @@ pub fn request_ctx_from_bytes(
     turn: Turn,
     received: Instant,
 ) -> Result<RequestCtx, ApiError> {
-    if let Ok(peek) = crate::base::raw_json::from_bytes::<Peek<'_>>(&bytes)
+    if let Some(peek) = Peek::of(&bytes)
         && let Some(model) = peek.model.as_deref().filter(|m| !m.is_empty())
         && !state.dispatcher.current().aliases.contains_key(model)
         && (turn == Turn::Compact || peek.stream == Some(true))
@@ -830,6 +919,46 @@ pub fn sse_response(body: Body) -> Response {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The scan of a body gives what the derived reader gives, or leaves the body to it.
+    #[test]
+    fn a_body_scanned_peeks_as_the_derived_reader_reads_it() {
+        fn read(t: &str) -> Option<Peek<'_>> {
+            serde_json::from_str(t).ok()
+        }
+        let scanned = [
+            r#"{"model":"gpt-5.5","instructions":"x\n","input":[{"type":"message","content":[{"text":"h\u00e9"}]}],"stream":true,"prompt_cache_key":"s1","service_tier":"priority","previous_response_id":null,"client_metadata":{"x-codex-installation-id":"inst","x-codex-turn-metadata":"{\"session_id\":\"a\"}","other":[1]}}"#,
+            r#" { "mod\u0065l" : "m\u00e9" , "stream" : false , "client_metadata" : null } "#,
+            r#"{"stream":null,"tools":[],"n":-1.5e3,"x":{"model":7}}"#,
+            "{}",
+        ];
+        for t in scanned {
+            let got = Peek::scan(t);
+            assert!(got.is_some(), "{t}");
+            assert_eq!(got, read(t), "{t}");
+        }
+        // Left to the reader: it may take these (an array) or refuse them.
+        let left = [
+            r#"{"model":"a","model":"b"}"#,
+            r#"{"stream":"yes"}"#,
+            r#"{"model":7}"#,
+            r#"{"client_metadata":[]}"#,
+            r#"{"client_metadata":{"x-codex-installation-id":1}}"#,
+            r#"{"client_metadata":{"x-codex-installation-id":"a","x-codex-installation-id":"b"}}"#,
+            r#"{"model":"\ud800"}"#,
+            r#"["gpt-5.5",true]"#,
+            r#"{"model":"a"} x"#,
+            r#"{"model":"a""#,
+        ];
+        for t in left {
+            assert_eq!(Peek::scan(t), None, "{t}");
+        }
+        assert!(read(left[7]).is_some());
+        assert_eq!(Peek::of(left[7].as_bytes()), read(left[7]));
+        // Borrowed from the body where written without escapes, as the reader borrows.
+        let peek = Peek::scan(scanned[0]).unwrap();
+        assert!(matches!(peek.model, Some(Cow::Borrowed("gpt-5.5"))));
+    }
 
     /// A block already in the edge's form goes out as it came; any other is framed from its type
     /// and data, and both come out as the framing of the type and data alone would make them.

@@ -7,6 +7,7 @@ pub mod cores;
 pub mod duration;
 pub mod glob;
 pub mod job;
+pub mod json_scan;
 pub(crate) mod names;
 pub mod raw_json;
 pub mod signal;

@@ -13,6 +13,7 @@ use serde_json::Value;
 
 use super::attempt::{Attempt, End, ms_since};
 use super::{ErrorReply, Frame, Mode};
+use crate::base::json_scan::{Scan, Seen};
 use crate::fleet::health::Class;
 use crate::telemetry::records::{Outcome, TerminalSource, Usage};
 use crate::upstream::event::Event;
@@ -40,13 +41,13 @@ pub fn is_precommit(kind: &[u8]) -> bool {
 /// What the gateway reads from an event's `response` object: its id, tier and usage. A
 /// `response.completed` carries the whole answer; this reads past the rest of it without
 /// building any of it, and reads a field of an odd type as a tree would (`as_str`, `as_u64`).
-#[derive(serde::Deserialize, Default)]
+#[derive(serde::Deserialize, Default, Debug, PartialEq)]
 pub struct ResponsePeek {
     #[serde(default)]
     response: Option<ResponseFields>,
 }
 
-#[derive(serde::Deserialize)]
+#[derive(serde::Deserialize, Debug, PartialEq)]
 struct ResponseFields {
     #[serde(default)]
     id: Lenient<Text>,
@@ -57,7 +58,7 @@ struct ResponseFields {
     usage: Option<Lenient<UsageFields>>,
 }
 
-#[derive(serde::Deserialize, Default)]
+#[derive(serde::Deserialize, Default, Debug, PartialEq)]
 struct UsageFields {
     #[serde(default)]
     input_tokens: Lenient<Count>,
@@ -69,29 +70,29 @@ struct UsageFields {
     output_tokens_details: Lenient<ReasoningDetails>,
 }
 
-#[derive(serde::Deserialize, Default)]
+#[derive(serde::Deserialize, Default, Debug, PartialEq)]
 struct CachedDetails {
     #[serde(default)]
     cached_tokens: Lenient<Count>,
 }
 
-#[derive(serde::Deserialize, Default)]
+#[derive(serde::Deserialize, Default, Debug, PartialEq)]
 struct ReasoningDetails {
     #[serde(default)]
     reasoning_tokens: Lenient<Count>,
 }
 
 /// A text value; any other value is none.
-#[derive(Default)]
+#[derive(Default, Debug, PartialEq)]
 struct Text(Option<String>);
 
 /// A count; a value that is not a non-negative integer is 0.
-#[derive(Default)]
+#[derive(Default, Debug, PartialEq)]
 struct Count(u64);
 
 /// `T` read from a value of the shape it expects; a value of any other shape is read past and
 /// gives `T::default()`.
-#[derive(Default)]
+#[derive(Default, Debug, PartialEq)]
 struct Lenient<T>(T);
 
 /// How `T` reads each kind of value; every kind it does not take is read past.
@@ -104,6 +105,54 @@ trait Shape: Default {
     }
     fn of_map<'de, A: serde::de::MapAccess<'de>>(map: A) -> Result<Self, A::Error> {
         skip_map(map).map(|()| Self::default())
+    }
+    /// An object, read by a scan as `of_map` reads it (`None`: left to that).
+    fn scan_map(s: &mut Scan<'_>) -> Option<Self> {
+        s.value().map(|()| Self::default())
+    }
+}
+
+impl<T: Shape> Lenient<T> {
+    /// Read by a scan as its reader reads it; `None` for what the scan leaves to that reader
+    /// (a number other than a plain count, for one).
+    fn scan(s: &mut Scan<'_>) -> Option<Self> {
+        match s.peek()? {
+            b'"' => Some(Lenient(T::of_str(&s.string()?.text()?))),
+            b'0'..=b'9' => Some(Lenient(T::of_u64(s.count()?))),
+            b'{' => T::scan_map(s).map(Lenient),
+            b'-' => None,
+            _ => s.value().map(|()| Lenient(T::default())),
+        }
+    }
+}
+
+impl ResponseFields {
+    fn scan(s: &mut Scan<'_>) -> Option<ResponseFields> {
+        let mut r = ResponseFields {
+            id: Lenient::default(),
+            service_tier: Lenient::default(),
+            usage: None,
+        };
+        let mut seen = Seen::default();
+        s.members(|s, key| {
+            match key {
+                b"id" => {
+                    seen.first(0)?;
+                    r.id = Lenient::scan(s)?;
+                }
+                b"service_tier" => {
+                    seen.first(1)?;
+                    r.service_tier = Lenient::scan(s)?;
+                }
+                b"usage" => {
+                    seen.first(2)?;
+                    r.usage = Some(Lenient::scan(s)?);
+                }
+                _ => s.value()?,
+            };
+            Some(())
+        })?;
+        Some(r)
     }
 }
 
@@ -127,15 +176,67 @@ impl Shape for Count {
 
 /// A struct read by its derived reader when the value is a map.
 macro_rules! map_shape {
-    ($($t:ty),*) => {$(
+    ($($t:ty => $scan:expr),*) => {$(
         impl Shape for $t {
             fn of_map<'de, A: serde::de::MapAccess<'de>>(map: A) -> Result<Self, A::Error> {
                 serde::Deserialize::deserialize(serde::de::value::MapAccessDeserializer::new(map))
             }
+            fn scan_map(s: &mut Scan<'_>) -> Option<Self> {
+                $scan(s)
+            }
         }
     )*};
 }
-map_shape!(UsageFields, CachedDetails, ReasoningDetails);
+map_shape!(
+    UsageFields => UsageFields::scan_fields,
+    CachedDetails => |s| Some(CachedDetails { cached_tokens: scan_one_count(s, "cached_tokens")? }),
+    ReasoningDetails => |s| Some(ReasoningDetails {
+        reasoning_tokens: scan_one_count(s, "reasoning_tokens")?,
+    })
+);
+
+impl UsageFields {
+    fn scan_fields(s: &mut Scan<'_>) -> Option<Self> {
+        let mut u = UsageFields::default();
+        let mut seen = Seen::default();
+        s.members(|s, key| {
+            match key {
+                b"input_tokens" => {
+                    seen.first(0)?;
+                    u.input_tokens = Lenient::scan(s)?;
+                }
+                b"input_tokens_details" => {
+                    seen.first(1)?;
+                    u.input_tokens_details = Lenient::scan(s)?;
+                }
+                b"output_tokens" => {
+                    seen.first(2)?;
+                    u.output_tokens = Lenient::scan(s)?;
+                }
+                b"output_tokens_details" => {
+                    seen.first(3)?;
+                    u.output_tokens_details = Lenient::scan(s)?;
+                }
+                _ => s.value()?,
+            };
+            Some(())
+        })?;
+        Some(u)
+    }
+}
+
+/// A struct of one count, by the name of that count.
+fn scan_one_count(s: &mut Scan<'_>, name: &str) -> Option<Lenient<Count>> {
+    let mut count = None;
+    s.members(|s, key| {
+        if key != name.as_bytes() {
+            return s.value();
+        }
+        // Twice: refused, as the derived reader refuses it.
+        count.replace(Lenient::scan(s)?).is_none().then_some(())
+    })?;
+    Some(count.unwrap_or_default())
+}
 
 impl<'de, T: Shape> serde::Deserialize<'de> for Lenient<T> {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
@@ -202,7 +303,31 @@ fn present<'de, D: serde::Deserializer<'de>>(
 impl ResponsePeek {
     /// The peek of an event's data.
     pub fn of(ev: &Event) -> ResponsePeek {
-        crate::base::raw_json::from_bytes(ev.data()).unwrap_or_default()
+        std::str::from_utf8(ev.data())
+            .ok()
+            .and_then(ResponsePeek::scan)
+            .unwrap_or_else(|| crate::base::raw_json::from_bytes(ev.data()).unwrap_or_default())
+    }
+
+    /// The same read by a scan of the text; `None` for what it leaves to the derived reader.
+    fn scan(text: &str) -> Option<ResponsePeek> {
+        let mut response = None;
+        let mut s = Scan::new(text);
+        s.members(|s, key| {
+            if key != b"response" {
+                return s.value();
+            }
+            let fields = match s.peek()? {
+                b'n' => s.null().map(|()| None)?,
+                _ => Some(ResponseFields::scan(s)?),
+            };
+            // Twice: refused, as the derived reader refuses it.
+            response.replace(fields).is_none().then_some(())
+        })?;
+        s.end()?;
+        Some(ResponsePeek {
+            response: response.flatten(),
+        })
     }
 
     /// The same from an event already parsed.
@@ -703,6 +828,12 @@ mod tests {
         let ev = Event::from_data(Bytes::from(data.to_string()));
         let json = ev.json().unwrap_or(Value::Null);
         let (p, tree) = (ResponsePeek::of(&ev), ResponsePeek::from_tree(&json));
+        let read: ResponsePeek =
+            crate::base::raw_json::from_bytes(data.as_bytes()).unwrap_or_default();
+        assert_eq!(p, read, "{data}");
+        if let Some(scanned) = ResponsePeek::scan(data) {
+            assert_eq!(scanned, read, "{data}");
+        }
         assert_eq!((p.id(), p.usage()), (tree.id(), tree.usage()), "{data}");
         let r = json.get("response").filter(|r| r.is_object());
         let text = |name: &str| r.and_then(|r| r[name].as_str()).map(str::to_string);
@@ -755,6 +886,40 @@ mod tests {
                 reasoning_tokens: 2,
             })
         );
+    }
+
+    /// The scan reads the forms an answer comes in, and leaves what its derived reader refuses
+    /// or reads otherwise to that reader.
+    #[test]
+    fn the_scan_reads_answers_and_leaves_odd_forms_to_the_reader() {
+        for data in [
+            r#"{"type":"response.completed","response":{"id":"resp_1","status":"completed","output":[],"usage":{"input_tokens":12,"input_tokens_details":{"cached_tokens":0},"output_tokens":15,"output_tokens_details":{"reasoning_tokens":0},"total_tokens":27}}}"#,
+            r#"{"response":{"id":"r\"1","service_tier":["x"],"usage":null}}"#,
+            r#"{"response":{"usage":{"input_tokens":"3","input_tokens_details":7,"x":[{}]}}}"#,
+            r#"{"response":null,"sequence_number":-4.5e1}"#,
+        ] {
+            assert!(ResponsePeek::scan(data).is_some(), "{data}");
+            peek(data);
+        }
+        for data in [
+            r#"{"response":{"id":"a"},"response":{"id":"b"}}"#,
+            r#"{"response":{"id":"a","id":"b"}}"#,
+            r#"{"response":{"usage":{"output_tokens":1,"output_tokens":2}}}"#,
+            r#"{"response":{"usage":{"input_tokens_details":{"cached_tokens":1,"cached_tokens":1}}}}"#,
+            r#"{"response":{"usage":{"input_tokens":-1}}}"#,
+            r#"{"response":{"usage":{"input_tokens":2.5}}}"#,
+            r#"{"response":{"usage":{"input_tokens":1e400}}}"#,
+            r#"{"response":{"usage":{"input_tokens":18446744073709551616}}}"#,
+            r#"{"response":{"id":"\udc00"}}"#,
+            r#"[{"id":"a"}]"#,
+            r#"{"response":{"id":"a"}} {}"#,
+        ] {
+            assert_eq!(ResponsePeek::scan(data), None, "{data}");
+            let ev = Event::from_data(Bytes::from(data.to_string()));
+            let read: ResponsePeek =
+                crate::base::raw_json::from_bytes(data.as_bytes()).unwrap_or_default();
+            assert_eq!(ResponsePeek::of(&ev), read, "{data}");
+        }
     }
 
     #[test]

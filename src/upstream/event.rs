@@ -4,10 +4,13 @@
 //! writes the SSE block it came in, when that block is already in the edge's form) and the
 //! WebSocket edge as a text frame, each once.
 
+use std::borrow::Cow;
 use std::ops::Range;
 
 use bytes::{Bytes, BytesMut};
 use serde_json::{Value, json};
+
+use crate::base::json_scan::Scan;
 
 /// Terminal events: the stream's answer is complete (or failed) after one of these.
 pub fn is_terminal(kind: &str) -> bool {
@@ -261,101 +264,27 @@ fn read_response_id(data: &[u8]) -> Option<String> {
     id
 }
 
-/// The `response.id` of an event in the plain form the backend writes, found by a scan of its
-/// bytes: the members before `response` (and before its `id`) are plain strings (no escapes,
-/// ASCII), integers or literals, and the id is such a string. Anything else, and an event with
-/// no such id, is `None`, left to the full reading, which finds the same id wherever this one
-/// does.
+/// The `response.id` of an event found by a scan of its text, stopping at the id. `None` where
+/// the scan leaves the event to the full reading (an id that is no text, JSON it does not
+/// take before the id), which finds the same id wherever this one does.
 fn plain_response_id(data: &[u8]) -> Option<String> {
-    let mut s = Skim { b: data, at: 0 };
-    s.member(b"response")?;
-    s.member(b"id")?;
-    let id = s.plain_str()?;
-    std::str::from_utf8(id).ok().map(str::to_string)
-}
-
-/// A cursor over JSON bytes that reads only the plain forms (see [`plain_response_id`]).
-struct Skim<'a> {
-    b: &'a [u8],
-    at: usize,
-}
-
-impl<'a> Skim<'a> {
-    /// The next byte that is no whitespace, taken.
-    fn next(&mut self) -> Option<u8> {
-        while let Some(&c) = self.b.get(self.at) {
-            self.at += 1;
-            if !matches!(c, b' ' | b'\t' | b'\n' | b'\r') {
-                return Some(c);
-            }
+    let mut s = Scan::new(std::str::from_utf8(data).ok()?);
+    let mut id = None;
+    // Each walk ends (`None`) as soon as it has what it came for.
+    let _ = s.members(|s, key| {
+        if key != b"response" {
+            return s.value();
         }
+        let _ = s.members(|s, key| {
+            if key != b"id" {
+                return s.value();
+            }
+            id = s.string()?.text().map(Cow::into_owned);
+            None
+        });
         None
-    }
-
-    /// A string without escapes, control characters or bytes beyond ASCII; its contents.
-    fn plain_str(&mut self) -> Option<&'a [u8]> {
-        if self.next()? != b'"' {
-            return None;
-        }
-        // Short strings (names, types, ids): a loop beats a vector search's setup.
-        let start = self.at;
-        let mut end = start;
-        loop {
-            match *self.b.get(end)? {
-                b'"' => break,
-                b'\\' | 0..0x20 | 0x80.. => return None,
-                _ => end += 1,
-            }
-        }
-        self.at = end + 1;
-        Some(&self.b[start..end])
-    }
-
-    /// A plain string, an integer without fraction or exponent, or a literal; read past.
-    fn scalar(&mut self) -> Option<()> {
-        let rest = &self.b[self.at..];
-        let skip = rest.iter().position(|c| !c.is_ascii_whitespace())?;
-        let rest = &rest[skip..];
-        let len = match rest[0] {
-            b'"' => return self.plain_str().map(drop),
-            b't' | b'n' if rest.starts_with(b"true") || rest.starts_with(b"null") => 4,
-            b'f' if rest.starts_with(b"false") => 5,
-            _ => {
-                let sign = usize::from(rest[0] == b'-');
-                let digits = rest[sign..]
-                    .iter()
-                    .take_while(|c| c.is_ascii_digit())
-                    .count();
-                let leading_zero = digits > 1 && rest[sign] == b'0';
-                if digits == 0 || leading_zero {
-                    return None;
-                }
-                sign + digits
-            }
-        };
-        self.at += skip + len;
-        Some(())
-    }
-
-    /// Enters an object and reads past its members up to `name`'s value.
-    fn member(&mut self, name: &[u8]) -> Option<()> {
-        if self.next()? != b'{' {
-            return None;
-        }
-        loop {
-            let key = self.plain_str()?;
-            if self.next()? != b':' {
-                return None;
-            }
-            if key == name {
-                return Some(());
-            }
-            self.scalar()?;
-            if self.next()? != b',' {
-                return None;
-            }
-        }
-    }
+    });
+    id
 }
 
 /// Reads a map down `path`, reading past the members before each step and stopping, at the
@@ -526,7 +455,11 @@ mod tests {
             plain_response_id(events[1].as_bytes()),
             Some("resp_2".into())
         );
-        for left in &events[2..] {
+        for (i, id) in [(2, "resp_3"), (3, "resp_4"), (5, "resp_6"), (6, "resp_7")] {
+            assert_eq!(plain_response_id(events[i].as_bytes()).as_deref(), Some(id));
+        }
+        for left in [4, 8, 9, 10, 11, 12, 13] {
+            let left = events[left];
             assert_eq!(plain_response_id(left.as_bytes()), None, "{left}");
         }
     }
