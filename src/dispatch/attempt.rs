@@ -91,7 +91,8 @@ impl Trace {
         Trace {
             key,
             started_ms,
-            attempts: Vec::new(),
+            // Most requests take one attempt.
+            attempts: Vec::with_capacity(1),
             served: None,
             ttft_ms: None,
             usage: None,

@@ -87,7 +87,8 @@ impl Cut {
 impl Own {
     fn of(shared: &Arc<Shared>) -> Own {
         let id = shared.next.fetch_add(1, Ordering::Relaxed);
-        let wakers = Arc::new(Wakers::default());
+        // Most often one task waits on a part.
+        let wakers = Arc::new(Mutex::new(Vec::with_capacity(1)));
         lock(&shared.waiting).insert(id, Arc::clone(&wakers));
         Own {
             shared: Arc::clone(shared),

@@ -20,7 +20,8 @@ use super::Frame;
 /// A bounded channel of frames from a request (`Sender`) to its reader (`Receiver`).
 pub(super) fn channel(capacity: usize) -> (Sender, Receiver) {
     let chan = Arc::new(Chan(Mutex::new(State {
-        queue: VecDeque::new(),
+        // A request's frames are most often taken as they come: a few at a time.
+        queue: VecDeque::with_capacity(capacity.clamp(1, 4)),
         capacity: capacity.max(1),
         receiver_closed: false,
         sender_gone: false,

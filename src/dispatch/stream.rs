@@ -388,7 +388,8 @@ impl Attempt<'_> {
     ) -> End {
         let streaming = self.ctx.mode == Mode::Stream;
         let mut b = Boundary {
-            held: Vec::new(),
+            // The few events before the first output (created, in progress, the item added).
+            held: Vec::with_capacity(4),
             held_bytes: 0,
             committed: false,
             output_seen: false,
@@ -603,8 +604,9 @@ impl Attempt<'_> {
                 source: TerminalSource::Upstream,
             };
         }
-        let mut tail = Vec::new();
-        let mut events = Vec::new();
+        // Sized once: a head perhaps, and the events.
+        let mut tail = Vec::with_capacity(2);
+        let mut events = Vec::with_capacity(b.held.len() + 1);
         if !b.committed {
             // A terminal event arrived before anything else worth showing: commit with it.
             self.trace.ttft_ms = Some(ms_since(self.ctx.received));
@@ -784,7 +786,8 @@ fn with_batch(batch: Batch, end: End) -> End {
 
 /// The head of an SSE answer: the relayed upstream headers and the stream's own.
 fn sse_head(relay: &[(HeaderName, HeaderValue)]) -> Vec<(HeaderName, HeaderValue)> {
-    let mut headers = relay.to_vec();
+    let mut headers = Vec::with_capacity(relay.len() + 2);
+    headers.extend_from_slice(relay);
     headers.push((
         reqwest::header::CONTENT_TYPE,
         HeaderValue::from_static("text/event-stream"),

@@ -87,14 +87,14 @@ pub fn is_upstream_error(a: &AttemptRecord) -> bool {
 }
 
 /// A request's counts, pool-wide and per account (`chatgpt_account_id`).
-pub fn tally(r: &RequestRecord) -> (Tally, Vec<(String, Tally)>) {
+pub fn tally(r: &RequestRecord) -> (Tally, Vec<(&str, Tally)>) {
     let client_error = u64::from(r.outcome.is_error());
     let mut pool = Tally {
         requests: 1,
         client_errors: client_error,
         ..Tally::default()
     };
-    let mut per: Vec<(String, Tally)> = Vec::new();
+    let mut per: Vec<(&str, Tally)> = Vec::with_capacity(r.attempts.len());
     for a in &r.attempts {
         let up = u64::from(is_upstream_error(a));
         pool.attempts += 1;
@@ -102,7 +102,7 @@ pub fn tally(r: &RequestRecord) -> (Tally, Vec<(String, Tally)>) {
         let i = match per.iter().position(|(id, _)| *id == a.account) {
             Some(i) => i,
             None => {
-                per.push((a.account.clone(), Tally::default()));
+                per.push((&a.account, Tally::default()));
                 per.len() - 1
             }
         };
@@ -186,7 +186,13 @@ impl ErrorWindows {
         };
         m.pool.add(&pool);
         for (id, t) in per {
-            m.accounts.entry(id).or_default().add(&t);
+            // An account seen this minute already is found by its borrowed id.
+            match m.accounts.get_mut(id) {
+                Some(kept) => kept.add(&t),
+                None => {
+                    m.accounts.insert(id.to_string(), t);
+                }
+            }
         }
     }
 
