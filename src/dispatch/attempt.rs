@@ -328,14 +328,17 @@ impl<'a> Attempt<'a> {
             !compact,
         );
         // The upstream's header timeout ends the wait first unless the request's deadline is
-        // nearer (with the defaults, 60 s against 600): then no timer is armed for the deadline.
+        // nearer (with the defaults, 60 s against 600): then no timer is made for the deadline
+        // (a disabled branch's future is still made, so the timer is made inside it).
         let deadline = self.deadline();
         let deadline_first =
             tokio::time::Instant::now() + self.d.upstream.config().header_timeout > deadline;
         let resp = tokio::select! {
             r = send => r,
             _ = super::client_left(self.tx) => return Sent::End(self.client_gone(None)),
-            _ = tokio::time::sleep_until(deadline), if deadline_first => return Sent::End(self.abandon()),
+            _ = async { tokio::time::sleep_until(deadline).await }, if deadline_first => {
+                return Sent::End(self.abandon());
+            }
             _ = self.d.cut_off() => return Sent::End(self.shut_down(None, None)),
         };
         let resp = match resp {

@@ -113,7 +113,13 @@ impl Dispatcher {
         // A debug span: the request path costs no formatting at `info` unless something goes
         // wrong (failures name the request themselves).
         let span = tracing::debug_span!("request", id = %RequestLog::id_of(key), model = %ctx.model, key = %ctx.key_name);
-        self.run_traced(ctx, tx, key).instrument(span).await;
+        // A disabled span (the usual case) does not wrap the request: wrapping moves its
+        // whole future once more.
+        if span.is_disabled() {
+            self.run_traced(ctx, tx, key).await;
+        } else {
+            self.run_traced(ctx, tx, key).instrument(span).await;
+        }
     }
 
     async fn run_traced(&self, ctx: RequestCtx, tx: frames::Sender, key: u64) {
