@@ -118,6 +118,13 @@ impl Trace {
     }
 }
 
+/// What ended the wait for an answer's head before it came.
+enum Interrupted {
+    ClientLeft,
+    Deadline,
+    Cut,
+}
+
 /// What sending ended in.
 enum Sent {
     End(End),
@@ -320,30 +327,36 @@ impl<'a> Attempt<'a> {
         } else {
             "/responses"
         };
-        let send = self.d.upstream.post(
-            path,
-            &self.identity,
-            headers,
-            self.own(&self.ctx.body),
-            !compact,
-        );
         // The upstream's header timeout ends the wait first unless the request's deadline is
         // nearer (with the defaults, 60 s against 600): then no timer is made for the deadline
         // (a disabled branch's future is still made, so the timer is made inside it).
         let deadline = self.deadline();
         let deadline_first =
             tokio::time::Instant::now() + self.d.upstream.config().header_timeout > deadline;
-        let resp = tokio::select! {
-            r = send => r,
-            _ = super::client_left(self.tx) => return Sent::End(self.client_gone(None)),
-            _ = async { tokio::time::sleep_until(deadline).await }, if deadline_first => {
-                return Sent::End(self.abandon());
+        let waited = {
+            // Pinned where it is made: the wait polls it in place instead of moving it.
+            let send = std::pin::pin!(self.d.upstream.post(
+                path,
+                &self.identity,
+                headers,
+                self.own(&self.ctx.body),
+                !compact,
+            ));
+            tokio::select! {
+                r = send => Ok(r),
+                _ = super::client_left(self.tx) => Err(Interrupted::ClientLeft),
+                _ = async { tokio::time::sleep_until(deadline).await }, if deadline_first => {
+                    Err(Interrupted::Deadline)
+                }
+                _ = self.d.cut_off() => Err(Interrupted::Cut),
             }
-            _ = self.d.cut_off() => return Sent::End(self.shut_down(None, None)),
         };
-        let resp = match resp {
-            Ok(r) => r,
-            Err(facts) => return self.failed(facts),
+        let resp = match waited {
+            Ok(Ok(r)) => r,
+            Ok(Err(facts)) => return self.failed(facts),
+            Err(Interrupted::ClientLeft) => return Sent::End(self.client_gone(None)),
+            Err(Interrupted::Deadline) => return Sent::End(self.abandon()),
+            Err(Interrupted::Cut) => return Sent::End(self.shut_down(None, None)),
         };
         self.d.metrics.upstream_headers(self.started.elapsed());
         self.observe(resp.headers());
