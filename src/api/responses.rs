@@ -514,38 +514,19 @@ impl<'a> Peek<'a> {
         let mut seen = Seen::default();
         let mut s = Scan::new(text);
         s.members(|s, key| match key {
-            b"model" => {
-                seen.first(0)?;
-                peek.model = s.text_or_null()?;
-                Some(())
-            }
-            b"stream" => {
-                seen.first(1)?;
-                peek.stream = s.bool_or_null()?;
-                Some(())
-            }
-            b"prompt_cache_key" => {
-                seen.first(2)?;
-                peek.prompt_cache_key = s.text_or_null()?;
-                Some(())
-            }
+            b"model" => seen.set(0, &mut peek.model, s.text_or_null()),
+            b"stream" => seen.set(1, &mut peek.stream, s.bool_or_null()),
+            b"prompt_cache_key" => seen.set(2, &mut peek.prompt_cache_key, s.text_or_null()),
             b"previous_response_id" => {
-                seen.first(3)?;
-                peek.previous_response_id = s.text_or_null()?;
-                Some(())
+                seen.set(3, &mut peek.previous_response_id, s.text_or_null())
             }
-            b"service_tier" => {
-                seen.first(4)?;
-                peek.service_tier = s.text_or_null()?;
-                Some(())
-            }
+            b"service_tier" => seen.set(4, &mut peek.service_tier, s.text_or_null()),
             b"client_metadata" => {
-                seen.first(5)?;
-                peek.client_metadata = match s.peek()? {
-                    b'n' => s.null().map(|()| None)?,
-                    _ => Some(PeekMetadata::scan(s)?),
+                let meta = match s.peek()? {
+                    b'n' => s.null().map(|()| None),
+                    _ => PeekMetadata::scan(s).map(Some),
                 };
-                Some(())
+                seen.set(5, &mut peek.client_metadata, meta)
             }
             _ => s.value(),
         })?;
@@ -563,14 +544,10 @@ impl<'a> PeekMetadata<'a> {
         let mut seen = Seen::default();
         s.members(|s, key| match key {
             n if n == identity::INSTALLATION_FIELD.as_bytes() => {
-                seen.first(0)?;
-                meta.installation_id = s.text_or_null()?;
-                Some(())
+                seen.set(0, &mut meta.installation_id, s.text_or_null())
             }
             n if n == identity::TURN_METADATA_FIELD.as_bytes() => {
-                seen.first(1)?;
-                meta.turn_metadata = s.text_or_null()?;
-                Some(())
+                seen.set(1, &mut meta.turn_metadata, s.text_or_null())
             }
             _ => s.value(),
         })?;

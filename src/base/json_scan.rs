@@ -66,6 +66,14 @@ impl Seen {
         self.0 |= bit;
         first.then_some(())
     }
+
+    /// `slot` set to `value`, read for field number `field`: `None` if that field was read
+    /// before or `value` is none.
+    pub fn set<T>(&mut self, field: u32, slot: &mut T, value: Option<T>) -> Option<()> {
+        self.first(field)?;
+        *slot = value?;
+        Some(())
+    }
 }
 
 impl<'a> Scan<'a> {

@@ -134,23 +134,11 @@ impl ResponseFields {
             usage: None,
         };
         let mut seen = Seen::default();
-        s.members(|s, key| {
-            match key {
-                b"id" => {
-                    seen.first(0)?;
-                    r.id = Lenient::scan(s)?;
-                }
-                b"service_tier" => {
-                    seen.first(1)?;
-                    r.service_tier = Lenient::scan(s)?;
-                }
-                b"usage" => {
-                    seen.first(2)?;
-                    r.usage = Some(Lenient::scan(s)?);
-                }
-                _ => s.value()?,
-            };
-            Some(())
+        s.members(|s, key| match key {
+            b"id" => seen.set(0, &mut r.id, Lenient::scan(s)),
+            b"service_tier" => seen.set(1, &mut r.service_tier, Lenient::scan(s)),
+            b"usage" => seen.set(2, &mut r.usage, Lenient::scan(s).map(Some)),
+            _ => s.value(),
         })?;
         Some(r)
     }
@@ -199,27 +187,12 @@ impl UsageFields {
     fn scan_fields(s: &mut Scan<'_>) -> Option<Self> {
         let mut u = UsageFields::default();
         let mut seen = Seen::default();
-        s.members(|s, key| {
-            match key {
-                b"input_tokens" => {
-                    seen.first(0)?;
-                    u.input_tokens = Lenient::scan(s)?;
-                }
-                b"input_tokens_details" => {
-                    seen.first(1)?;
-                    u.input_tokens_details = Lenient::scan(s)?;
-                }
-                b"output_tokens" => {
-                    seen.first(2)?;
-                    u.output_tokens = Lenient::scan(s)?;
-                }
-                b"output_tokens_details" => {
-                    seen.first(3)?;
-                    u.output_tokens_details = Lenient::scan(s)?;
-                }
-                _ => s.value()?,
-            };
-            Some(())
+        s.members(|s, key| match key {
+            b"input_tokens" => seen.set(0, &mut u.input_tokens, Lenient::scan(s)),
+            b"input_tokens_details" => seen.set(1, &mut u.input_tokens_details, Lenient::scan(s)),
+            b"output_tokens" => seen.set(2, &mut u.output_tokens, Lenient::scan(s)),
+            b"output_tokens_details" => seen.set(3, &mut u.output_tokens_details, Lenient::scan(s)),
+            _ => s.value(),
         })?;
         Some(u)
     }
