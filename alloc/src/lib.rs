@@ -14,6 +14,27 @@ use libmimalloc_sys as mi;
 /// Every block mimalloc hands out starts on a word boundary.
 const WORD: usize = std::mem::size_of::<usize>();
 
+/// A block for `layout` from the `plain` entry point when a word's alignment is enough (every
+/// mimalloc block has it), else from the `aligned` one. Inlined, both are direct calls.
+///
+/// # Safety
+/// As `GlobalAlloc::alloc`: `layout` has a non-zero size.
+#[inline(always)]
+unsafe fn block(
+    layout: Layout,
+    plain: unsafe extern "C" fn(usize) -> *mut c_void,
+    aligned: unsafe extern "C" fn(usize, usize) -> *mut c_void,
+) -> *mut u8 {
+    // SAFETY: calls into the allocator with the size (and alignment) asked for.
+    unsafe {
+        if layout.align() <= WORD {
+            plain(layout.size()) as *mut u8
+        } else {
+            aligned(layout.size(), layout.align()) as *mut u8
+        }
+    }
+}
+
 /// mimalloc behind the global allocator interface (see the module's documentation).
 pub struct Alloc;
 
@@ -24,25 +45,13 @@ unsafe impl GlobalAlloc for Alloc {
     #[inline]
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         // SAFETY: plain calls into the allocator; a null return is passed on as failure.
-        unsafe {
-            if layout.align() <= WORD {
-                mi::mi_malloc(layout.size()) as *mut u8
-            } else {
-                mi::mi_malloc_aligned(layout.size(), layout.align()) as *mut u8
-            }
-        }
+        unsafe { block(layout, mi::mi_malloc, mi::mi_malloc_aligned) }
     }
 
     #[inline]
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
         // SAFETY: as `alloc`.
-        unsafe {
-            if layout.align() <= WORD {
-                mi::mi_zalloc(layout.size()) as *mut u8
-            } else {
-                mi::mi_zalloc_aligned(layout.size(), layout.align()) as *mut u8
-            }
-        }
+        unsafe { block(layout, mi::mi_zalloc, mi::mi_zalloc_aligned) }
     }
 
     #[inline]
