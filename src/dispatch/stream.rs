@@ -200,15 +200,13 @@ impl UsageFields {
 
 /// A struct of one count, by the name of that count.
 fn scan_one_count(s: &mut Scan<'_>, name: &str) -> Option<Lenient<Count>> {
-    let mut count = None;
-    s.members(|s, key| {
-        if key != name.as_bytes() {
-            return s.value();
-        }
-        // Twice: refused, as the derived reader refuses it.
-        count.replace(Lenient::scan(s)?).is_none().then_some(())
+    let mut count = Lenient::default();
+    let mut seen = Seen::default();
+    s.members(|s, key| match key {
+        k if k == name.as_bytes() => seen.set(0, &mut count, Lenient::scan(s)),
+        _ => s.value(),
     })?;
-    Some(count.unwrap_or_default())
+    Some(count)
 }
 
 impl<'de, T: Shape> serde::Deserialize<'de> for Lenient<T> {
@@ -285,22 +283,20 @@ impl ResponsePeek {
     /// The same read by a scan of the text; `None` for what it leaves to the derived reader.
     fn scan(text: &str) -> Option<ResponsePeek> {
         let mut response = None;
+        let mut seen = Seen::default();
         let mut s = Scan::new(text);
-        s.members(|s, key| {
-            if key != b"response" {
-                return s.value();
+        s.members(|s, key| match key {
+            b"response" => {
+                let fields = match s.peek()? {
+                    b'n' => s.null().map(|()| None),
+                    _ => ResponseFields::scan(s).map(Some),
+                };
+                seen.set(0, &mut response, fields)
             }
-            let fields = match s.peek()? {
-                b'n' => s.null().map(|()| None)?,
-                _ => Some(ResponseFields::scan(s)?),
-            };
-            // Twice: refused, as the derived reader refuses it.
-            response.replace(fields).is_none().then_some(())
+            _ => s.value(),
         })?;
         s.end()?;
-        Some(ResponsePeek {
-            response: response.flatten(),
-        })
+        Some(ResponsePeek { response })
     }
 
     /// The same from an event already parsed.
