@@ -573,12 +573,10 @@ fn header_ids(h: &HeaderMap) -> Vec<String> {
     // Named once: a name given as text is parsed and checked on every lookup.
     static INSTALLATION: HeaderName = HeaderName::from_static(identity::INSTALLATION_FIELD);
     static TURN_METADATA: HeaderName = HeaderName::from_static(identity::TURN_METADATA_FIELD);
-    let text = |name: &HeaderName| h.get(name).and_then(|v| v.to_str().ok());
-    let mut ids: Vec<String> = text(&INSTALLATION)
-        .map(str::to_string)
-        .into_iter()
-        .collect();
-    ids.extend(text(&TURN_METADATA).and_then(identity::turn_metadata_id));
+    let [installation, turn_metadata] =
+        headers::first_values(h, [&INSTALLATION, &TURN_METADATA]).map(|v| v?.to_str().ok());
+    let mut ids: Vec<String> = installation.map(str::to_string).into_iter().collect();
+    ids.extend(turn_metadata.and_then(identity::turn_metadata_id));
     ids
 }
 
@@ -637,14 +635,9 @@ fn client_ids(h: &HeaderMap, body: Vec<String>) -> identity::ClientIds {
 }
 
 fn session_from_headers(headers: &HeaderMap) -> Option<String> {
-    SESSION_HEADERS
-        .iter()
-        .find_map(|h| {
-            headers
-                .get(h)
-                .and_then(|v| v.to_str().ok())
-                .filter(|v| !v.is_empty())
-        })
+    headers::first_values(headers, SESSION_HEADERS.each_ref())
+        .into_iter()
+        .find_map(|v| v?.to_str().ok().filter(|v| !v.is_empty()))
         .map(str::to_string)
 }
 

@@ -164,6 +164,24 @@ fn crossing(
     out
 }
 
+/// The first value of each of `names` in `h`, found in one pass over its entries: a lookup by
+/// a name that is not a standard one hashes the name each time, and a request is read for
+/// several such names.
+pub fn first_values<'h, const N: usize>(
+    h: &'h HeaderMap,
+    names: [&HeaderName; N],
+) -> [Option<&'h HeaderValue>; N] {
+    let mut out = [None; N];
+    for (name, value) in h {
+        if let Some(i) = names.iter().position(|n| *n == name)
+            && out[i].is_none()
+        {
+            out[i] = Some(value);
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -181,6 +199,30 @@ mod tests {
 
     fn names(v: &[(HeaderName, HeaderValue)]) -> Vec<&str> {
         v.iter().map(|(k, _)| k.as_str()).collect()
+    }
+
+    #[test]
+    fn first_values_are_what_a_lookup_by_each_name_gives() {
+        let h = map(&[
+            ("session_id", "s1"),
+            ("x-codex-installation-id", "i1"),
+            ("Session_Id", "s2"),
+            ("authorization", "Bearer k"),
+            ("x-codex-installation-id", "i2"),
+        ]);
+        let names = [
+            HeaderName::from_static("x-codex-installation-id"),
+            HeaderName::from_static("session_id"),
+            HeaderName::from_static("conversation_id"),
+            reqwest::header::AUTHORIZATION,
+        ];
+        let found = first_values(&h, [&names[0], &names[1], &names[2], &names[3]]);
+        let looked: Vec<_> = names.iter().map(|n| h.get(n)).collect();
+        assert_eq!(found.to_vec(), looked);
+        assert_eq!(found[0].unwrap(), "i1");
+        assert_eq!(found[1].unwrap(), "s1");
+        assert_eq!(found[2], None);
+        assert_eq!(first_values(&HeaderMap::new(), [&names[0]]), [None]);
     }
 
     #[test]
