@@ -443,7 +443,8 @@ impl Fleet {
         let now = self.clock.now_ms();
         let mut inner = self.write();
         let mut e = inner.accounts.get_mut(id).ok_or(SkipReason::Disabled)?;
-        if let Some(r) = self.skip_reason(&e, model, now) {
+        // Judged by its row, which is not built again for it (as `skip_reason` would).
+        if let Some(r) = gate_reason(e.row(), model, now, || e.is_unsupported(model, now)) {
             return Err(r);
         }
         // One probe at a time decides a half-open account; others wait for its verdict. A

@@ -144,6 +144,18 @@ impl DerefMut for EntryMut<'_> {
     }
 }
 
+impl EntryMut<'_> {
+    /// The entry's row, as it stands until the entry is changed through this borrow.
+    pub fn row(&self) -> &Hot {
+        debug_assert_eq!(
+            *self.hot,
+            Hot::of(self.entry),
+            "a row is rewritten with its entry"
+        );
+        self.hot
+    }
+}
+
 impl Drop for EntryMut<'_> {
     fn drop(&mut self) {
         *self.hot = Hot::of(self.entry);
