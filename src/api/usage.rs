@@ -52,7 +52,7 @@ pub async fn usage(State(state): State<Arc<AppState>>, headers: HeaderMap) -> Re
     use crate::keys::policy::Window;
     Json(json!({
         "object": "usage",
-        "key": {"id": key.id, "name": key.name},
+        "key": {"id": &*key.id, "name": &*key.name},
         "now": crate::base::clock::rfc3339(now),
         "usage": {
             "today": totals(&book.totals_since(&key.id, now / 86_400 * 86_400)),

@@ -136,8 +136,8 @@ pub enum Mode {
 #[derive(Debug, Clone)]
 pub struct RequestCtx {
     /// The client key's id and name.
-    pub key_id: String,
-    pub key_name: String,
+    pub key_id: Arc<str>,
+    pub key_name: Arc<str>,
     pub model: String,
     pub mode: Mode,
     /// The body to send upstream (serialized once).

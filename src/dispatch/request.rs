@@ -440,7 +440,7 @@ impl Dispatcher {
         self.log.push(RequestRecord {
             key: trace.key,
             started_ms: trace.started_ms,
-            key_name: ctx.key_name.clone(),
+            key_name: ctx.key_name.to_string(),
             model: ctx.model.clone(),
             path: ctx.path.to_string(),
             stream: ctx.mode == Mode::Stream,

@@ -75,8 +75,16 @@ pub struct Gates {
 
 #[derive(Default)]
 struct Inner {
-    keys: HashMap<String, KeyState, super::Hasher>,
+    keys: hashbrown::HashMap<String, KeyState, super::Hasher>,
     next_waiter: u64,
+}
+
+impl Inner {
+    /// The key's state, made on its first use: its id is copied only then, not on every
+    /// request.
+    fn key(&mut self, key_id: &str) -> &mut KeyState {
+        self.keys.entry_ref(key_id).or_default()
+    }
 }
 
 /// One of a key's running requests; dropping it frees the slot (to the next waiter first).
@@ -118,7 +126,7 @@ impl Gates {
     /// seconds until the oldest admission leaves the minute.
     pub fn admit_rate(&self, key_id: &str, rpm: Option<u32>, now_ms: u64) -> Result<(), u64> {
         let mut inner = self.lock();
-        let k = inner.keys.entry(key_id.to_string()).or_default();
+        let k = inner.key(key_id);
         k.prune(now_ms);
         match rpm {
             Some(limit) => {
@@ -179,7 +187,7 @@ impl Gates {
             let mut inner = self.lock();
             inner.next_waiter += 1;
             let id = inner.next_waiter;
-            let k = inner.keys.entry(key_id.to_string()).or_default();
+            let k = inner.key(key_id);
             k.limit = limit;
             let free = limit.is_none_or(|l| k.in_flight < l);
             if free && k.waiters.is_empty() {
@@ -256,7 +264,7 @@ impl Gates {
 
     pub fn note_refusal(&self, key_id: &str, code: &'static str, now_ms: u64) {
         let mut inner = self.lock();
-        let k = inner.keys.entry(key_id.to_string()).or_default();
+        let k = inner.key(key_id);
         k.last_refusal = Some((code, now_ms));
         *k.refusals.entry(code).or_default() += 1;
     }

@@ -56,8 +56,9 @@ pub struct CreatedKey {
 /// Who a request authenticated as.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct KeyIdentity {
-    pub id: String,
-    pub name: String,
+    /// Shared with the key's entry: a request takes it without a copy.
+    pub id: Arc<str>,
+    pub name: Arc<str>,
 }
 
 /// Why a request was not admitted.
@@ -71,6 +72,21 @@ pub enum Denied {
 struct Entry {
     record: ClientKeyRecord,
     policy: Arc<Policy>,
+    /// The record's id and name, as every request that authenticates with it takes them.
+    identity: KeyIdentity,
+}
+
+impl Entry {
+    fn new(record: ClientKeyRecord, policy: Arc<Policy>) -> Entry {
+        Entry {
+            identity: KeyIdentity {
+                id: Arc::from(record.id.as_str()),
+                name: Arc::from(record.name.as_str()),
+            },
+            record,
+            policy,
+        }
+    }
 }
 
 /// The hasher of the keys' maps, looked up several times per request: foldhash, seeded per
@@ -89,11 +105,7 @@ struct Inner {
 
 impl Inner {
     fn identity(&self, id: &str) -> Option<KeyIdentity> {
-        let e = self.by_id.get(id)?;
-        Some(KeyIdentity {
-            id: e.record.id.clone(),
-            name: e.record.name.clone(),
-        })
+        Some(self.by_id.get(id)?.identity.clone())
     }
 }
 
@@ -155,13 +167,8 @@ impl KeyRing {
             if k.enabled {
                 inner.by_hash.insert(k.sha256, k.id.clone());
             }
-            inner.by_id.insert(
-                k.id.clone(),
-                Entry {
-                    policy: Arc::new(Policy::from_row(&k.policy)),
-                    record: k,
-                },
-            );
+            let policy = Arc::new(Policy::from_row(&k.policy));
+            inner.by_id.insert(k.id.clone(), Entry::new(k, policy));
         }
         Ok(KeyRing {
             inner: Arc::new(RwLock::new(inner)),
@@ -280,10 +287,7 @@ impl KeyRing {
         inner.by_hash.insert(record.sha256, record.id.clone());
         inner.by_id.insert(
             record.id.clone(),
-            Entry {
-                record: record.clone(),
-                policy: Arc::new(policy),
-            },
+            Entry::new(record.clone(), Arc::new(policy)),
         );
         Ok(CreatedKey {
             info: record,
@@ -314,13 +318,9 @@ impl KeyRing {
         let limit = policy.max_concurrency;
         {
             let mut inner = self.write();
-            inner.by_id.insert(
-                id.clone(),
-                Entry {
-                    record: record.clone(),
-                    policy: Arc::new(policy),
-                },
-            );
+            inner
+                .by_id
+                .insert(id.clone(), Entry::new(record.clone(), Arc::new(policy)));
         }
         self.gates.set_limit(&id, limit);
         Ok(record)
@@ -568,7 +568,7 @@ mod tests {
         assert!(created.key.starts_with(KEY_PREFIX));
         assert_eq!(created.key.len(), KEY_PREFIX.len() + KEY_RANDOM_LEN);
         assert!(created.key.starts_with(&created.info.prefix));
-        assert_eq!(r.authenticate(&created.key).unwrap().name, "laptop");
+        assert_eq!(r.authenticate(&created.key).unwrap().name, "laptop".into());
         assert!(r.authenticate("sk-sy-wrong").is_none());
         let stored = r.store.load_keys().unwrap();
         assert_eq!(stored.len(), 1);
@@ -595,14 +595,20 @@ mod tests {
         }
         assert_eq!(seen(&r), 0, "a wrong secret is never remembered");
         for _ in 0..3 {
-            assert_eq!(r.authenticate(&a.key).unwrap().id, a.info.id);
-            assert_eq!(r.authenticate(&b.key).unwrap().name, "b");
+            assert_eq!(
+                r.authenticate(&a.key).unwrap().id,
+                a.info.id.as_str().into()
+            );
+            assert_eq!(r.authenticate(&b.key).unwrap().name, "b".into());
         }
         assert_eq!(seen(&r), 2, "one entry per key, however often it is used");
         r.revoke("a").await.unwrap();
         assert_eq!(seen(&r), 1);
         assert!(r.authenticate(&a.key).is_none());
-        assert_eq!(r.authenticate(&b.key).unwrap().id, b.info.id);
+        assert_eq!(
+            r.authenticate(&b.key).unwrap().id,
+            b.info.id.as_str().into()
+        );
     }
 
     #[tokio::test]
