@@ -166,11 +166,17 @@ where
     /// Inserts or replaces; a replaced entry starts a new life. Returns the previous live value.
     pub fn insert(&self, key: K, value: V) -> Option<V> {
         let now = self.clock.now_ms();
-        self.insert_at(key, value, now, now)
+        self.insert_at(key, value, (now, now), now)
     }
 
-    fn insert_at(&self, key: K, value: V, created_ms: u64, touched_ms: u64) -> Option<V> {
-        let now = self.clock.now_ms();
+    /// Inserts an entry made at `created_ms` and last used at `touched_ms`, as of `now`.
+    fn insert_at(
+        &self,
+        key: K,
+        value: V,
+        (created_ms, touched_ms): (u64, u64),
+        now: u64,
+    ) -> Option<V> {
         let mut inner = self.lock();
         let config = inner.config;
         if config.max_entries == 0 {
@@ -298,7 +304,7 @@ where
             if Self::is_expired(&config, e.created_ms, e.touched_ms, now) {
                 continue;
             }
-            self.insert_at(e.key, e.value, e.created_ms, e.touched_ms.min(now));
+            self.insert_at(e.key, e.value, (e.created_ms, e.touched_ms.min(now)), now);
             restored += 1;
         }
         restored

@@ -133,7 +133,12 @@ enum Sent {
 }
 
 pub(crate) fn ms_since(t: Instant) -> u64 {
-    u64::try_from(t.elapsed().as_millis()).unwrap_or(u64::MAX)
+    ms_between(t, Instant::now())
+}
+
+/// Whole milliseconds from `t` to `now` (one clock reading serves several measures).
+pub(crate) fn ms_between(t: Instant, now: Instant) -> u64 {
+    u64::try_from(now.saturating_duration_since(t).as_millis()).unwrap_or(u64::MAX)
 }
 
 /// One try of a request on one account.
@@ -739,16 +744,17 @@ impl<'a> Attempt<'a> {
         phase: Option<Phase>,
         error: Option<String>,
     ) {
+        let took = self.started.elapsed();
         let record = AttemptRecord {
             account: self.lease.chatgpt_account_id.clone(),
             class: self.passed.take().unwrap_or(class),
             status,
             phase,
-            ms: ms_since(self.started),
+            ms: u64::try_from(took.as_millis()).unwrap_or(u64::MAX),
             error,
             rule: self.rule.take(),
         };
-        self.trace.elsewhere += self.started.elapsed();
+        self.trace.elsewhere += took;
         self.trace.push_attempt(&self.d.metrics, record);
     }
 

@@ -126,10 +126,6 @@ impl Dispatcher {
         let mut trace = Trace::new(key, self.fleet.clock().now_ms());
         // The key's policy first: a refused request touches no account and joins no queue.
         let settings = self.fleet.settings();
-        let deadline = ctx.received + self.config.request_deadline;
-        let wait = settings
-            .queue_wait
-            .min(deadline.saturating_duration_since(Instant::now()));
         // A request admitted from its head (HTTP) has its slot already: only its model is
         // left to check.
         let admitted = match ctx.key_permit.clone() {
@@ -138,25 +134,32 @@ impl Dispatcher {
                 .allow_model(&permit, &ctx.model, ctx.service_tier.as_deref())
                 .map(|()| permit)
                 .map_err(Denied::Refused),
-            None => self
-                .keys
-                .admit(
-                    (
-                        &ctx.key_id,
-                        &ctx.model,
-                        ctx.service_tier.as_deref(),
-                        ctx.body.len() as u64,
-                    ),
-                    &self.usage,
-                    wait,
-                    settings.queue_max_waiting,
-                    self.gone(&tx),
-                )
-                .await
-                .map(Arc::new),
+            None => {
+                let deadline = ctx.received + self.config.request_deadline;
+                let wait = settings
+                    .queue_wait
+                    .min(deadline.saturating_duration_since(Instant::now()));
+                let admitted = self
+                    .keys
+                    .admit(
+                        (
+                            &ctx.key_id,
+                            &ctx.model,
+                            ctx.service_tier.as_deref(),
+                            ctx.body.len() as u64,
+                        ),
+                        &self.usage,
+                        wait,
+                        settings.queue_max_waiting,
+                        self.gone(&tx),
+                    )
+                    .await
+                    .map(Arc::new);
+                // A wait for one of the key's slots is the key's, not the gateway's.
+                trace.begun = Instant::now();
+                admitted
+            }
         };
-        // A wait for one of the key's slots is the key's, not the gateway's.
-        trace.begun = Instant::now();
         let _permit = match admitted {
             Ok(permit) => permit,
             Err(denied) => {

@@ -11,7 +11,7 @@ use bytes::{Bytes, BytesMut};
 use reqwest::header::{HeaderName, HeaderValue};
 use serde_json::Value;
 
-use super::attempt::{Attempt, End, ms_since};
+use super::attempt::{Attempt, End, ms_between, ms_since};
 use super::{ErrorReply, Frame, Mode};
 use crate::base::json_scan::{Scan, Seen};
 use crate::fleet::health::Class;
@@ -387,14 +387,13 @@ impl Attempt<'_> {
                         return self.client_gone(Some(200));
                     }
                     let shown = b.output_seen || b.committed;
-                    let now = std::time::Instant::now();
-                    let mut wait = match (shown, first_output_deadline) {
-                        (false, Some(deadline)) => {
-                            deadline.saturating_duration_since(now).min(idle)
-                        }
-                        _ => idle,
-                    };
+                    let mut wait = idle;
+                    // Once output is shown only the idle limit is left: no clock reading.
                     if !shown {
+                        let now = std::time::Instant::now();
+                        if let Some(deadline) = first_output_deadline {
+                            wait = deadline.saturating_duration_since(now).min(idle);
+                        }
                         let left = self.deadline().into_std().saturating_duration_since(now);
                         if left.is_zero() {
                             return self.abandon();
@@ -463,8 +462,9 @@ impl Attempt<'_> {
             }
             if !b.committed {
                 b.committed = true;
-                self.trace.ttft_ms = Some(ms_since(self.ctx.received));
-                self.d.metrics.upstream_first_output(self.started.elapsed());
+                let now = std::time::Instant::now();
+                self.trace.ttft_ms = Some(ms_between(self.ctx.received, now));
+                self.d.metrics.upstream_first_output(now - self.started);
                 self.serve(b.response_id.clone());
                 tracing::debug!(mode = ?self.ctx.mode, "commit");
                 if !self
