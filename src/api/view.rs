@@ -260,7 +260,7 @@ pub fn request(r: &RequestRecord) -> wire::RequestRecord {
             output_tokens: u.output_tokens,
             reasoning_tokens: u.reasoning_tokens,
         }),
-        path: r.path.clone(),
+        path: r.path.to_string(),
         session: r.session.clone(),
         candidate_pool: r.candidate_pool.iter().map(|id| id.to_string()).collect(),
         skipped: r

@@ -445,7 +445,7 @@ impl Dispatcher {
             started_ms: trace.started_ms,
             key_name: ctx.key_name.to_string(),
             model: ctx.model.clone(),
-            path: ctx.path.to_string(),
+            path: std::borrow::Cow::Borrowed(ctx.path),
             stream: ctx.mode == Mode::Stream,
             ws: ctx.ws,
             outcome,

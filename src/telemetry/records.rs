@@ -148,7 +148,8 @@ pub struct RequestRecord {
     /// The client key's name.
     pub key_name: String,
     pub model: String,
-    pub path: String,
+    /// A request's path is one the gateway names (no copy); a stored one is read back.
+    pub path: Cow<'static, str>,
     pub stream: bool,
     /// A turn of a downstream WebSocket connection.
     pub ws: bool,
@@ -281,7 +282,7 @@ impl RequestRecord {
             started_ms: self.started_ms,
             key_name: self.key_name.clone(),
             model: self.model.clone(),
-            path: self.path.clone(),
+            path: self.path.to_string(),
             stream: self.stream,
             ws: self.ws,
             outcome: self.outcome.as_str().into(),
@@ -390,7 +391,7 @@ impl RequestRecord {
             started_ms: r.started_ms,
             key_name: r.key_name,
             model: r.model,
-            path: r.path,
+            path: Cow::Owned(r.path),
             stream: r.stream,
             ws: r.ws,
             outcome: name("outcome", &r.outcome, Outcome::from_name)?,
