@@ -4,6 +4,7 @@
 //! or an upstream WebSocket, has every failure judged by the fleet (the one classifier), and
 //! hands the answer to its commit boundary (`stream.rs`).
 
+use std::sync::Arc;
 use std::time::Instant;
 
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
@@ -48,8 +49,9 @@ pub(crate) enum End {
 /// The account that answered a request.
 #[derive(Debug, Clone)]
 pub(crate) struct Served {
-    pub id: String,
-    pub chatgpt_account_id: String,
+    /// Shared with the lease it was served on.
+    pub id: Arc<str>,
+    pub chatgpt_account_id: Arc<str>,
     pub response_id: Option<String>,
 }
 
@@ -301,7 +303,7 @@ impl<'a> Attempt<'a> {
                 .d
                 .turn_states
                 .get(ts)
-                .is_some_and(|owner| owner == self.lease.id);
+                .is_some_and(|owner| *owner == *self.lease.id);
             if same_account && let Ok(v) = HeaderValue::from_str(ts) {
                 h.push((crate::upstream::TURN_STATE.clone(), v));
             }
@@ -321,7 +323,7 @@ impl<'a> Attempt<'a> {
         {
             self.d
                 .turn_states
-                .insert(ts.to_string(), self.lease.id.clone());
+                .insert(ts.to_string(), self.lease.id.to_string());
         }
     }
 
@@ -426,7 +428,7 @@ impl<'a> Attempt<'a> {
                         permit.degraded();
                         late.pool_when_open(
                             d.ws_pool.clone(),
-                            self.lease.id.clone(),
+                            self.lease.id.to_string(),
                             self.ctx.session.clone(),
                         );
                         return Err(Transport::HttpWsBudgetExhausted);
@@ -469,7 +471,7 @@ impl<'a> Attempt<'a> {
         let t = TurnSocket {
             socket,
             pool: d.ws_pool.clone(),
-            account: self.lease.id.clone(),
+            account: self.lease.id.to_string(),
             session: self.ctx.session.clone(),
             owner,
         };
@@ -746,7 +748,7 @@ impl<'a> Attempt<'a> {
     ) {
         let took = self.started.elapsed();
         let record = AttemptRecord {
-            account: self.lease.chatgpt_account_id.clone(),
+            account: self.lease.chatgpt_account_id.to_string(),
             class: self.passed.take().unwrap_or(class),
             status,
             phase,
@@ -793,7 +795,7 @@ fn token_failed(
             trace.push_attempt(
                 &d.metrics,
                 AttemptRecord {
-                    account: lease.chatgpt_account_id.clone(),
+                    account: lease.chatgpt_account_id.to_string(),
                     class,
                     status: None,
                     phase: Some(Phase::Connect),
@@ -806,7 +808,7 @@ fn token_failed(
         // Removed (or its tokens gone) since the plan was made.
         TokenError::Missing => trace
             .skipped
-            .push((lease.chatgpt_account_id.clone(), SkipReason::NoTokens)),
+            .push((lease.chatgpt_account_id.to_string(), SkipReason::NoTokens)),
     }
     End::Next
 }

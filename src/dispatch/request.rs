@@ -280,7 +280,7 @@ impl Dispatcher {
                 End::Next => {}
                 end => return end,
             }
-            if plan.sticky.as_deref() == Some(id.as_str()) {
+            if plan.sticky.as_deref() == Some(&*id) {
                 let why = trace
                     .attempts
                     .last()
@@ -403,7 +403,7 @@ impl Dispatcher {
             self.metrics
                 .ws_connect(std::time::Duration::from_millis(ms));
         }
-        let account = trace.served.map(|s| s.chatgpt_account_id);
+        let account = trace.served.map(|s| s.chatgpt_account_id.to_string());
         macro_rules! request_final {
             ($level:ident) => {
                 tracing::$level!(
@@ -646,7 +646,7 @@ impl Dispatcher {
         };
         let decision = match &plan.bound {
             None => Decision::NewBind,
-            Some(b) if *b == served.id => Decision::Reused,
+            Some(b) if **b == *served.id => Decision::Reused,
             Some(_) => Decision::Rebound(trace.rebound.unwrap_or(Rebound::Failover)),
         };
         self.fleet.affinity.bind(session, &served.id);

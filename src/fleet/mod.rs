@@ -112,6 +112,8 @@ pub(crate) struct Entry {
     installation_id: String,
     /// Its `chatgpt_account_id`, shared with the records that name it as a candidate.
     chatgpt_id: Arc<str>,
+    /// Its id (which never changes), shared with the leases on it.
+    shared_id: Arc<str>,
     /// Where its requests go (its workspace's origin), as last discovered; not persisted.
     route: Route,
     /// Its row in the scheduler's table (see [`table`]).
@@ -167,6 +169,7 @@ impl Entry {
             proxy: None,
             installation_id: installation_id(&record.id),
             chatgpt_id: Arc::from(record.chatgpt_account_id.as_str()),
+            shared_id: Arc::from(record.id.as_str()),
             route: Route::Unknown,
             slot: 0,
             made: std::sync::Mutex::default(),

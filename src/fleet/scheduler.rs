@@ -97,8 +97,8 @@ pub struct Wait {
 #[derive(Debug)]
 pub struct Lease {
     fleet: Fleet,
-    pub id: String,
-    pub chatgpt_account_id: String,
+    pub id: Arc<str>,
+    pub chatgpt_account_id: Arc<str>,
     probe: bool,
     /// False once the slot has been accounted for by hand (a hand-off nobody took).
     armed: bool,
@@ -471,8 +471,8 @@ impl Fleet {
         e.in_flight += 1;
         Lease {
             fleet: self.clone(),
-            id: e.record.id.clone(),
-            chatgpt_account_id: e.record.chatgpt_account_id.clone(),
+            id: Arc::clone(&e.shared_id),
+            chatgpt_account_id: Arc::clone(&e.chatgpt_id),
             probe,
             armed: true,
         }
