@@ -73,10 +73,7 @@ impl Dispatcher {
         gone: impl std::future::Future<Output = ()>,
     ) -> Result<Arc<KeyPermit>, Vec<Frame>> {
         let settings = self.fleet.settings();
-        let deadline = received + self.config.request_deadline;
-        let wait = settings
-            .queue_wait
-            .min(deadline.saturating_duration_since(Instant::now()));
+        let wait = self.key_wait(settings.queue_wait, received);
         let admitted = self
             .keys
             .admit_head(
@@ -122,6 +119,13 @@ impl Dispatcher {
         }
     }
 
+    /// How long a request received at `received` may wait for one of its key's slots: the
+    /// queue's wait, within what is left of its deadline.
+    fn key_wait(&self, queue_wait: std::time::Duration, received: Instant) -> std::time::Duration {
+        let deadline = received + self.config.request_deadline;
+        queue_wait.min(deadline.saturating_duration_since(Instant::now()))
+    }
+
     async fn run_traced(&self, ctx: RequestCtx, tx: frames::Sender, key: u64) {
         let mut trace = Trace::new(key, self.fleet.clock().now_ms());
         // The key's policy first: a refused request touches no account and joins no queue.
@@ -135,10 +139,7 @@ impl Dispatcher {
                 .map(|()| permit)
                 .map_err(Denied::Refused),
             None => {
-                let deadline = ctx.received + self.config.request_deadline;
-                let wait = settings
-                    .queue_wait
-                    .min(deadline.saturating_duration_since(Instant::now()));
+                let wait = self.key_wait(settings.queue_wait, ctx.received);
                 let admitted = self
                     .keys
                     .admit(
