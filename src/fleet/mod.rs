@@ -109,7 +109,7 @@ pub(crate) struct Entry {
     /// Its own egress proxy (stored sealed).
     proxy: Option<Arc<ProxyUrl>>,
     /// Its `x-codex-installation-id`, derived once.
-    installation_id: String,
+    installation_id: Arc<str>,
     /// Its `chatgpt_account_id`, shared with the records that name it as a candidate.
     chatgpt_id: Arc<str>,
     /// Its id (which never changes), shared with the leases on it.
@@ -167,7 +167,7 @@ impl Entry {
             unsupported: HashMap::new(),
             draining: false,
             proxy: None,
-            installation_id: installation_id(&record.id),
+            installation_id: Arc::from(installation_id(&record.id)),
             chatgpt_id: Arc::from(record.chatgpt_account_id.as_str()),
             shared_id: Arc::from(record.id.as_str()),
             route: Route::Unknown,
@@ -432,8 +432,8 @@ impl Fleet {
             bearer,
             values,
             access_token,
-            chatgpt_account_id: e.record.chatgpt_account_id.clone(),
-            installation_id: e.installation_id.clone(),
+            chatgpt_account_id: Arc::clone(&e.chatgpt_id),
+            installation_id: Arc::clone(&e.installation_id),
             proxy: e.proxy.clone(),
             route: match &e.route {
                 Route::Workspace(r) => Some(Arc::clone(r)),

@@ -81,9 +81,10 @@ pub struct Identity {
     pub bearer: Option<HeaderValue>,
     /// `chatgpt_account_id` and `installation_id` as header values, when made before.
     pub values: Option<IdValues>,
-    pub chatgpt_account_id: String,
-    /// Per-account device id (`x-codex-installation-id`).
-    pub installation_id: String,
+    /// Shared with the account's entry, as the token is.
+    pub chatgpt_account_id: Arc<str>,
+    /// Per-account device id (`x-codex-installation-id`), shared the same way.
+    pub installation_id: Arc<str>,
     /// The account's own egress proxy (else `[upstream] proxy`, else straight out).
     pub proxy: Option<Arc<ProxyUrl>>,
     /// A data-residency workspace's origin and override ([`routing`]), when it has one.
@@ -333,8 +334,8 @@ impl Upstream {
     fn authed(&self, req: reqwest::RequestBuilder, id: &Identity) -> reqwest::RequestBuilder {
         let req = req
             .bearer_auth(&id.access_token)
-            .header("chatgpt-account-id", &id.chatgpt_account_id)
-            .header("x-codex-installation-id", &id.installation_id);
+            .header("chatgpt-account-id", &*id.chatgpt_account_id)
+            .header("x-codex-installation-id", &*id.installation_id);
         match &id.route {
             Some(r) => req.header(routing::OVERRIDE_HEADER, &r.override_value),
             None => req,
