@@ -80,9 +80,7 @@ impl<K, V> Clone for TtlMap<K, V> {
     }
 }
 
-fn ms(d: Duration) -> u64 {
-    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
-}
+use crate::base::duration::whole_ms as ms;
 
 impl<K, V> TtlMap<K, V>
 where

@@ -196,7 +196,7 @@ async fn read_limited(
                     return Err(body_timeout(format!(
                         "the request body did not arrive within {}",
                         crate::base::duration::human_duration(
-                            u64::try_from(limits.timeout.as_millis()).unwrap_or(u64::MAX)
+                            crate::base::duration::whole_ms(limits.timeout)
                         )
                     )));
                 }

@@ -62,7 +62,7 @@ impl ManualClock {
     }
 
     pub fn advance(&self, d: std::time::Duration) {
-        self.advance_ms(u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+        self.advance_ms(crate::base::duration::whole_ms(d));
     }
 
     pub fn set_ms(&self, ms: u64) {

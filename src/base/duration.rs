@@ -1,6 +1,11 @@
 //! Durations for people: the short form of messages and the console (`41m`), and the serde
 //! form of the config file (`"30s"`, `"1h 30m"`).
 
+/// A duration in whole milliseconds (past `u64`'s reach, the most it holds).
+pub fn whole_ms(d: std::time::Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
 /// `41m`, `2h05m`, `30s`.
 pub fn human_duration(ms: u64) -> String {
     let s = ms.div_ceil(1000);

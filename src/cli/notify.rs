@@ -52,7 +52,7 @@ async fn test(config: &Config, only: Option<&str>) -> Result<(), CommandError> {
     let client = notify::deliver::client();
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+        .map_or(0, crate::base::duration::whole_ms);
     let event = Event::new(
         EventKind::Test,
         now,

@@ -9,7 +9,7 @@ use crate::config::Config;
 pub(super) async fn report(config: &Config, args: ReportArgs) -> Result<(), CommandError> {
     let windows = report_windows(&args.windows)?;
     let backend = Backend::connect(config, Access::Read).await?;
-    let slow_ms = u64::try_from(args.slow.as_millis()).unwrap_or(u64::MAX);
+    let slow_ms = crate::base::duration::whole_ms(args.slow);
     let result = backend.report(windows, slow_ms).await;
     backend.close().await?;
     let r = result?;

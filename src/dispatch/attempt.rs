@@ -140,7 +140,7 @@ pub(crate) fn ms_since(t: Instant) -> u64 {
 
 /// Whole milliseconds from `t` to `now` (one clock reading serves several measures).
 pub(crate) fn ms_between(t: Instant, now: Instant) -> u64 {
-    u64::try_from(now.saturating_duration_since(t).as_millis()).unwrap_or(u64::MAX)
+    crate::base::duration::whole_ms(now.saturating_duration_since(t))
 }
 
 /// One try of a request on one account.
@@ -752,7 +752,7 @@ impl<'a> Attempt<'a> {
             class: self.passed.take().unwrap_or(class),
             status,
             phase,
-            ms: u64::try_from(took.as_millis()).unwrap_or(u64::MAX),
+            ms: crate::base::duration::whole_ms(took),
             error,
             rule: self.rule.take(),
         };

@@ -488,8 +488,8 @@ impl Dispatcher {
 
     fn note_wait(&self, trace: &mut Trace, w: Wait) {
         trace.elsewhere += w.waited;
-        let total = trace.queue.map_or(0, |q| q.wait_ms)
-            + u64::try_from(w.waited.as_millis()).unwrap_or(u64::MAX);
+        let total =
+            trace.queue.map_or(0, |q| q.wait_ms) + crate::base::duration::whole_ms(w.waited);
         self.metrics.queue_wait(w.kind, w.outcome, w.waited);
         tracing::info!(
             queue = w.kind.as_str(),
@@ -671,9 +671,9 @@ impl Dispatcher {
             "request_deadline_exceeded",
             format!(
                 "no account answered within {} ({attempts} attempts); retry later",
-                human_duration(
-                    u64::try_from(self.config.request_deadline.as_millis()).unwrap_or(u64::MAX)
-                )
+                human_duration(crate::base::duration::whole_ms(
+                    self.config.request_deadline
+                ))
             ),
             Map::new(),
         )

@@ -214,7 +214,7 @@ impl Affinity {
     pub fn refuse_for(&self, scope: &str, account: &str, ttl: Duration) {
         let now = self.clock.now_ms();
         let ttl = ttl.min(REFUSAL_TTL);
-        let until = now.saturating_add(u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX));
+        let until = now.saturating_add(crate::base::duration::whole_ms(ttl));
         let key = scope.to_string();
         let mut list = self.refusals.peek(&key).unwrap_or_default();
         list.retain(|(a, u)| a != account && *u > now);

@@ -445,9 +445,7 @@ pub struct Transition {
     pub reason: Option<Class>,
 }
 
-fn ms(d: Duration) -> u64 {
-    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
-}
+use crate::base::duration::whole_ms as ms;
 
 impl Health {
     pub fn effective(&self, now_ms: u64) -> Effective {

@@ -597,7 +597,7 @@ impl Fleet {
             e.unsupported.retain(|_, until| *until > now);
             e.unsupported.insert(
                 model.to_string(),
-                now.saturating_add(u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX)),
+                now.saturating_add(crate::base::duration::whole_ms(ttl)),
             );
         }
         tracing::info!(account = %id, model, "model marked unsupported for this account");

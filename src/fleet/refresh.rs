@@ -100,7 +100,7 @@ impl RefreshState {
         let wait = BACKOFF_FIRST
             .saturating_mul(1 << (*failures - 1).min(10))
             .min(BACKOFF_MAX);
-        *until = now_ms.saturating_add(u64::try_from(wait.as_millis()).unwrap_or(u64::MAX));
+        *until = now_ms.saturating_add(crate::base::duration::whole_ms(wait));
     }
 
     fn succeeded(&self, id: &str) {

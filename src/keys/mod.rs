@@ -506,7 +506,7 @@ impl KeyRing {
                     .note_refusal(key_id, "key_concurrency_exceeded", self.clock.now_ms());
                 Err(Denied::Refused(Refusal::ConcurrencyExceeded {
                     limit: policy.max_concurrency.unwrap_or_default(),
-                    waited_ms: u64::try_from(waited.as_millis()).unwrap_or(u64::MAX),
+                    waited_ms: crate::base::duration::whole_ms(waited),
                 }))
             }
         }

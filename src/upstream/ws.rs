@@ -310,9 +310,7 @@ pub const BREAKER_WINDOW: Duration = Duration::from_secs(30);
 pub const BREAKER_OPEN: Duration = Duration::from_secs(30);
 pub const BREAKER_THRESHOLD: usize = 3;
 
-fn ms(d: Duration) -> u64 {
-    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
-}
+use crate::base::duration::whole_ms as ms;
 
 impl Breaker {
     pub fn new(clock: SharedClock) -> Self {
