@@ -243,7 +243,7 @@ impl<'a> Attempt<'a> {
     async fn send(&mut self) -> Sent {
         match self.send_once().await {
             Sent::End(End::Next) if std::mem::take(&mut self.token_refused) => {
-                Sent::TokenRefused(self.identity.access_token.to_string())
+                Sent::TokenRefused(String::from(&*self.identity.access_token))
             }
             sent => sent,
         }
@@ -323,7 +323,7 @@ impl<'a> Attempt<'a> {
         {
             self.d
                 .turn_states
-                .insert(ts.to_string(), self.lease.id.to_string());
+                .insert(ts.to_string(), String::from(&*self.lease.id));
         }
     }
 
@@ -428,7 +428,7 @@ impl<'a> Attempt<'a> {
                         permit.degraded();
                         late.pool_when_open(
                             d.ws_pool.clone(),
-                            self.lease.id.to_string(),
+                            String::from(&*self.lease.id),
                             self.ctx.session.clone(),
                         );
                         return Err(Transport::HttpWsBudgetExhausted);
@@ -471,7 +471,7 @@ impl<'a> Attempt<'a> {
         let t = TurnSocket {
             socket,
             pool: d.ws_pool.clone(),
-            account: self.lease.id.to_string(),
+            account: String::from(&*self.lease.id),
             session: self.ctx.session.clone(),
             owner,
         };
@@ -637,7 +637,7 @@ impl<'a> Attempt<'a> {
             ..facts
         };
         match self.judge(&facts) {
-            Class::AuthExpired => Sent::TokenRefused(self.identity.access_token.to_string()),
+            Class::AuthExpired => Sent::TokenRefused(String::from(&*self.identity.access_token)),
             Class::Caller => {
                 self.serve(None);
                 Sent::End(End::Reply(caller_reply(&facts), Outcome::CallerError))
@@ -748,7 +748,7 @@ impl<'a> Attempt<'a> {
     ) {
         let took = self.started.elapsed();
         let record = AttemptRecord {
-            account: self.lease.chatgpt_account_id.to_string(),
+            account: String::from(&*self.lease.chatgpt_account_id),
             class: self.passed.take().unwrap_or(class),
             status,
             phase,
@@ -795,7 +795,7 @@ fn token_failed(
             trace.push_attempt(
                 &d.metrics,
                 AttemptRecord {
-                    account: lease.chatgpt_account_id.to_string(),
+                    account: String::from(&*lease.chatgpt_account_id),
                     class,
                     status: None,
                     phase: Some(Phase::Connect),
@@ -806,9 +806,10 @@ fn token_failed(
             );
         }
         // Removed (or its tokens gone) since the plan was made.
-        TokenError::Missing => trace
-            .skipped
-            .push((lease.chatgpt_account_id.to_string(), SkipReason::NoTokens)),
+        TokenError::Missing => trace.skipped.push((
+            String::from(&*lease.chatgpt_account_id),
+            SkipReason::NoTokens,
+        )),
     }
     End::Next
 }

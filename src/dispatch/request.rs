@@ -404,7 +404,7 @@ impl Dispatcher {
             self.metrics
                 .ws_connect(std::time::Duration::from_millis(ms));
         }
-        let account = trace.served.map(|s| s.chatgpt_account_id.to_string());
+        let account = trace.served.map(|s| String::from(&*s.chatgpt_account_id));
         macro_rules! request_final {
             ($level:ident) => {
                 tracing::$level!(
@@ -444,7 +444,7 @@ impl Dispatcher {
         self.log.push(RequestRecord {
             key: trace.key,
             started_ms: trace.started_ms,
-            key_name: ctx.key_name.to_string(),
+            key_name: String::from(&*ctx.key_name),
             model: ctx.model.clone(),
             path: std::borrow::Cow::Borrowed(ctx.path),
             stream: ctx.mode == Mode::Stream,
