@@ -18,6 +18,11 @@ macro_rules! named {
             /// Every value, in declaration order.
             pub const ALL: &'static [$name] = &[$($name::$variant),+];
 
+            /// The value's place in [`Self::ALL`].
+            pub fn index(self) -> usize {
+                self as usize
+            }
+
             /// The stable name: what JSON, metrics, logs and the store show.
             pub fn as_str(self) -> &'static str {
                 match self {
@@ -55,8 +60,9 @@ mod tests {
 
     #[test]
     fn names_round_trip_and_unknown_names_are_none() {
-        for c in Colour::ALL {
+        for (i, c) in Colour::ALL.iter().enumerate() {
             assert_eq!(Colour::from_name(c.as_str()), Some(*c));
+            assert_eq!(c.index(), i);
         }
         assert_eq!(Colour::DarkBlue.to_string(), "dark_blue");
         assert_eq!(Colour::from_name("green"), None);

@@ -105,11 +105,18 @@ impl Decision {
 
     /// The metric label (without the reason).
     pub fn kind(&self) -> &'static str {
+        Self::KINDS[self.kind_index()]
+    }
+
+    /// Every [`Decision::kind`], at its [`Decision::kind_index`].
+    pub const KINDS: [&'static str; 4] = ["reused", "new_bind", "rebound", "none"];
+
+    pub fn kind_index(&self) -> usize {
         match self {
-            Decision::Reused => "reused",
-            Decision::NewBind => "new_bind",
-            Decision::Rebound(_) => "rebound",
-            Decision::None => "none",
+            Decision::Reused => 0,
+            Decision::NewBind => 1,
+            Decision::Rebound(_) => 2,
+            Decision::None => 3,
         }
     }
 }

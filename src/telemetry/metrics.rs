@@ -49,12 +49,13 @@ impl Histogram {
         }
     }
 
+    /// Counts `d` in the one bucket it falls in (the lowest bound at or above it; above all
+    /// of them, only in the count): one atomic add, where counting it in every bucket at or
+    /// above it took one per bucket. The exposition sums them up.
     fn observe(&self, d: Duration) {
         let secs = d.as_secs_f64();
-        for (bound, c) in self.bounds.iter().zip(&self.counts) {
-            if secs <= *bound {
-                c.fetch_add(1, Ordering::Relaxed);
-            }
+        if let Some(i) = self.bounds.iter().position(|bound| secs <= *bound) {
+            self.counts[i].fetch_add(1, Ordering::Relaxed);
         }
         self.sum_micros.fetch_add(
             u64::try_from(d.as_micros()).unwrap_or(u64::MAX),
@@ -65,14 +66,14 @@ impl Histogram {
 
     fn render(&self, out: &mut String, name: &str, labels: &str) {
         let sep = if labels.is_empty() { "" } else { "," };
+        // Each bucket's line counts everything at or below its bound. `+Inf` is at least
+        // their sum: an observation may be in its bucket and not yet in the count.
+        let mut below = 0;
         for (bound, c) in self.bounds.iter().zip(&self.counts) {
-            let _ = writeln!(
-                out,
-                "{name}_bucket{{{labels}{sep}le=\"{bound}\"}} {}",
-                c.load(Ordering::Relaxed)
-            );
+            below += c.load(Ordering::Relaxed);
+            let _ = writeln!(out, "{name}_bucket{{{labels}{sep}le=\"{bound}\"}} {below}");
         }
-        let count = self.count.load(Ordering::Relaxed);
+        let count = self.count.load(Ordering::Relaxed).max(below);
         let _ = writeln!(out, "{name}_bucket{{{labels}{sep}le=\"+Inf\"}} {count}");
         let braces = if labels.is_empty() {
             String::new()
@@ -116,19 +117,56 @@ impl Labeled {
     }
 }
 
+/// A counter per value of a named enum, by its index: an atomic add each, no lock. The
+/// exposition shows the values counted at least once, in the order of their names, as
+/// [`Labeled`] does.
+#[derive(Debug)]
+struct Tally {
+    names: Vec<&'static str>,
+    counts: Box<[AtomicU64]>,
+}
+
+impl Tally {
+    fn of(names: impl IntoIterator<Item = &'static str>) -> Self {
+        let names: Vec<_> = names.into_iter().collect();
+        let counts = names.iter().map(|_| AtomicU64::new(0)).collect();
+        Self { names, counts }
+    }
+
+    fn inc(&self, index: usize) {
+        if let Some(c) = self.counts.get(index) {
+            c.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    fn render(&self, out: &mut String, name: &str, label: &str) {
+        let mut seen: Vec<(&str, u64)> = self
+            .names
+            .iter()
+            .zip(self.counts.iter())
+            .map(|(k, c)| (*k, c.load(Ordering::Relaxed)))
+            .filter(|&(_, n)| n > 0)
+            .collect();
+        seen.sort_unstable_by_key(|&(k, _)| k);
+        for (k, v) in seen {
+            let _ = writeln!(out, "{name}{{{label}=\"{k}\"}} {v}");
+        }
+    }
+}
+
 /// The gateway's counters.
 #[derive(Debug)]
 pub struct Metrics {
-    requests: Labeled,
-    attempts: Labeled,
+    requests: Tally,
+    attempts: Tally,
     failovers: AtomicU64,
-    affinity: Labeled,
+    affinity: Tally,
     queue_outcomes: Labeled,
     queue_wait_account: Histogram,
     queue_wait_pool: Histogram,
     upstream_headers: Histogram,
     upstream_first_output: Histogram,
-    transports: Labeled,
+    transports: Tally,
     ws_connect: Histogram,
     overhead: Histogram,
     credit_spends: Labeled,
@@ -139,16 +177,16 @@ pub struct Metrics {
 impl Default for Metrics {
     fn default() -> Self {
         Self {
-            requests: Labeled::default(),
-            attempts: Labeled::default(),
+            requests: Tally::of(Outcome::ALL.iter().map(|o| o.as_str())),
+            attempts: Tally::of(Class::ALL.iter().map(|c| c.as_str())),
             failovers: AtomicU64::new(0),
-            affinity: Labeled::default(),
+            affinity: Tally::of(Decision::KINDS),
             queue_outcomes: Labeled::default(),
             queue_wait_account: Histogram::new(),
             queue_wait_pool: Histogram::new(),
             upstream_headers: Histogram::new(),
             upstream_first_output: Histogram::new(),
-            transports: Labeled::default(),
+            transports: Tally::of(Transport::ALL.iter().map(|t| t.as_str())),
             ws_connect: Histogram::new(),
             overhead: Histogram::with(&OVERHEAD_BUCKETS),
             credit_spends: Labeled::default(),
@@ -185,12 +223,12 @@ pub fn escape(v: &str) -> String {
 
 impl Metrics {
     pub fn request(&self, outcome: Outcome, affinity: &Decision) {
-        self.requests.inc(outcome.as_str());
-        self.affinity.inc(affinity.kind());
+        self.requests.inc(outcome.index());
+        self.affinity.inc(affinity.kind_index());
     }
 
     pub fn attempt(&self, class: Class) {
-        self.attempts.inc(class.as_str());
+        self.attempts.inc(class.index());
     }
 
     /// A reset-credit spend ended with this outcome.
@@ -237,7 +275,7 @@ impl Metrics {
 
     /// How a turn reached the backend.
     pub fn transport(&self, decision: Transport) {
-        self.transports.inc(decision.as_str());
+        self.transports.inc(decision.index());
     }
 
     pub fn ws_connect(&self, d: Duration) {
@@ -515,5 +553,66 @@ impl Metrics {
             store.undecodable_rows()
         );
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_histogram_shows_cumulative_buckets_from_one_count_per_observation() {
+        let h = Histogram::with(&[0.001, 0.01, 0.1]);
+        for ms in [0, 1, 5, 5, 50, 500] {
+            h.observe(Duration::from_millis(ms));
+        }
+        let mut out = String::new();
+        h.render(&mut out, "t", "q=\"a\"");
+        let lines: Vec<&str> = out.lines().collect();
+        assert_eq!(
+            lines,
+            [
+                "t_bucket{q=\"a\",le=\"0.001\"} 2",
+                "t_bucket{q=\"a\",le=\"0.01\"} 4",
+                "t_bucket{q=\"a\",le=\"0.1\"} 5",
+                "t_bucket{q=\"a\",le=\"+Inf\"} 6",
+                "t_sum{q=\"a\"} 0.561",
+                "t_count{q=\"a\"} 6",
+            ]
+        );
+    }
+
+    #[test]
+    fn a_tally_shows_what_a_labeled_counter_shows() {
+        let tally = Tally::of(Outcome::ALL.iter().map(|o| o.as_str()));
+        let labeled = Labeled::default();
+        let counted = [
+            Outcome::Success,
+            Outcome::Success,
+            Outcome::QuotaExhausted,
+            Outcome::ClientCancelled,
+            Outcome::Success,
+        ];
+        for o in counted {
+            tally.inc(o.index());
+            labeled.inc(o.as_str());
+        }
+        let (mut a, mut b) = (String::new(), String::new());
+        tally.render(&mut a, "r", "outcome");
+        labeled.render(&mut b, "r", "outcome");
+        assert_eq!(a, b);
+        assert_eq!(a.lines().count(), 3, "{a}");
+        // Every name is at its value's index.
+        for o in Outcome::ALL {
+            assert_eq!(tally.names[o.index()], o.as_str());
+        }
+        for d in [
+            Decision::Reused,
+            Decision::NewBind,
+            Decision::Rebound(crate::fleet::affinity::Rebound::Failover),
+            Decision::None,
+        ] {
+            assert_eq!(Decision::KINDS[d.kind_index()], d.kind());
+        }
     }
 }
