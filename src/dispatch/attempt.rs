@@ -527,7 +527,7 @@ impl<'a> Attempt<'a> {
     /// A unary answer (`/responses/compact`), relayed as it is.
     async fn finish_unary(
         &mut self,
-        resp: reqwest::Response,
+        resp: crate::upstream::Answer,
         mut headers: Vec<(HeaderName, HeaderValue)>,
     ) -> End {
         let status = resp.status().as_u16();

@@ -169,13 +169,33 @@ pub struct Upstream {
     compact_url: Target,
 }
 
-/// A request path's URL, parsed once: as hyper sends to it, and as its answers name it.
+/// The backend's answer on the request path (`/responses`, `/responses/compact`), as hyper's
+/// client gives it. Handed on as a reqwest response it took its body boxed twice, and a URL
+/// to be named by, copied for each answer.
+pub type Answer = hyper::Response<hyper::body::Incoming>;
+
+/// An answer whose body is read chunk by chunk: the request path's or reqwest's.
+pub trait ReadBody {
+    /// The body's data (trailers left out); a failure as the transport describes it.
+    fn chunks(self) -> impl futures_util::Stream<Item = Result<Bytes, String>> + Send + 'static;
+}
+
+impl ReadBody for Answer {
+    fn chunks(self) -> impl futures_util::Stream<Item = Result<Bytes, String>> + Send + 'static {
+        http_body_util::BodyDataStream::new(self.into_body()).map(|r| r.map_err(|e| describe(&e)))
+    }
+}
+
+impl ReadBody for reqwest::Response {
+    fn chunks(self) -> impl futures_util::Stream<Item = Result<Bytes, String>> + Send + 'static {
+        self.bytes_stream().map(|r| r.map_err(|e| describe(&e)))
+    }
+}
+
+/// A request path's URL, parsed once, as hyper sends to it.
 #[derive(Clone)]
 struct Target {
     uri: Uri,
-    /// What names the URL on an answer (an answer that names none makes reqwest parse a
-    /// placeholder URL for it: 3,300 instructions per answer).
-    url: hyper::http::Extensions,
     /// The `Host` of a plain-HTTP URL, made once. Plain HTTP is always HTTP/1.1, where hyper's
     /// client would otherwise format it per request (2,200 instructions); over TLS the
     /// protocol is only known on the connection (HTTP/2 names the host otherwise), so there
@@ -185,13 +205,10 @@ struct Target {
 
 impl Target {
     fn of(uri: Uri) -> Target {
-        let url = reqwest::Url::parse(&uri.to_string())
-            .map(answer_url)
-            .unwrap_or_default();
         let host = (uri.scheme() == Some(&hyper::http::uri::Scheme::HTTP))
             .then(|| host_value(&uri))
             .flatten();
-        Target { uri, url, host }
+        Target { uri, host }
     }
 }
 
@@ -209,7 +226,8 @@ fn host_value(uri: &Uri) -> Option<HeaderValue> {
     }
 }
 
-/// The extensions of an answer that name `url` (reqwest keeps its type for them private).
+/// The extensions of an answer that name `url` (reqwest keeps its type for them private;
+/// an answer that names none makes reqwest parse a placeholder URL for it).
 fn answer_url(url: reqwest::Url) -> hyper::http::Extensions {
     use reqwest::ResponseBuilderExt;
     hyper::http::Response::builder()
@@ -297,14 +315,14 @@ impl Upstream {
 
     /// The way out of an account to `https`-or-not `host`: its own proxy, else
     /// `[upstream] proxy`, else (with `use_env_proxy`) the environment's, else straight.
-    pub fn route<'a>(
+    pub fn route<'a, 'h>(
         &'a self,
         own: Option<&'a Arc<ProxyUrl>>,
         https: bool,
-        host: &str,
+        host: impl FnOnce() -> &'h str,
     ) -> Option<&'a Arc<ProxyUrl>> {
         own.or(self.default_proxy.as_ref())
-            .or_else(|| self.env_proxies.as_ref()?.for_target(https, host))
+            .or_else(|| self.env_proxies.as_ref()?.for_target(https, host()))
     }
 
     /// This thread's connections straight to the backend.
@@ -387,7 +405,7 @@ impl Upstream {
         headers: &[(HeaderName, HeaderValue)],
         body: Bytes,
         sse: bool,
-    ) -> Result<reqwest::Response, Facts> {
+    ) -> Result<Answer, Facts> {
         // The request path's URLs are parsed once, at start (a routed account's each time).
         let target = match (path, &id.route) {
             ("/responses", None) => self.responses_url.clone(),
@@ -399,7 +417,7 @@ impl Upstream {
                     Facts::transport(Phase::Connect, format!("upstream URL for {path}: {e}"))
                 })?,
         };
-        let Target { uri, url, host } = target;
+        let Target { uri, host } = target;
         let mut req = hyper::Request::new(reqwest::Body::from(body));
         *req.method_mut() = hyper::Method::POST;
         // Room for all of them at once (the gateway's eight and the client's): grown one by
@@ -455,7 +473,7 @@ impl Upstream {
         }
         let https = uri.scheme_str() == Some("https");
         let tunnel;
-        let pool = match self.route(id.proxy.as_ref(), https, uri.host().unwrap_or("")) {
+        let pool = match self.route(id.proxy.as_ref(), https, || uri.host().unwrap_or("")) {
             None => self.direct_pool(),
             Some(p) => {
                 tunnel = self.tunnel_pool(p);
@@ -463,7 +481,7 @@ impl Upstream {
             }
         };
         *req.uri_mut() = uri;
-        self.within_header_timeout(exchange(pool, req, url)).await
+        self.within_header_timeout(exchange(pool, req)).await
     }
 
     /// Sends a request on the account's way out (`proxy`: its own, see [`Upstream::route`])
@@ -478,7 +496,7 @@ impl Upstream {
                 .build()
                 .map_err(|e| Facts::transport(Phase::Connect, describe(&e)))?;
             let (https, host) = (req.url().scheme() == "https", req.url().host_str());
-            match self.route(proxy, https, host.unwrap_or("")) {
+            match self.route(proxy, https, || host.unwrap_or("")) {
                 None => self.http.execute(req).await.map_err(|e| {
                     let phase = if e.is_connect() {
                         Phase::Connect
@@ -495,10 +513,10 @@ impl Upstream {
 
     /// An exchange, given up when its answer's headers have not come within the header
     /// timeout.
-    async fn within_header_timeout(
+    async fn within_header_timeout<T>(
         &self,
-        sent: impl Future<Output = Result<reqwest::Response, Facts>>,
-    ) -> Result<reqwest::Response, Facts> {
+        sent: impl Future<Output = Result<T, Facts>>,
+    ) -> Result<T, Facts> {
         match tokio::time::timeout(self.config.header_timeout, sent).await {
             Err(_) => Err(Facts::transport(
                 Phase::PreHeaders,
@@ -511,7 +529,8 @@ impl Upstream {
         }
     }
 
-    /// A request through a proxy's tunnel; its answer is handed on as any other.
+    /// A request through a proxy's tunnel; its answer is handed on as reqwest's, named by its
+    /// URL.
     async fn send_through(
         &self,
         req: reqwest::Request,
@@ -523,7 +542,10 @@ impl Upstream {
         req.headers_mut()
             .entry(reqwest::header::USER_AGENT)
             .or_insert(HeaderValue::from_static(USER_AGENT));
-        exchange(&self.tunnel_pool(proxy), req, url).await
+        let (mut parts, body) = exchange(&self.tunnel_pool(proxy), req).await?.into_parts();
+        parts.extensions.extend(url);
+        let resp = hyper::http::Response::from_parts(parts, reqwest::Body::wrap(body));
+        Ok(reqwest::Response::from(resp))
     }
 
     /// `GET {base}/models?client_version=…`.
@@ -719,7 +741,7 @@ impl Upstream {
     /// trickles or never ends is a failure, not a hang).
     pub async fn read_body(
         &self,
-        resp: reqwest::Response,
+        resp: impl ReadBody,
         limit: usize,
         overflow: Overflow,
     ) -> Result<Bytes, Facts> {
@@ -735,14 +757,14 @@ impl Upstream {
 }
 
 async fn read_capped(
-    resp: reqwest::Response,
+    resp: impl ReadBody,
     limit: usize,
     overflow: Overflow,
 ) -> Result<Bytes, Facts> {
     let mut out = Vec::new();
-    let mut stream = resp.bytes_stream();
+    let mut stream = std::pin::pin!(resp.chunks());
     while let Some(chunk) = stream.next().await {
-        let chunk = chunk.map_err(|e| Facts::transport(Phase::PreCommit, describe(&e)))?;
+        let chunk = chunk.map_err(|e| Facts::transport(Phase::PreCommit, e))?;
         let room = limit.saturating_sub(out.len());
         if chunk.len() > room && overflow == Overflow::Refuse {
             return Err(Facts::transport(
@@ -777,21 +799,11 @@ pub fn bearer(token: &str) -> Result<HeaderValue, reqwest::header::InvalidHeader
     Ok(v)
 }
 
-/// One request on a pool of the backend's connections; its answer is handed on as any other
-/// (named by the extensions `url`), a failure as the transport's facts (a proxy's own words
+/// One request on a pool of the backend's connections; a failure as the transport's facts (a proxy's own words
 /// first: "proxy unreachable: …").
-async fn exchange(
-    pool: &Pool,
-    req: hyper::Request<reqwest::Body>,
-    url: hyper::http::Extensions,
-) -> Result<reqwest::Response, Facts> {
+async fn exchange(pool: &Pool, req: hyper::Request<reqwest::Body>) -> Result<Answer, Facts> {
     match pool.request(req).await {
-        Ok(resp) => {
-            let (mut parts, body) = resp.into_parts();
-            parts.extensions.extend(url);
-            let resp = hyper::http::Response::from_parts(parts, reqwest::Body::wrap(body));
-            Ok(reqwest::Response::from(resp))
-        }
+        Ok(resp) => Ok(resp),
         Err(pool::Failed::Connect(e)) => Err(Facts::transport(Phase::Connect, e.to_string())),
         Err(e @ pool::Failed::Handshake(_)) => Err(Facts::transport(Phase::Connect, describe(&e))),
         Err(e @ pool::Failed::Send(_)) => Err(Facts::transport(Phase::PreHeaders, describe(&e))),
@@ -880,21 +892,6 @@ mod tests {
             .unwrap();
         let cut = u.read_body(resp, 1024, Overflow::Truncate).await.unwrap();
         assert_eq!(cut.len(), 1024);
-    }
-
-    #[tokio::test]
-    async fn an_answer_names_the_url_it_came_from() {
-        let head = "HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n";
-        for path in ["/responses", "/responses/compact"] {
-            // The peer answers one request per connection: a peer for each.
-            let base = peer(head, b"{}".to_vec()).await;
-            let u = upstream(base.clone());
-            let resp = u
-                .post(path, &identity(), &[], Bytes::new(), false)
-                .await
-                .unwrap();
-            assert_eq!(resp.url().as_str(), format!("{base}{path}"));
-        }
     }
 
     #[tokio::test]

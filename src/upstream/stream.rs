@@ -39,11 +39,8 @@ enum Source {
 
 impl EventStream {
     /// The SSE body of an HTTP answer; events larger than `max_event` end it with an error.
-    pub fn sse(resp: reqwest::Response, max_event: usize) -> EventStream {
-        let body = resp
-            .bytes_stream()
-            .map(|r| r.map_err(|e| super::describe(&e)))
-            .boxed();
+    pub fn sse(resp: impl super::ReadBody, max_event: usize) -> EventStream {
+        let body = resp.chunks().boxed();
         EventStream(Source::Sse {
             body,
             split: SseSplitter::new(max_event),

@@ -490,7 +490,7 @@ impl Upstream {
             .trim_end_matches(']')
             .to_string();
         let port = uri.port_u16().unwrap_or(if tls { 443 } else { 80 });
-        let proxy = self.route(id.proxy.as_ref(), tls, &host).cloned();
+        let proxy = self.route(id.proxy.as_ref(), tls, || &host).cloned();
         let timeout = self.config.connect_timeout;
         // The way out (straight, or a proxy's tunnel), then TLS to the backend for wss.
         let connect = async move {
