@@ -2,8 +2,10 @@
 //! connection is bounded and timed.
 //!
 //! - A new connection must send a whole request head within `header_read_timeout`; a kept-alive
-//!   one is closed after `keepalive_idle_timeout` without a request (hyper's head timer, which
-//!   runs while a connection waits for its next request).
+//!   one is closed after `keepalive_idle_timeout` without a request, by the accept loop's sweep
+//!   (it looks at every connection a few times per timeout, so none closes early and none
+//!   lives past the timeout by more than two sweeps). hyper's own head timer did this with a
+//!   timer made, registered and cancelled for every request.
 //! - At most `max_connections` are open (lowered to what the open-file limit leaves room for,
 //!   `daemon::fds`): beyond, the oldest idle one is closed to make room (else the one reading
 //!   a request body the longest), else the new one is refused (with a warning at most every 10 s). A failed `accept` (out of descriptors all
@@ -29,7 +31,7 @@ use std::time::{Duration, Instant};
 
 use axum::body::{Body, HttpBody};
 use hyper::body::Incoming;
-use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinSet;
@@ -126,8 +128,10 @@ pub struct ClientConn {
     reading_since: AtomicU64,
     /// Finish what is in flight, keep nothing alive.
     wind_down: Signal,
-    /// Close at once, whatever it holds (evicted to make room).
+    /// Close at once, whatever it holds (evicted to make room, or idle too long).
     close: Signal,
+    /// Closed by the sweep for being kept alive with no request too long.
+    idle_expired: AtomicBool,
     /// Told when a connection has nothing left in flight.
     settled: Arc<tokio::sync::Notify>,
 }
@@ -334,6 +338,7 @@ impl Registry {
             reading_since: AtomicU64::new(0),
             wind_down: Signal::default(),
             close: Signal::default(),
+            idle_expired: AtomicBool::new(false),
             settled: Arc::clone(&self.settled),
         });
         self.lock().insert(conn.id, Arc::clone(&conn));
@@ -368,6 +373,43 @@ impl Registry {
             );
         }
         self.evict_oldest_idle(&self.lock());
+    }
+
+    /// Closes the connections kept alive with no request for `timeout` or longer. `seen` is
+    /// the sweep's memory: when it first found each idle connection idle, and since which
+    /// request (a connection that served one since is seen anew). A connection is idle once
+    /// its last answer is written whole and no body is being read, as hyper's head timer
+    /// started once it waited for a next head; a head arriving slowly does not count.
+    fn sweep_idle(
+        &self,
+        seen: &mut HashMap<u64, (u64, tokio::time::Instant)>,
+        now: tokio::time::Instant,
+        timeout: Duration,
+    ) {
+        let conns = self.lock();
+        seen.retain(|id, _| conns.contains_key(id));
+        for (id, c) in conns.iter() {
+            let idle = c.idle()
+                && c.started.load(Ordering::SeqCst)
+                && !c.owed.load(Ordering::SeqCst)
+                && c.reading_since.load(Ordering::SeqCst) == 0;
+            if !idle {
+                seen.remove(id);
+                continue;
+            }
+            let since = c.idle_since.load(Ordering::SeqCst);
+            match seen.get(id) {
+                Some(&(s, at)) if s == since => {
+                    if now.saturating_duration_since(at) >= timeout {
+                        c.idle_expired.store(true, Ordering::SeqCst);
+                        c.close.set();
+                    }
+                }
+                _ => {
+                    seen.insert(*id, (since, now));
+                }
+            }
+        }
     }
 
     /// Shutdown: connections with requests in flight finish them and close; idle ones do so
@@ -417,9 +459,19 @@ pub async fn serve(
 ) {
     let registry = Arc::new(Registry::new(stats));
     let mut tasks = JoinSet::new();
+    let idle_timeout = limits.keepalive_idle_timeout;
+    let mut sweep = tokio::time::interval(
+        (idle_timeout / 4).clamp(Duration::from_millis(1), Duration::from_secs(1)),
+    );
+    sweep.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut seen = HashMap::new();
     loop {
         let tcp = tokio::select! {
             _ = stop.cancelled() => break,
+            _ = sweep.tick() => {
+                registry.sweep_idle(&mut seen, tokio::time::Instant::now(), idle_timeout);
+                continue;
+            }
             accepted = listener.accept() => match accepted {
                 Ok((tcp, _)) => tcp,
                 Err(e) => {
@@ -510,10 +562,9 @@ async fn connection(
         })
     };
     let mut builder = hyper::server::conn::http1::Builder::new();
-    builder
-        .timer(TokioTimer::new())
-        .header_read_timeout(limits.keepalive_idle_timeout)
-        .keep_alive(true);
+    // Idle kept-alive connections are the sweep's (see `serve`); the first head has its own
+    // timer below.
+    builder.header_read_timeout(None).keep_alive(true);
     let served = builder.serve_connection(io, service).with_upgrades();
     tokio::pin!(served);
     let first_head = tokio::time::sleep(limits.header_read_timeout);
@@ -527,11 +578,6 @@ async fn connection(
             served = &mut served => {
                 break match served {
                     _ if conn.stalled.load(Ordering::SeqCst) => Some(Closed::Stalled),
-                    Err(e) if e.is_timeout() => Some(if conn.started.load(Ordering::SeqCst) {
-                        Closed::IdleTimeout
-                    } else {
-                        Closed::HeadTimeout
-                    }),
                     _ => None,
                 };
             }
@@ -546,8 +592,10 @@ async fn connection(
                 }
                 break Some(Closed::HeadTimeout);
             }
-            // Evicted (counted then).
-            _ = conn.close.wait() => break None,
+            // Evicted (counted then), or idle too long.
+            _ = conn.close.wait() => {
+                break conn.idle_expired.load(Ordering::SeqCst).then_some(Closed::IdleTimeout);
+            }
         }
     };
     if let Some(why) = closed {

@@ -254,6 +254,42 @@ async fn a_kept_alive_connection_idle_too_long_is_closed() {
 }
 
 #[tokio::test]
+async fn a_kept_alive_connection_that_trickles_its_next_head_is_closed_as_idle() {
+    let gw = Gw::start_with(1, |c| {
+        c.server.keepalive_idle_timeout = Duration::from_millis(300);
+    })
+    .await;
+    let mut slow = TcpStream::connect(gw.addr).await.unwrap();
+    assert_open(&mut slow, "the first request").await;
+    // The next head, a header line at a time, never ended: no request starts, so the
+    // connection stays idle however busy its socket is.
+    slow.write_all(b"GET /healthz HTTP/1.1\r\n").await.unwrap();
+    let mut buf = [0u8; 64];
+    let closed = tokio::time::timeout(SIGNAL_DEADLINE, async {
+        for n in 0.. {
+            let line = format!("x-slow-{n}: 1\r\n");
+            if slow.write_all(line.as_bytes()).await.is_err() {
+                return;
+            }
+            let read = tokio::time::timeout(Duration::from_millis(50), slow.read(&mut buf)).await;
+            if matches!(read, Ok(Ok(0) | Err(_))) {
+                return;
+            }
+        }
+    })
+    .await;
+    assert!(closed.is_ok(), "the trickling connection was left open");
+    assert_eq!(
+        metric(
+            &gw,
+            "switchyard_client_connections_closed_total{reason=\"idle_timeout\"}"
+        )
+        .await,
+        1
+    );
+}
+
+#[tokio::test]
 async fn beyond_max_connections_the_oldest_idle_one_goes_then_new_ones_are_refused() {
     let gw = Gw::start_with(1, |c| {
         c.server.max_connections = 3;
