@@ -121,10 +121,28 @@ impl<'a> Scan<'a> {
     fn string_here(&mut self) -> Option<Str<'a>> {
         let b = self.text.as_bytes();
         let start = self.at;
-        let mut i = start + 1;
+        // Most strings have no escape: their end is the first stop.
+        let i = start + 1 + plain_run(b.get(start + 1..)?);
+        if *b.get(i)? != b'"' {
+            return self.string_with_stops(start, i);
+        }
+        self.at = i + 1;
+        Some(Str {
+            text: self.text,
+            start,
+            end: self.at,
+            escaped: false,
+        })
+    }
+
+    /// The rest of [`Scan::string_here`] for a string with a stop before its end, at `i`: an
+    /// escape, or a control character (which ends the scan). Kept out of line, so that the
+    /// common case needs few registers.
+    #[inline(never)]
+    fn string_with_stops(&mut self, start: usize, mut i: usize) -> Option<Str<'a>> {
+        let b = self.text.as_bytes();
         let mut escaped = false;
         loop {
-            i += plain_run(b.get(i..)?);
             match *b.get(i)? {
                 b'"' => break,
                 b'\\' => {
@@ -138,6 +156,7 @@ impl<'a> Scan<'a> {
                 // A control character.
                 _ => return None,
             }
+            i += plain_run(b.get(i..)?);
         }
         self.at = i + 1;
         Some(Str {
@@ -314,6 +333,7 @@ impl<'a> Scan<'a> {
 
 /// How many bytes at the start of `b` need no second look in a string: none is a quote, a
 /// backslash or a control character. Eight at a time, then one by one.
+#[inline(always)]
 fn plain_run(b: &[u8]) -> usize {
     const ONES: u64 = u64::MAX / 255;
     const HIGH: u64 = ONES << 7;
