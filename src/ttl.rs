@@ -8,7 +8,7 @@
 //! - [`TtlMap::snapshot`] / [`TtlMap::restore`] carry the entries (with their ages) across a
 //!   restart through the store.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, hash_map};
 use std::hash::Hash;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -175,33 +175,42 @@ where
         (created_ms, touched_ms): (u64, u64),
         now: u64,
     ) -> Option<V> {
-        let mut inner = self.lock();
+        let mut guard = self.lock();
+        let inner = &mut *guard;
         let config = inner.config;
         if config.max_entries == 0 {
             return None;
         }
-        let previous = inner
-            .remove_entry(&key)
-            .filter(|e| !Self::is_expired(&config, e.created_ms, e.touched_ms, now))
-            .map(|e| e.value);
-        while inner.entries.len() >= config.max_entries {
+        let seq = inner.bump_seq();
+        let fresh = Entry {
+            value,
+            created_ms,
+            touched_ms,
+            seq,
+        };
+        // The key is hashed once: a replaced entry starts its new life in its old place.
+        let previous = match inner.entries.entry(key) {
+            hash_map::Entry::Occupied(mut o) => {
+                let old = std::mem::replace(o.get_mut(), fresh);
+                inner.lru.remove(&old.seq);
+                inner.lru.insert(seq, o.key().clone());
+                (!Self::is_expired(&config, old.created_ms, old.touched_ms, now))
+                    .then_some(old.value)
+            }
+            hash_map::Entry::Vacant(v) => {
+                inner.lru.insert(seq, v.key().clone());
+                v.insert(fresh);
+                None
+            }
+        };
+        // The new entry is the most recent: the least recently used go until the bound holds.
+        while inner.entries.len() > config.max_entries {
             let Some((_, oldest)) = inner.lru.pop_first() else {
                 break;
             };
             inner.entries.remove(&oldest);
             inner.evicted += 1;
         }
-        let seq = inner.bump_seq();
-        inner.lru.insert(seq, key.clone());
-        inner.entries.insert(
-            key,
-            Entry {
-                value,
-                created_ms,
-                touched_ms,
-                seq,
-            },
-        );
         previous
     }
 
@@ -455,6 +464,31 @@ mod tests {
         assert_eq!(m.insert("a".into(), 10), Some(1));
         assert_eq!(m.len(), 2);
         assert_eq!(m.peek(&"b".into()), Some(2));
+    }
+
+    #[test]
+    fn a_replaced_entry_is_the_most_recent_and_gives_back_only_a_live_value() {
+        let (m, clock) = map(Some(60), None, 2);
+        m.insert("a".into(), 1);
+        m.insert("b".into(), 2);
+        // Replacing a makes b the least recently used.
+        assert_eq!(m.insert("a".into(), 10), Some(1));
+        m.insert("c".into(), 3);
+        assert_eq!(m.peek(&"b".into()), None);
+        assert_eq!(m.peek(&"a".into()), Some(10));
+        // A value that expired is not given back, and its replacement lives anew.
+        clock.advance(Duration::from_secs(61));
+        assert_eq!(m.insert("a".into(), 20), None);
+        assert_eq!(m.get(&"a".into()), Some(20));
+        // A lower bound takes effect at the next insert, the least recent going first.
+        m.set_config(TtlConfig {
+            idle: Some(Duration::from_secs(60)),
+            absolute: None,
+            max_entries: 1,
+        });
+        m.insert("d".into(), 4);
+        assert_eq!(m.len(), 1);
+        assert_eq!(m.peek(&"d".into()), Some(4));
     }
 
     #[test]
