@@ -183,10 +183,7 @@ impl Dispatcher {
                         .plan_for(&ctx.model, ctx.session.as_deref(), scope.as_deref());
                 (plan, None)
             }
-            Some(prev) => match self
-                .fleet
-                .plan_owner(&ctx.model, ctx.session.as_deref(), prev)
-            {
+            Some(prev) => match self.fleet.plan_owner(&ctx.model, prev) {
                 Ok(p) => (p, None),
                 Err(message) => (Plan::default(), Some(previous_response_not_found(message))),
             },
@@ -244,7 +241,7 @@ impl Dispatcher {
             if self.is_cut() {
                 return End::Reply(shutting_down_reply(), Outcome::ShuttingDown);
             }
-            let lease = match self.acquire(plan, &mut walk, tx, trace).await {
+            let lease = match self.acquire(&ctx.model, plan, &mut walk, tx, trace).await {
                 Acquire::Lease(l) => *l,
                 Acquire::ClientLeft if self.is_cut() => {
                     return End::Reply(shutting_down_reply(), Outcome::ShuttingDown);
@@ -508,6 +505,7 @@ impl Dispatcher {
     /// for the session's own account first (sticky), then for any of them (pool).
     async fn acquire(
         &self,
+        model: &str,
         plan: &Plan,
         walk: &mut Walk,
         tx: &frames::Sender,
@@ -521,7 +519,7 @@ impl Dispatcher {
             });
             let mut i = 0;
             while i < walk.remaining.len() && (!sticky_first || i == 0) {
-                match self.fleet.try_lease(&walk.remaining[i], &plan.model) {
+                match self.fleet.try_lease(&walk.remaining[i], model) {
                     Ok(lease) => {
                         walk.remaining.remove(i);
                         return Acquire::Lease(Box::new(lease));
@@ -563,7 +561,7 @@ impl Dispatcher {
                     .fleet
                     .wait_for_account(
                         sticky,
-                        &plan.model,
+                        model,
                         wait_for,
                         settings.sticky_max_waiting,
                         self.gone(tx),
@@ -595,7 +593,7 @@ impl Dispatcher {
                 .fleet
                 .wait_for_pool(
                     &walk.remaining,
-                    &plan.model,
+                    model,
                     wait_for,
                     settings.queue_max_waiting,
                     self.gone(tx),

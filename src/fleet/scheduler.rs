@@ -47,8 +47,6 @@ named! {
 /// A request's frozen candidate list.
 #[derive(Debug, Clone, Default)]
 pub struct Plan {
-    pub model: String,
-    pub session: Option<String>,
     /// Account ids in the order they will be tried (shared with the pool's table: a plan hands
     /// over up to 32 of them).
     pub order: Vec<Arc<str>>,
@@ -315,8 +313,6 @@ impl Fleet {
         let bound = session.and_then(|s| self.affinity.bound(s));
         let inner = self.read();
         let mut plan = Plan {
-            model: model.to_string(),
-            session: session.map(str::to_string),
             bound: bound.clone(),
             ..Plan::default()
         };
@@ -405,12 +401,7 @@ impl Fleet {
 
     /// A plan for a continuation: only the account that produced `response_id` may serve it.
     /// `Err` carries why it cannot (unknown response, or the owner is unusable now).
-    pub fn plan_owner(
-        &self,
-        model: &str,
-        session: Option<&str>,
-        response_id: &str,
-    ) -> Result<Plan, String> {
+    pub fn plan_owner(&self, model: &str, response_id: &str) -> Result<Plan, String> {
         let owner = self
             .affinity
             .owner(response_id)
@@ -428,8 +419,6 @@ impl Fleet {
             ));
         }
         Ok(Plan {
-            model: model.to_string(),
-            session: session.map(str::to_string),
             order: vec![Arc::from(owner.as_str())],
             sticky: Some(owner.clone()),
             bound: Some(owner),
