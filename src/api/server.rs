@@ -3,8 +3,8 @@
 //!
 //! - A new connection must send a whole request head within `header_read_timeout`; a kept-alive
 //!   one is closed after `keepalive_idle_timeout` without a request, by the accept loop's sweep
-//!   (it looks at every connection a few times per timeout, so none closes early and none
-//!   lives past the timeout by more than two sweeps). hyper's own head timer did this with a
+//!   (every quarter of the timeout, within 10 ms and 1 s: none closes early and none lives
+//!   past the timeout by more than two sweeps). hyper's own head timer did this with a
 //!   timer made, registered and cancelled for every request.
 //! - At most `max_connections` are open (lowered to what the open-file limit leaves room for,
 //!   `daemon::fds`): beyond, the oldest idle one is closed to make room (else the one reading
@@ -460,8 +460,10 @@ pub async fn serve(
     let registry = Arc::new(Registry::new(stats));
     let mut tasks = JoinSet::new();
     let idle_timeout = limits.keepalive_idle_timeout;
+    // A quarter of the timeout, within 10 ms and a second (a timeout of zero closes a
+    // connection within two sweeps of its answer, without a sweep every millisecond).
     let mut sweep = tokio::time::interval(
-        (idle_timeout / 4).clamp(Duration::from_millis(1), Duration::from_secs(1)),
+        (idle_timeout / 4).clamp(Duration::from_millis(10), Duration::from_secs(1)),
     );
     sweep.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut seen = HashMap::new();
