@@ -18,7 +18,10 @@
 //! `LOAD_SECONDS=1 cargo test --bench load` runs it once in a debug build as a smoke test.
 //! `LOAD_ONLY=rss cargo bench --bench load` measures only the gateway's RSS over a long run
 //! (`LOAD_RSS_REQUESTS`, default 200k): after the first 10k answers and after the last;
-//! `LOAD_CACHE_MIB` sets the store's cache for the gateways it starts.
+//! `LOAD_CACHE_MIB` sets the store's cache for the gateways it starts. With
+//! `LOAD_RSS_TARGET=floor` the same run goes through the hyper floor instead, and
+//! `LOAD_FLOOR_WRAP` (a command line, such as a profiler's) runs the floor under it: the two
+//! runs, under the same profiler, give the gateway's own cost per answer in instructions.
 //! `LOAD_ONLY=slow_bodies` runs only the slow-body attack (`LOAD_SLOW_BODIES`, default 4,200
 //! connections, for `LOAD_SECONDS`, default 30) and what a well-behaved client sees meanwhile.
 //! `LOAD_ONLY=bodies` measures what one 14 MiB WebSocket turn and one 14 MiB `stream: false`
@@ -271,8 +274,20 @@ fn serve_own_upstream(port: u16) {
 /// stack (tokio with a worker per core, hyper's server), with nothing of the gateway's work —
 /// no key, plan, record or event reading. With `LOAD_FLOOR_CLIENT=reqwest` it sends upstream
 /// with reqwest as the gateway does, else with hyper's pooled client (which reqwest wraps).
+/// `LOAD_FLOOR_WRAP` (words, such as a profiler's command line) runs it under another program.
 fn start_floor(listen: u16, up: u16, client: &str) -> Proc {
-    let child = Command::new(std::env::current_exe().unwrap())
+    let exe = std::env::current_exe().unwrap();
+    let wrap = std::env::var("LOAD_FLOOR_WRAP").unwrap_or_default();
+    let mut words = wrap.split_whitespace();
+    let mut command = match words.next() {
+        Some(program) => {
+            let mut c = Command::new(program);
+            c.args(words).arg(exe);
+            c
+        }
+        None => Command::new(exe),
+    };
+    let child = command
         .env("LOAD_ROLE", "floor")
         .env("LOAD_PORT", listen.to_string())
         .env("LOAD_UPSTREAM_PORT", up.to_string())
@@ -915,8 +930,14 @@ fn rss_over_a_long_run() {
     let tmp = tempfile::tempdir().unwrap();
     let (up, gw) = (free_port(), free_port());
     let _upstream = start_own_upstream(up);
-    let (gateway, key) = start_gateway(tmp.path(), up, gw, 4);
-    let target = Target::gateway(gw, &key);
+    // The floor in the gateway's place: what the libraries alone cost over the same run.
+    let floor = std::env::var("LOAD_RSS_TARGET").as_deref() == Ok("floor");
+    let (gateway, target) = if floor {
+        (start_floor(gw, up, "hyper"), Target::backend(gw))
+    } else {
+        let (gateway, key) = start_gateway(tmp.path(), up, gw, 4);
+        (gateway, Target::gateway(gw, &key))
+    };
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -940,14 +961,20 @@ fn rss_over_a_long_run() {
         let first = samples.iter().find(|(n, _)| *n >= 10_000.min(total)).map_or(0, |s| s.1);
         let last = rss_kb(pid).unwrap_or(0);
         println!(
-            "{total} requests in {secs:.0} s ({:.0} req/s, {bad} incomplete): gateway RSS {start} KB before, {first} KB after 10k, {last} KB after the last: {:+} KB ({:.2} KB per 1k requests after the first 10k)",
+            "{total} requests in {secs:.0} s ({:.0} req/s, {bad} incomplete): {} RSS {start} KB before, {first} KB after 10k, {last} KB after the last: {:+} KB ({:.2} KB per 1k requests after the first 10k)",
             total as f64 / secs,
+            if floor { "floor" } else { "gateway" },
             last as i64 - first as i64,
             (last as f64 - first as f64) / ((total.saturating_sub(10_000)).max(1) as f64 / 1000.0)
         );
         let line: Vec<String> = samples.iter().map(|(n, kb)| format!("{}k:{}", n / 1000, kb / 1024)).collect();
         println!("RSS in MB by answers: {}", line.join(" "));
     });
+    if floor {
+        // Asked to stop, not killed: a profiler it runs under writes its figures.
+        sigterm(gateway.0.id());
+        return;
+    }
     // The same store at the next start: what opening (and checking) it costs in memory.
     let stop = Instant::now();
     sigterm(gateway.0.id());
