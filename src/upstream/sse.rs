@@ -150,11 +150,28 @@ impl SseSplitter {
     /// SSE edge writes, so none is made into an [`Event`]. Returns how many were moved.
     pub fn take_plain_run(&mut self, out: &mut BytesMut) -> usize {
         let (mut pos, mut n) = (0, 0);
-        while let Scan::Block { kind, data } = plain_block(&self.buf[pos..]) {
-            let kind = &self.buf[pos + kind.start..pos + kind.end];
-            if !kind.is_ascii() || is_terminal_type(kind) {
-                break;
-            }
+        // The head (`event: {type}\ndata: `) of the block moved last. A block that begins
+        // with the same bytes is of the same type, already found plain and not terminal:
+        // only its data line is left to find (a run is mostly deltas of one type).
+        let mut head = 0..0;
+        loop {
+            let rest = &self.buf[pos..];
+            let data = if !head.is_empty() && rest.starts_with(&self.buf[head.clone()]) {
+                match plain_data(rest, head.len()) {
+                    Data::Line(data) => data,
+                    Data::NotWhole | Data::Other => break,
+                }
+            } else {
+                let Scan::Block { kind, data } = plain_block(rest) else {
+                    break;
+                };
+                let kind = &rest[kind];
+                if !kind.is_ascii() || is_terminal_type(kind) {
+                    break;
+                }
+                head = pos..pos + data.start;
+                data
+            };
             pos += data.end + 2;
             n += 1;
         }
@@ -189,24 +206,37 @@ fn plain_block(buf: &[u8]) -> Scan {
             Scan::Other
         };
     }
-    let data_start = kind.end + 1 + DATA.len();
-    let Some(nl) = memchr::memchr(b'\n', &buf[data_start..]) else {
-        return Scan::NotWhole;
+    let data = match plain_data(buf, kind.end + 1 + DATA.len()) {
+        Data::Line(data) => data,
+        Data::NotWhole => return Scan::NotWhole,
+        Data::Other => return Scan::Other,
     };
-    let data = data_start..data_start + nl;
     let edge = |c: Option<&u8>| c.is_none_or(u8::is_ascii_whitespace);
-    match buf.get(data.end + 1) {
-        None => return Scan::NotWhole,
-        Some(b'\n') => {}
-        Some(_) => return Scan::Other,
-    }
-    if edge(buf[kind.clone()].first())
-        || edge(buf[kind.clone()].last())
-        || buf[data.clone()].last() == Some(&b'\r')
-    {
+    if edge(buf[kind.clone()].first()) || edge(buf[kind.clone()].last()) {
         return Scan::Other;
     }
     Scan::Block { kind, data }
+}
+
+/// The data line of a plain block whose data begins at `start`: its range when the line and
+/// the blank line after it have ended and it has no `\r` at its end.
+fn plain_data(buf: &[u8], start: usize) -> Data {
+    let Some(nl) = memchr::memchr(b'\n', &buf[start..]) else {
+        return Data::NotWhole;
+    };
+    let data = start..start + nl;
+    match buf.get(data.end + 1) {
+        None => Data::NotWhole,
+        Some(b'\n') if buf[data.clone()].last() != Some(&b'\r') => Data::Line(data),
+        Some(_) => Data::Other,
+    }
+}
+
+/// A reading of a plain block's data line by [`plain_data`].
+enum Data {
+    Line(Range<usize>),
+    NotWhole,
+    Other,
 }
 
 /// A reading of the front of a buffer by [`plain_block`].
@@ -441,6 +471,42 @@ mod tests {
         assert_eq!(s.take_plain_run(&mut out), 0, "a block not yet whole stays");
         assert_eq!(s.pending(), "event: x\nda".len());
         assert_eq!(&out[..], format!("{a}{b}{d}{d}").as_bytes());
+    }
+
+    /// A block with the head of the one moved before it is read for its data line alone, and
+    /// stops the run where any block would: a `\r` at the data's end, another line after the
+    /// data, a line not yet ended. A head that differs in any byte is read in full.
+    #[test]
+    fn a_run_of_one_type_stops_where_a_block_of_it_needs_a_look() {
+        let delta = |d: &str| format!("event: response.output_text.delta\ndata: {d}\n\n");
+        let front = format!("{}{}", delta("{\"n\":1}"), delta("{\"n\":2}"));
+        let cases = [
+            ("event: response.output_text.delta\ndata: {}\n\n", 3),
+            ("event: response.output_text.deltas\ndata: {}\n\n", 3),
+            ("event: response.output_text.delta\ndata: {}\r\n\n", 2),
+            ("event: response.output_text.delta\ndata: {}\nid: 3\n\n", 2),
+            ("event: response.output_text.delta\ndata:{}\n\n", 2),
+            ("event: response.output_text.delta\r\ndata: {}\n\n", 2),
+            ("event: response.output_text.delta\ndata: {}\n", 2),
+            ("event: response.output_text.delta\ndata: {}", 2),
+            ("event: response.completed\ndata: {}\n\n", 2),
+        ];
+        for (tail, moved) in cases {
+            let mut s = SseSplitter::new(1 << 20);
+            s.push(format!("{front}{tail}").as_bytes());
+            let mut out = BytesMut::new();
+            assert_eq!(s.take_plain_run(&mut out), moved, "{tail:?}");
+            let (left, gone) = match moved {
+                3 => ("", format!("{front}{tail}")),
+                _ => (tail, front.clone()),
+            };
+            assert_eq!(&out[..], gone.as_bytes(), "{tail:?}");
+            assert_eq!(s.pending(), left.len(), "{tail:?}");
+            // What stays reads as the line-by-line reading reads it.
+            let mut lines = SseSplitter::new(1 << 20);
+            lines.push(left.as_bytes());
+            assert_eq!(s.next_piece(), lines.next_by_lines(), "{tail:?}");
+        }
     }
 
     /// However the bytes are cut, runs and single events together give back the stream in
