@@ -25,6 +25,32 @@ pub struct EventTooLarge(pub usize);
 pub struct SseSplitter {
     buf: BytesMut,
     max_event: usize,
+    /// The head (`event: {type}\ndata: `) of the plain block moved last, kept from one read to
+    /// the next (see [`SseSplitter::take_plain_run`]); empty when none is kept.
+    head: Head,
+}
+
+/// Room for a block's head: the types a stream is made of fit (the longest Codex sends is
+/// under 50 bytes); a longer one is read in full every time.
+const HEAD_ROOM: usize = 64;
+
+#[derive(Debug)]
+struct Head {
+    bytes: [u8; HEAD_ROOM],
+    len: usize,
+}
+
+impl Head {
+    fn get(&self) -> &[u8] {
+        &self.bytes[..self.len]
+    }
+
+    fn keep(&mut self, head: &[u8]) {
+        if let Some(room) = self.bytes.get_mut(..head.len()) {
+            room.copy_from_slice(head);
+            self.len = head.len();
+        }
+    }
 }
 
 impl SseSplitter {
@@ -32,6 +58,10 @@ impl SseSplitter {
         Self {
             buf: BytesMut::new(),
             max_event,
+            head: Head {
+                bytes: [0; HEAD_ROOM],
+                len: 0,
+            },
         }
     }
 
@@ -150,13 +180,13 @@ impl SseSplitter {
     /// SSE edge writes, so none is made into an [`Event`]. Returns how many were moved.
     pub fn take_plain_run(&mut self, out: &mut BytesMut) -> usize {
         let (mut pos, mut n) = (0, 0);
-        // The head (`event: {type}\ndata: `) of the block moved last. A block that begins
-        // with the same bytes is of the same type, already found plain and not terminal:
-        // only its data line is left to find (a run is mostly deltas of one type).
-        let mut head = 0..0;
         loop {
             let rest = &self.buf[pos..];
-            let data = if !head.is_empty() && rest.starts_with(&self.buf[head.clone()]) {
+            // A block that begins with the head of the block moved last (in this read or an
+            // earlier one) is of the same type, already found plain and not terminal: only
+            // its data line is left to find. A stream is mostly deltas of one type.
+            let head = self.head.get();
+            let data = if !head.is_empty() && rest.starts_with(head) {
                 match plain_data(rest, head.len()) {
                     Data::Line(data) => data,
                     Data::NotWhole | Data::Other => break,
@@ -169,7 +199,7 @@ impl SseSplitter {
                 if !kind.is_ascii() || is_terminal_type(kind) {
                     break;
                 }
-                head = pos..pos + data.start;
+                self.head.keep(&rest[..data.start]);
                 data
             };
             pos += data.end + 2;
@@ -473,9 +503,10 @@ mod tests {
         assert_eq!(&out[..], format!("{a}{b}{d}{d}").as_bytes());
     }
 
-    /// A block with the head of the one moved before it is read for its data line alone, and
-    /// stops the run where any block would: a `\r` at the data's end, another line after the
-    /// data, a line not yet ended. A head that differs in any byte is read in full.
+    /// A block with the head of the one moved before it (in the same read or an earlier one)
+    /// is read for its data line alone, and stops the run where any block would: a `\r` at the
+    /// data's end, another line after the data, a line not yet ended. A head that differs in
+    /// any byte is read in full.
     #[test]
     fn a_run_of_one_type_stops_where_a_block_of_it_needs_a_look() {
         let delta = |d: &str| format!("event: response.output_text.delta\ndata: {d}\n\n");
@@ -491,11 +522,19 @@ mod tests {
             ("event: response.output_text.delta\ndata: {}", 2),
             ("event: response.completed\ndata: {}\n\n", 2),
         ];
-        for (tail, moved) in cases {
+        // In one read, and in two: the head moved last is kept from one read to the next.
+        for (tail, moved, reads) in cases.iter().flat_map(|&(t, m)| [(t, m, 1), (t, m, 2)]) {
             let mut s = SseSplitter::new(1 << 20);
-            s.push(format!("{front}{tail}").as_bytes());
             let mut out = BytesMut::new();
-            assert_eq!(s.take_plain_run(&mut out), moved, "{tail:?}");
+            if reads == 1 {
+                s.push(format!("{front}{tail}").as_bytes());
+                assert_eq!(s.take_plain_run(&mut out), moved, "{tail:?}");
+            } else {
+                s.push(front.as_bytes());
+                assert_eq!(s.take_plain_run(&mut out), 2);
+                s.push(tail.as_bytes());
+                assert_eq!(s.take_plain_run(&mut out), moved - 2, "{tail:?}");
+            }
             let (left, gone) = match moved {
                 3 => ("", format!("{front}{tail}")),
                 _ => (tail, front.clone()),
@@ -507,6 +546,21 @@ mod tests {
             lines.push(left.as_bytes());
             assert_eq!(s.next_piece(), lines.next_by_lines(), "{tail:?}");
         }
+    }
+
+    /// A head longer than the room for it is read in full each time; the one kept before it
+    /// stays kept.
+    #[test]
+    fn a_head_past_the_room_is_read_in_full_every_time() {
+        let long = "x".repeat(HEAD_ROOM);
+        let block = |kind: &str| format!("event: {kind}\ndata: {{}}\n\n");
+        let stream = [block("a"), block(&long), block(&long), block("a")].concat();
+        let mut s = SseSplitter::new(1 << 20);
+        s.push(stream.as_bytes());
+        let mut out = BytesMut::new();
+        assert_eq!(s.take_plain_run(&mut out), 4);
+        assert_eq!(&out[..], stream.as_bytes());
+        assert_eq!(s.head.get(), b"event: a\ndata: ");
     }
 
     /// However the bytes are cut, runs and single events together give back the stream in
