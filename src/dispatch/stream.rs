@@ -35,7 +35,7 @@ pub fn is_precommit(kind: &[u8]) -> bool {
             | b"response.output_item.added"
             | b"response.content_part.added"
             | b"response.reasoning_summary_part.added"
-    ) || std::str::from_utf8(kind).is_err()
+    ) || (!kind.is_ascii() && std::str::from_utf8(kind).is_err())
 }
 
 /// What the gateway reads from an event's `response` object: its id, tier and usage. A
