@@ -367,6 +367,11 @@ impl Attempt<'_> {
         };
         let first_output_deadline = self.d.config.first_output_timeout.map(|t| self.started + t);
         let idle = self.d.config.stream_idle_timeout;
+        // One timer for the stream's waits, made at the first read that waits and moved only
+        // when it fires with time left in the wait at hand (a wait never ends before the one
+        // before it did). A timer made and dropped for each read was put into the timer wheel
+        // and taken out again for every event of a streamed answer.
+        let mut quiet: Option<std::pin::Pin<Box<tokio::time::Sleep>>> = None;
         let mut batch = if streaming && self.ctx.sse_out {
             Batch::Sse(BytesMut::new())
         } else {
@@ -400,24 +405,53 @@ impl Attempt<'_> {
                         }
                         wait = wait.min(left);
                     }
-                    tokio::select! {
-                        r = tokio::time::timeout(wait, events.next_or_run(batch.run_room(runs))) => match r {
-                            Err(_) if !shown && tokio::time::Instant::now() >= self.deadline() => {
-                                return self.abandon();
+                    let until = later(tokio::time::Instant::now(), wait);
+                    let timer = match &mut quiet {
+                        Some(timer) => {
+                            if timer.deadline() > until {
+                                timer.as_mut().reset(until);
                             }
-                            Err(_) if !b.output_seen && first_output_deadline.is_some_and(|d| std::time::Instant::now() >= d) => {
-                                let why = format!("no output within {:?}", self.d.config.first_output_timeout.unwrap_or_default());
-                                return with_batch(batch, self.no_first_output(&b, why));
-                            }
-                            Err(_) => Err(format!("no upstream data for {}s", wait.as_secs())),
-                            Ok(None) => Err("stream closed before response.completed".to_string()),
-                            Ok(Some(r)) => r,
-                        },
-                        _ = super::client_left(self.tx) => return self.client_gone(Some(200)),
-                        _ = self.d.cut_off() => {
-                            let committed = (b.committed && streaming).then(|| b.response_id.clone());
-                            return with_batch(batch, self.shut_down(committed, Some(b.phase())));
+                            timer
                         }
+                        None => quiet.insert(Box::pin(tokio::time::sleep_until(until))),
+                    };
+                    let read = loop {
+                        tokio::select! {
+                            // The read first: one that is ready puts no timer in the wheel.
+                            biased;
+                            r = events.next_or_run(batch.run_room(runs)) => break Some(r),
+                            _ = super::client_left(self.tx) => return self.client_gone(Some(200)),
+                            _ = self.d.cut_off() => {
+                                let committed = (b.committed && streaming).then(|| b.response_id.clone());
+                                return with_batch(batch, self.shut_down(committed, Some(b.phase())));
+                            }
+                            () = timer.as_mut() => {
+                                // Set for an earlier wait: this one has time left.
+                                if tokio::time::Instant::now() < until {
+                                    timer.as_mut().reset(until);
+                                    continue;
+                                }
+                                break None;
+                            }
+                        }
+                    };
+                    match read {
+                        None if !shown && tokio::time::Instant::now() >= self.deadline() => {
+                            return self.abandon();
+                        }
+                        None if !b.output_seen
+                            && first_output_deadline
+                                .is_some_and(|d| std::time::Instant::now() >= d) =>
+                        {
+                            let why = format!(
+                                "no output within {:?}",
+                                self.d.config.first_output_timeout.unwrap_or_default()
+                            );
+                            return with_batch(batch, self.no_first_output(&b, why));
+                        }
+                        None => Err(format!("no upstream data for {}s", wait.as_secs())),
+                        Some(None) => Err("stream closed before response.completed".to_string()),
+                        Some(Some(r)) => r,
                     }
                 }
             };
@@ -751,6 +785,12 @@ fn with_batch(batch: Batch, end: End) -> End {
         }
         other => other,
     }
+}
+
+/// `wait` after `now`, or a time too far to come when that cannot be told.
+fn later(now: tokio::time::Instant, wait: std::time::Duration) -> tokio::time::Instant {
+    now.checked_add(wait)
+        .unwrap_or_else(|| now + std::time::Duration::from_secs(30 * 365 * 86_400))
 }
 
 /// The head of an SSE answer: the relayed upstream headers and the stream's own.

@@ -137,6 +137,25 @@ async fn a_stream_that_goes_silent_after_commit_gets_a_failed_event_at_the_idle_
     assert_eq!(gw.served(&order[1]), 0);
 }
 
+/// The idle timeout is a limit on each silence, not on the stream: an answer whose events keep
+/// coming outlasts it many times over (the one timer of the stream's waits is moved on, not
+/// let fire).
+#[tokio::test]
+async fn a_stream_whose_events_keep_coming_outlasts_the_idle_timeout() {
+    let gw = Gw::start_with(2, |c| {
+        c.upstream.stream_idle_timeout = Duration::from_millis(250)
+    })
+    .await;
+    let order = gw.rr_order();
+    gw.fault(&order[0], FaultKind::SlowDeltas { ms: 100 }, Some(1));
+    let sse = gw.stream(&body("gpt-5.5", "hello", true), &[]).await;
+    assert_eq!(sse.last().0, "response.completed", "{}", sse.body);
+    // A pause before each delta but the first: the answer lasted this many idle timeouts.
+    let pauses = sse.count("response.output_text.delta").saturating_sub(1);
+    assert!(pauses * 100 >= 3 * 250, "{pauses} pauses of 100 ms");
+    assert_eq!(gw.served(&order[1]), 0, "no failover");
+}
+
 #[tokio::test]
 async fn a_silent_stream_before_commit_fails_over_invisibly() {
     let gw = Gw::start_with(2, |c| {
