@@ -1601,10 +1601,16 @@ fn main() {
                 peak
             })
         };
+        let cpu_before = cpu_ticks(sgw.0.id());
         let (gp50, gp99, gbad) = streams(&paced_gateway, long_streams).await;
+        // The gateway's CPU over the streamed answers, per answer (in clock ticks of 10 ms:
+        // read over a thousand answers or more).
+        let cpu = cpu_before
+            .zip(cpu_ticks(sgw.0.id()))
+            .map(|(a, b)| (b - a) as f64 * 10_000.0 / long_streams as f64);
         let peak = sampler.await.unwrap_or(0);
         println!(
-            "{long_streams} long answers at once ({} deltas {} ms apart, started over 1 s): delay per event p50/p99 direct {:.2}/{:.2} ms, through the gateway {:.2}/{:.2} ms (adds {:.2} ms at p99); gateway peak RSS {} KB{}",
+            "{long_streams} long answers at once ({} deltas {} ms apart, started over 1 s): delay per event p50/p99 direct {:.2}/{:.2} ms, through the gateway {:.2}/{:.2} ms (adds {:.2} ms at p99); gateway CPU {} per answer; gateway peak RSS {} KB{}",
             EVENTS - 5,
             PACE.as_millis(),
             ms(dp50),
@@ -1612,6 +1618,7 @@ fn main() {
             ms(gp50),
             ms(gp99),
             ms(gp99.saturating_sub(dp99)),
+            cpu.map_or("–".into(), |us| format!("{us:.0} µs")),
             peak,
             if dbad + gbad > 0 {
                 format!(" (incomplete: direct {dbad}, gateway {gbad})")
