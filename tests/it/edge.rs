@@ -164,6 +164,12 @@ async fn a_websocket_client_that_stops_reading_frees_its_slot_and_its_upstream_s
     ws.send(Message::Text(create.to_string().into()))
         .await
         .unwrap();
+    // Its turn holds the one slot before the next caller comes (a frame written is not yet a
+    // turn admitted: on a busy machine the next caller could take the slot first).
+    until("the turn in flight", || async {
+        gw.status().await["in_flight"] == 1
+    })
+    .await;
     // It reads nothing. The next caller gets the one slot.
     let sse = gw.stream(&body_plain("gpt-5.5", "next", true), &[]).await;
     assert_eq!(sse.last().0, "response.completed", "{:?}", sse.kinds());
