@@ -4,7 +4,7 @@
 
 use std::ops::Range;
 
-use bytes::{Buf, BytesMut};
+use bytes::{Buf, Bytes, BytesMut};
 
 use super::event::{Event, is_terminal_type};
 
@@ -23,7 +23,7 @@ pub struct EventTooLarge(pub usize);
 /// Accumulates chunks and yields whole events.
 #[derive(Debug)]
 pub struct SseSplitter {
-    buf: BytesMut,
+    buf: Held,
     max_event: usize,
     /// The head (`event: {type}\ndata: `) of the plain block moved last, kept from one read to
     /// the next (see [`SseSplitter::take_plain_run`]); empty when none is kept.
@@ -53,10 +53,65 @@ impl Head {
     }
 }
 
+/// What was received and not yet taken. A read that comes while nothing is left over from the
+/// ones before is held as it came, and its blocks are taken from it without a copy (a read of
+/// the body is a slice of the connection's buffer); the bytes of a block that spans reads are
+/// gathered into a buffer of the splitter's own, which the reads after it are added to until
+/// all it holds is taken.
+#[derive(Debug)]
+enum Held {
+    Read(Bytes),
+    Own(BytesMut),
+}
+
+impl Held {
+    fn bytes(&self) -> &[u8] {
+        match self {
+            Held::Read(b) => b,
+            Held::Own(m) => m,
+        }
+    }
+
+    fn push(&mut self, chunk: Bytes) {
+        match self {
+            Held::Read(b) if b.is_empty() => *self = Held::Read(chunk),
+            Held::Own(m) if m.is_empty() => *self = Held::Read(chunk),
+            _ => self.push_slice(&chunk),
+        }
+    }
+
+    fn push_slice(&mut self, chunk: &[u8]) {
+        match self {
+            Held::Own(m) => m.extend_from_slice(chunk),
+            Held::Read(b) => {
+                let mut m = BytesMut::with_capacity(b.len() + chunk.len());
+                m.extend_from_slice(b);
+                m.extend_from_slice(chunk);
+                *self = Held::Own(m);
+            }
+        }
+    }
+
+    /// The first `n` bytes, taken.
+    fn take(&mut self, n: usize) -> Bytes {
+        match self {
+            Held::Read(b) => b.split_to(n),
+            Held::Own(m) => m.split_to(n).freeze(),
+        }
+    }
+
+    fn advance(&mut self, n: usize) {
+        match self {
+            Held::Read(b) => b.advance(n),
+            Held::Own(m) => m.advance(n),
+        }
+    }
+}
+
 impl SseSplitter {
     pub fn new(max_event: usize) -> Self {
         Self {
-            buf: BytesMut::new(),
+            buf: Held::Own(BytesMut::new()),
             max_event,
             head: Head {
                 bytes: [0; HEAD_ROOM],
@@ -66,12 +121,18 @@ impl SseSplitter {
     }
 
     pub fn push(&mut self, chunk: &[u8]) {
-        self.buf.extend_from_slice(chunk);
+        self.buf.push_slice(chunk);
+    }
+
+    /// The same for a read's own bytes, kept as they came while nothing is left over from
+    /// the reads before.
+    pub fn push_bytes(&mut self, chunk: Bytes) {
+        self.buf.push(chunk);
     }
 
     /// Bytes held that do not yet form a whole event.
     pub fn pending(&self) -> usize {
-        self.buf.len()
+        self.buf.bytes().len()
     }
 
     /// The next whole block, read in one pass over its bytes (newlines found with `memchr`):
@@ -80,7 +141,7 @@ impl SseSplitter {
         match self.next_plain() {
             Plain::Event(ev) => Ok(Some(Piece::Event(ev))),
             // A line of the front block has not ended: reading by lines would find no more.
-            Plain::NotWhole if self.buf.len() > self.max_event => {
+            Plain::NotWhole if self.pending() > self.max_event => {
                 Err(EventTooLarge(self.max_event))
             }
             Plain::NotWhole => Ok(None),
@@ -98,36 +159,36 @@ impl SseSplitter {
             // Further data lines (rare): joined into new bytes.
             let mut joined: Option<BytesMut> = None;
             let end = loop {
-                let Some(nl) = memchr::memchr(b'\n', &self.buf[pos..]) else {
-                    if self.buf.len() > self.max_event {
+                let Some(nl) = memchr::memchr(b'\n', &self.buf.bytes()[pos..]) else {
+                    if self.pending() > self.max_event {
                         return Err(EventTooLarge(self.max_event));
                     }
                     return Ok(None);
                 };
                 let next = pos + nl + 1;
                 let mut line = pos..pos + nl;
-                if line.end > line.start && self.buf[line.end - 1] == b'\r' {
+                if line.end > line.start && self.buf.bytes()[line.end - 1] == b'\r' {
                     line.end -= 1;
                 }
                 if line.is_empty() {
                     break next;
                 }
                 lines += 1;
-                let l = &self.buf[line.clone()];
+                let l = &self.buf.bytes()[line.clone()];
                 if l.starts_with(b"data:") {
                     let value = line.start + value_of(l, 4)..line.end;
                     match (&data, &mut joined) {
                         (None, _) => data = Some(value),
                         (Some(first), None) => {
                             let mut j = BytesMut::with_capacity(first.len() + 1 + value.len());
-                            j.extend_from_slice(&self.buf[first.clone()]);
+                            j.extend_from_slice(&self.buf.bytes()[first.clone()]);
                             j.extend_from_slice(b"\n");
-                            j.extend_from_slice(&self.buf[value]);
+                            j.extend_from_slice(&self.buf.bytes()[value]);
                             joined = Some(j);
                         }
                         (Some(_), Some(j)) => {
                             j.extend_from_slice(b"\n");
-                            j.extend_from_slice(&self.buf[value]);
+                            j.extend_from_slice(&self.buf.bytes()[value]);
                         }
                     }
                 } else if l.starts_with(b"event:") {
@@ -138,7 +199,7 @@ impl SseSplitter {
                 }
                 pos = next;
             };
-            let raw = self.buf.split_to(end).freeze();
+            let raw = self.buf.take(end);
             if lines == 0 {
                 continue; // a stray blank line
             }
@@ -164,9 +225,9 @@ impl SseSplitter {
     /// have not all ended is not searched again line by line; anything else is left to the
     /// line-by-line reading, which reads this block the same way.
     fn next_plain(&mut self) -> Plain {
-        match plain_block(&self.buf) {
+        match plain_block(self.buf.bytes()) {
             Scan::Block { kind, data } => {
-                let block = self.buf.split_to(data.end + 2).freeze();
+                let block = self.buf.take(data.end + 2);
                 Plain::Event(Event::of_plain_block(block, kind, data))
             }
             Scan::NotWhole => Plain::NotWhole,
@@ -180,8 +241,9 @@ impl SseSplitter {
     /// SSE edge writes, so none is made into an [`Event`]. Returns how many were moved.
     pub fn take_plain_run(&mut self, out: &mut BytesMut) -> usize {
         let (mut pos, mut n) = (0, 0);
+        let held = self.buf.bytes();
         loop {
-            let rest = &self.buf[pos..];
+            let rest = &held[pos..];
             // A block that begins with the head of the block moved last (in this read or an
             // earlier one) is of the same type, already found plain and not terminal: only
             // its data line is left to find. A stream is mostly deltas of one type.
@@ -207,8 +269,8 @@ impl SseSplitter {
         }
         if pos > 0 {
             // Room for the rest of what was received too (the terminal event, likely).
-            out.reserve(self.buf.len());
-            out.extend_from_slice(&self.buf[..pos]);
+            out.reserve(held.len());
+            out.extend_from_slice(&held[..pos]);
             self.buf.advance(pos);
         }
         n
@@ -613,5 +675,70 @@ mod tests {
             assert_eq!(terminal, 1);
             assert_eq!(s.pending(), 0);
         }
+    }
+
+    /// Reads given as they came read as the same reads copied, however the stream is cut:
+    /// the same runs, the same events, the same bytes left over, the same refusal of an event
+    /// past the limit. An event whole in a read that came with nothing left over before it is
+    /// a slice of that read.
+    #[test]
+    fn reads_taken_as_they_came_read_as_reads_copied() {
+        let mut stream = Vec::new();
+        for i in 0..6 {
+            stream.extend_from_slice(
+                format!("event: response.output_text.delta\ndata: {{\"delta\":\"{i}\"}}\n\n")
+                    .as_bytes(),
+            );
+        }
+        stream.extend_from_slice(b": keep-alive\n\ndata: {\"type\":\"a\"}\r\n\r\n");
+        stream.extend_from_slice(b"event: b\ndata: 1\ndata: 2\n\n");
+        stream.extend_from_slice(b"event: response.completed\ndata: {\"id\":1}\n\n");
+        // What each way gives, read by read: blocks moved, bytes out, pieces, bytes left.
+        type Log = Vec<(usize, Vec<u8>, Vec<Piece>, usize)>;
+        let read = |cuts: &[usize], as_they_came: bool, max: usize| -> Result<Log, EventTooLarge> {
+            let mut s = SseSplitter::new(max);
+            let mut log = Vec::new();
+            let mut from = 0;
+            for &to in cuts.iter().chain([&stream.len()]) {
+                let chunk = Bytes::copy_from_slice(&stream[from..to]);
+                from = to;
+                if as_they_came {
+                    s.push_bytes(chunk);
+                } else {
+                    s.push(&chunk);
+                }
+                let mut out = BytesMut::new();
+                let moved = s.take_plain_run(&mut out);
+                let mut pieces = Vec::new();
+                while let Some(p) = s.next_piece()? {
+                    pieces.push(p);
+                }
+                log.push((moved, out.to_vec(), pieces, s.pending()));
+            }
+            Ok(log)
+        };
+        let n = stream.len();
+        for a in 0..=n {
+            for b in (a..=n).step_by(7) {
+                let cuts = [a, b];
+                for max in [1 << 20, 40] {
+                    assert_eq!(
+                        read(&cuts, true, max),
+                        read(&cuts, false, max),
+                        "{cuts:?} {max}"
+                    );
+                }
+            }
+        }
+        // Taken from the read itself: no copy.
+        let chunk = Bytes::copy_from_slice(&stream);
+        let mut s = SseSplitter::new(1 << 20);
+        s.push_bytes(chunk.clone());
+        s.take_plain_run(&mut BytesMut::new());
+        assert_eq!(s.next_piece(), Ok(Some(Piece::Comment)));
+        let Ok(Some(Piece::Event(ev))) = s.next_piece() else {
+            panic!("an event after the comment");
+        };
+        assert!(chunk.as_ptr_range().contains(&ev.data().as_ptr()));
     }
 }

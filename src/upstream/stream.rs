@@ -121,7 +121,7 @@ impl EventStream {
                     Err(e) => return Some(Err(e.to_string())),
                 }
                 match body.next().await {
-                    Some(Ok(chunk)) => split.push(&chunk),
+                    Some(Ok(chunk)) => split.push_bytes(chunk),
                     Some(Err(e)) => return Some(Err(e)),
                     None => *ended = true,
                 }
