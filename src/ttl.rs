@@ -8,6 +8,7 @@
 //! - [`TtlMap::snapshot`] / [`TtlMap::restore`] carry the entries (with their ages) across a
 //!   restart through the store.
 
+use std::borrow::Borrow;
 use std::collections::{BTreeMap, HashMap, hash_map};
 use std::hash::Hash;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -129,7 +130,11 @@ where
 
     /// The value for `key` if present and not expired; counts as a use (refreshes idle TTL
     /// and LRU position).
-    pub fn get(&self, key: &K) -> Option<V> {
+    pub fn get<Q>(&self, key: &Q) -> Option<V>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
         let now = self.clock.now_ms();
         let mut inner = self.lock();
         let (created, touched, old_seq) = {
@@ -142,8 +147,9 @@ where
             return None;
         }
         let seq = inner.bump_seq();
-        inner.lru.remove(&old_seq);
-        inner.lru.insert(seq, key.clone());
+        // The LRU's copy of the key moves to its new place: no copy is made per use.
+        let k = inner.lru.remove(&old_seq).unwrap_or_else(|| key.to_owned());
+        inner.lru.insert(seq, k);
         let e = inner.entries.get_mut(key)?;
         e.touched_ms = now;
         e.seq = seq;
@@ -151,7 +157,11 @@ where
     }
 
     /// The value for `key` if present and not expired, without counting as a use.
-    pub fn peek(&self, key: &K) -> Option<V> {
+    pub fn peek<Q>(&self, key: &Q) -> Option<V>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
         let now = self.clock.now_ms();
         let inner = self.lock();
         let e = inner.entries.get(key)?;
@@ -192,8 +202,11 @@ where
         let previous = match inner.entries.entry(key) {
             hash_map::Entry::Occupied(mut o) => {
                 let old = std::mem::replace(o.get_mut(), fresh);
-                inner.lru.remove(&old.seq);
-                inner.lru.insert(seq, o.key().clone());
+                let k = inner
+                    .lru
+                    .remove(&old.seq)
+                    .unwrap_or_else(|| o.key().clone());
+                inner.lru.insert(seq, k);
                 (!Self::is_expired(&config, old.created_ms, old.touched_ms, now))
                     .then_some(old.value)
             }
@@ -377,7 +390,11 @@ impl<K: Eq + Hash, V> Inner<K, V> {
         self.next_seq
     }
 
-    fn remove_entry(&mut self, key: &K) -> Option<Entry<V>> {
+    fn remove_entry<Q>(&mut self, key: &Q) -> Option<Entry<V>>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
         let e = self.entries.remove(key)?;
         self.lru.remove(&e.seq);
         Some(e)
@@ -412,10 +429,10 @@ mod tests {
         m.insert("a".into(), 1);
         m.insert("b".into(), 2);
         clock.advance(Duration::from_secs(6));
-        assert_eq!(m.get(&"a".into()), Some(1)); // refreshes a
+        assert_eq!(m.get("a"), Some(1)); // refreshes a
         clock.advance(Duration::from_secs(6));
-        assert_eq!(m.get(&"a".into()), Some(1));
-        assert_eq!(m.get(&"b".into()), None, "b idle for 12s > 10s");
+        assert_eq!(m.get("a"), Some(1));
+        assert_eq!(m.get("b"), None, "b idle for 12s > 10s");
         assert_eq!(m.stats().expired, 1);
     }
 
@@ -424,9 +441,9 @@ mod tests {
         let (m, clock) = map(Some(10), None, 100);
         m.insert("a".into(), 1);
         clock.advance(Duration::from_secs(6));
-        assert_eq!(m.peek(&"a".into()), Some(1));
+        assert_eq!(m.peek("a"), Some(1));
         clock.advance(Duration::from_secs(6));
-        assert_eq!(m.peek(&"a".into()), None);
+        assert_eq!(m.peek("a"), None);
     }
 
     #[test]
@@ -436,10 +453,10 @@ mod tests {
         for _ in 0..3 {
             clock.advance(Duration::from_secs(5));
             if clock.now_ms() - 1_000_000 < 15_000 {
-                assert_eq!(m.get(&"a".into()), Some(1));
+                assert_eq!(m.get("a"), Some(1));
             }
         }
-        assert_eq!(m.get(&"a".into()), None);
+        assert_eq!(m.get("a"), None);
     }
 
     #[test]
@@ -447,13 +464,49 @@ mod tests {
         let (m, _clock) = map(None, None, 2);
         m.insert("a".into(), 1);
         m.insert("b".into(), 2);
-        assert_eq!(m.get(&"a".into()), Some(1)); // b is now the LRU
+        assert_eq!(m.get("a"), Some(1)); // b is now the LRU
         m.insert("c".into(), 3);
         assert_eq!(m.len(), 2);
-        assert_eq!(m.peek(&"b".into()), None);
-        assert_eq!(m.peek(&"a".into()), Some(1));
-        assert_eq!(m.peek(&"c".into()), Some(3));
+        assert_eq!(m.peek("b"), None);
+        assert_eq!(m.peek("a"), Some(1));
+        assert_eq!(m.peek("c"), Some(3));
         assert_eq!(m.stats().evicted, 1);
+    }
+
+    /// Any mix of reads, writes and evictions keeps the LRU order naming each entry once, at
+    /// its own place, and evicts in the order a model of uses gives.
+    #[test]
+    fn the_lru_order_follows_every_use() {
+        let (m, _clock) = map(None, None, 5);
+        // The model: keys from least to most recently used.
+        let mut order: Vec<String> = Vec::new();
+        let mut seed = 7u64;
+        for _ in 0..2_000 {
+            seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            let key = format!("k{}", (seed >> 33) % 9);
+            let used = if (seed >> 20).is_multiple_of(2) {
+                m.insert(key.clone(), 1);
+                true
+            } else {
+                m.get(&key).is_some()
+            };
+            if used {
+                order.retain(|k| *k != key);
+                order.push(key);
+                if order.len() > 5 {
+                    order.remove(0);
+                }
+            }
+            let inner = m.lock();
+            assert_eq!(inner.lru.len(), inner.entries.len());
+            for (seq, k) in &inner.lru {
+                assert_eq!(inner.entries.get(k).map(|e| e.seq), Some(*seq));
+            }
+            let kept: Vec<&String> = inner.lru.values().collect();
+            assert_eq!(kept, order.iter().collect::<Vec<_>>());
+        }
     }
 
     #[test]
@@ -463,7 +516,7 @@ mod tests {
         m.insert("b".into(), 2);
         assert_eq!(m.insert("a".into(), 10), Some(1));
         assert_eq!(m.len(), 2);
-        assert_eq!(m.peek(&"b".into()), Some(2));
+        assert_eq!(m.peek("b"), Some(2));
     }
 
     #[test]
@@ -474,12 +527,12 @@ mod tests {
         // Replacing a makes b the least recently used.
         assert_eq!(m.insert("a".into(), 10), Some(1));
         m.insert("c".into(), 3);
-        assert_eq!(m.peek(&"b".into()), None);
-        assert_eq!(m.peek(&"a".into()), Some(10));
+        assert_eq!(m.peek("b"), None);
+        assert_eq!(m.peek("a"), Some(10));
         // A value that expired is not given back, and its replacement lives anew.
         clock.advance(Duration::from_secs(61));
         assert_eq!(m.insert("a".into(), 20), None);
-        assert_eq!(m.get(&"a".into()), Some(20));
+        assert_eq!(m.get("a"), Some(20));
         // A lower bound takes effect at the next insert, the least recent going first.
         m.set_config(TtlConfig {
             idle: Some(Duration::from_secs(60)),
@@ -488,7 +541,7 @@ mod tests {
         });
         m.insert("d".into(), 4);
         assert_eq!(m.len(), 1);
-        assert_eq!(m.peek(&"d".into()), Some(4));
+        assert_eq!(m.peek("d"), Some(4));
     }
 
     #[test]
@@ -501,7 +554,7 @@ mod tests {
         assert_eq!(m.len(), 2, "expired entries linger until read or swept");
         assert_eq!(m.sweep(), 1);
         assert_eq!(m.len(), 1);
-        assert_eq!(m.peek(&"new".into()), Some(2));
+        assert_eq!(m.peek("new"), Some(2));
     }
 
     #[test]
@@ -520,11 +573,11 @@ mod tests {
         let clock2 = ManualClock::new(clock.now_ms() + 60_000); // 60 s "downtime"
         let m2: TtlMap<String, u32> = TtlMap::new(m.config(), Arc::new(clock2.clone()));
         assert_eq!(m2.restore(snap), 2, "a was idle 110 s > 100 s");
-        assert_eq!(m2.peek(&"a".into()), None);
-        assert_eq!(m2.peek(&"b".into()), Some(2));
+        assert_eq!(m2.peek("a"), None);
+        assert_eq!(m2.peek("b"), Some(2));
         // b keeps its age: 40 s more of idleness expires it.
         clock2.advance(Duration::from_secs(40));
-        assert_eq!(m2.peek(&"b".into()), None);
+        assert_eq!(m2.peek("b"), None);
     }
 
     #[test]
@@ -534,7 +587,7 @@ mod tests {
             m.insert((*k).into(), i as u32);
         }
         m.retain(|_, v| *v != 1);
-        assert_eq!(m.peek(&"b".into()), None);
+        assert_eq!(m.peek("b"), None);
         assert_eq!(m.remove(&"a".into()), Some(0));
         assert_eq!(m.len(), 1);
     }
@@ -554,7 +607,7 @@ mod tests {
         assert_eq!(m.save_to(&store, "affinity").await.unwrap(), 2);
         let m2: TtlMap<String, String> = TtlMap::new(config, Arc::new(clock.clone()));
         assert_eq!(m2.load_from(&store, "affinity").unwrap(), 2);
-        assert_eq!(m2.peek(&"b".into()), Some("2".into()));
+        assert_eq!(m2.peek("b"), Some("2".into()));
         assert_eq!(m2.load_from(&store, "nothing-saved").unwrap(), 0);
     }
 

@@ -174,7 +174,7 @@ impl Affinity {
 
     /// The account a session is bound to (counts as a use).
     pub fn bound(&self, session: &str) -> Option<String> {
-        self.sessions.get(&session.to_string())
+        self.sessions.get(session)
     }
 
     pub fn bind(&self, session: &str, account: &str) {
@@ -184,7 +184,7 @@ impl Affinity {
 
     /// The account that produced a response.
     pub fn owner(&self, response_id: &str) -> Option<String> {
-        self.responses.peek(&response_id.to_string())
+        self.responses.peek(response_id)
     }
 
     pub fn own(&self, response_id: &str, account: &str) {
@@ -207,9 +207,7 @@ impl Affinity {
         if self.exclusions.is_empty() {
             return Vec::new();
         }
-        self.exclusions
-            .peek(&session.to_string())
-            .unwrap_or_default()
+        self.exclusions.peek(session).unwrap_or_default()
     }
 
     /// Keeps a key's session away from an account that refused one of its prompts.
@@ -236,7 +234,7 @@ impl Affinity {
         }
         let now = self.clock.now_ms();
         self.refusals
-            .peek(&scope.to_string())
+            .peek(scope)
             .unwrap_or_default()
             .into_iter()
             .filter(|(_, until)| *until > now)
