@@ -268,7 +268,7 @@ fn created_id() {
     struct Inner {
         id: String,
     }
-    let upto = time(&|| ev.response_id());
+    let upto = best_ns(&Some("resp_0123456789".into()), &|| ev.response_id());
     let past = time(&|| {
         serde_json::from_slice::<Whole>(ev.data())
             .ok()

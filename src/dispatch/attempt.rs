@@ -52,7 +52,8 @@ pub(crate) struct Served {
     /// Shared with the lease it was served on.
     pub id: Arc<str>,
     pub chatgpt_account_id: Arc<str>,
-    pub response_id: Option<String>,
+    /// Shared with the stream that read it (its commit and its end each name it).
+    pub response_id: Option<Arc<str>>,
 }
 
 /// What is known about a request while it runs; each attempt adds to it.
@@ -506,7 +507,7 @@ impl<'a> Attempt<'a> {
             None,
             Some("warm-up answered by the gateway".into()),
         );
-        self.serve(Some(id.clone()));
+        self.serve(Some(Arc::from(id.as_str())));
         End::Done {
             outcome: Outcome::Success,
             status: 200,
@@ -699,7 +700,7 @@ impl<'a> Attempt<'a> {
     /// a 503 of that code.
     pub(super) fn shut_down(
         &mut self,
-        committed: Option<Option<String>>,
+        committed: Option<Option<Arc<str>>>,
         phase: Option<Phase>,
     ) -> End {
         tracing::info!(account = %self.lease.id, "shutdown cut the request");
@@ -761,7 +762,7 @@ impl<'a> Attempt<'a> {
     }
 
     /// This attempt answers the request.
-    pub(super) fn serve(&mut self, response_id: Option<String>) {
+    pub(super) fn serve(&mut self, response_id: Option<Arc<str>>) {
         match &mut self.trace.served {
             // Served since its commit: its end names the response it gave.
             Some(s) if s.id == self.lease.id => s.response_id = response_id,

@@ -7,6 +7,8 @@
 //! Non-streaming clients never see a partial answer, so for them the commit is the terminal
 //! event itself: a failure anywhere before it fails over.
 
+use std::sync::Arc;
+
 use bytes::{Bytes, BytesMut};
 use reqwest::header::{HeaderName, HeaderValue};
 use serde_json::Value;
@@ -334,7 +336,7 @@ struct Boundary {
     /// An event a client would render has arrived (for a JSON client, long before the commit
     /// at the terminal event): the first-output deadline no longer applies.
     output_seen: bool,
-    response_id: Option<String>,
+    response_id: Option<Arc<str>>,
     relay: Vec<(HeaderName, HeaderValue)>,
 }
 
@@ -549,7 +551,7 @@ impl Attempt<'_> {
             return End::Next;
         }
 
-        let response_id = b.response_id.clone().or_else(|| peek.id());
+        let response_id = b.response_id.clone().or_else(|| peek.id().map(Arc::from));
         self.serve(response_id);
         let outcome = match (kind, class) {
             (b"response.completed", _) => Outcome::Success,

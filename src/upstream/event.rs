@@ -4,8 +4,8 @@
 //! writes the SSE block it came in, when that block is already in the edge's form) and the
 //! WebSocket edge as a text frame, each once.
 
-use std::borrow::Cow;
 use std::ops::Range;
+use std::sync::Arc;
 
 use bytes::{Bytes, BytesMut};
 use serde_json::{Value, json};
@@ -217,7 +217,7 @@ impl Event {
     }
 
     /// The `response.id` it carries, read only as far as that id (see [`response_id`]).
-    pub fn response_id(&self) -> Option<String> {
+    pub fn response_id(&self) -> Option<Arc<str>> {
         response_id(self.data())
     }
 
@@ -244,8 +244,8 @@ impl Event {
 /// The `response.id` of an event, read only as far as that id: the members after it are not
 /// read at all (a `response.created` may echo the request's instructions and tools after it).
 /// `None` when the event has no `response` object with a text `id` before anything unreadable.
-fn response_id(data: &[u8]) -> Option<String> {
-    plain_response_id(data).or_else(|| read_response_id(data))
+fn response_id(data: &[u8]) -> Option<Arc<str>> {
+    plain_response_id(data).or_else(|| read_response_id(data).map(Arc::from))
 }
 
 /// The same, read with serde_json: any form.
@@ -267,7 +267,7 @@ fn read_response_id(data: &[u8]) -> Option<String> {
 /// The `response.id` of an event found by a scan of its text, stopping at the id. `None` where
 /// the scan leaves the event to the full reading (an id that is no text, JSON it does not
 /// take before the id), which finds the same id wherever this one does.
-fn plain_response_id(data: &[u8]) -> Option<String> {
+fn plain_response_id(data: &[u8]) -> Option<Arc<str>> {
     let mut s = Scan::new(std::str::from_utf8(data).ok()?);
     let mut id = None;
     // Each walk ends (`None`) as soon as it has what it came for.
@@ -279,7 +279,7 @@ fn plain_response_id(data: &[u8]) -> Option<String> {
             if key != b"id" {
                 return s.value();
             }
-            id = s.string()?.text().map(Cow::into_owned);
+            id = s.string()?.text().map(|t| Arc::from(&*t));
             None
         });
         None
@@ -408,7 +408,7 @@ mod tests {
         assert_eq!(
             id(created),
             ev.json()
-                .and_then(|v| v["response"]["id"].as_str().map(str::to_string))
+                .and_then(|v| v["response"]["id"].as_str().map(Arc::from))
         );
     }
 
@@ -416,7 +416,7 @@ mod tests {
     /// every prefix of events in various forms, and on the forms it does not read.
     #[test]
     fn the_plain_scan_of_an_id_agrees_with_the_full_reading() {
-        let full = read_response_id;
+        let full = |data: &[u8]| read_response_id(data).map(Arc::<str>::from);
         let events = [
             r#"{"type":"response.created","sequence_number":0,"response":{"id":"resp_1","object":"response"}}"#,
             r#"{ "type" : "response.created" , "n":-12,"ok":true,"no":false,"x":null, "response" : { "object":"response", "id" : "resp_2" } }"#,

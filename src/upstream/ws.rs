@@ -68,7 +68,7 @@ pub struct UpstreamSocket {
     pub headers: HeaderMap,
     /// The last response this socket produced: the backend keeps one response's state per
     /// socket, so only that one can be continued on it.
-    last_response: Option<String>,
+    last_response: Option<Arc<str>>,
     /// The client connection whose turns it carries (`None`: none now; it may go to any).
     owner: Option<u64>,
 }
