@@ -74,8 +74,7 @@ impl Held {
 
     fn push(&mut self, chunk: Bytes) {
         match self {
-            Held::Read(b) if b.is_empty() => *self = Held::Read(chunk),
-            Held::Own(m) if m.is_empty() => *self = Held::Read(chunk),
+            _ if self.bytes().is_empty() => *self = Held::Read(chunk),
             _ => self.push_slice(&chunk),
         }
     }
@@ -158,37 +157,38 @@ impl SseSplitter {
             let mut data: Option<Range<usize>> = None;
             // Further data lines (rare): joined into new bytes.
             let mut joined: Option<BytesMut> = None;
+            let held = self.buf.bytes();
             let end = loop {
-                let Some(nl) = memchr::memchr(b'\n', &self.buf.bytes()[pos..]) else {
-                    if self.pending() > self.max_event {
+                let Some(nl) = memchr::memchr(b'\n', &held[pos..]) else {
+                    if held.len() > self.max_event {
                         return Err(EventTooLarge(self.max_event));
                     }
                     return Ok(None);
                 };
                 let next = pos + nl + 1;
                 let mut line = pos..pos + nl;
-                if line.end > line.start && self.buf.bytes()[line.end - 1] == b'\r' {
+                if line.end > line.start && held[line.end - 1] == b'\r' {
                     line.end -= 1;
                 }
                 if line.is_empty() {
                     break next;
                 }
                 lines += 1;
-                let l = &self.buf.bytes()[line.clone()];
+                let l = &held[line.clone()];
                 if l.starts_with(b"data:") {
                     let value = line.start + value_of(l, 4)..line.end;
                     match (&data, &mut joined) {
                         (None, _) => data = Some(value),
                         (Some(first), None) => {
                             let mut j = BytesMut::with_capacity(first.len() + 1 + value.len());
-                            j.extend_from_slice(&self.buf.bytes()[first.clone()]);
+                            j.extend_from_slice(&held[first.clone()]);
                             j.extend_from_slice(b"\n");
-                            j.extend_from_slice(&self.buf.bytes()[value]);
+                            j.extend_from_slice(&held[value]);
                             joined = Some(j);
                         }
                         (Some(_), Some(j)) => {
                             j.extend_from_slice(b"\n");
-                            j.extend_from_slice(&self.buf.bytes()[value]);
+                            j.extend_from_slice(&held[value]);
                         }
                     }
                 } else if l.starts_with(b"event:") {
