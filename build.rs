@@ -6,8 +6,10 @@
 //! under a profiler: symbol names without the compiler's hashes, so that the list holds across
 //! builds, profiles and toolchains (an instance of a generic function is listed with all its
 //! instances). Each becomes a pattern over the input sections of a linker script that puts the
-//! matching sections, in the list's order, into an output section of their own before the rest
-//! of the code (`INSERT BEFORE .text`: the linker's own layout stays as it is otherwise).
+//! matching sections, in the list's order, at the start of `.text`; the linker appends the rest
+//! of the code after them, and its own layout stays as it is otherwise (`INSERT BEFORE .init`,
+//! where `.text` stands). The code stays in `.text`: a profiler that reads symbols only there
+//! (valgrind's) names the hot functions as before.
 //!
 //! Only where the linker is the toolchain's own LLD (the default on x86-64 Linux since Rust
 //! 1.90); a build given a linker or link arguments of its own links as it would without this.
@@ -51,7 +53,7 @@ fn main() {
 /// The linker script for a list of names: a symbol's name without its hash, where a `*` stands
 /// for any run of characters (a crate's hash in the newer mangling).
 fn linker_script(list: &str) -> String {
-    let mut s = String::from("SECTIONS {\n  .text.hot : {\n");
+    let mut s = String::from("SECTIONS {\n  .text : {\n");
     for name in list.lines().map(str::trim) {
         // A pattern is read up to white space and a few punctuation marks; names with any of
         // them (none the compiler makes) are left out rather than misread.
@@ -63,6 +65,6 @@ fn linker_script(list: &str) -> String {
         let hash = if name.starts_with("_ZN") { "17h*" } else { "" };
         let _ = writeln!(s, "    *(.text.{name}{hash})");
     }
-    s.push_str("  }\n}\nINSERT BEFORE .text;\n");
+    s.push_str("  }\n}\nINSERT BEFORE .init;\n");
     s
 }

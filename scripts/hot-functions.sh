@@ -106,7 +106,7 @@ for at, n in long_.items():
 
 def pattern(name):
     """A symbol's name as build.rs takes it: without the legacy hash, any crate's hash a `*`."""
-    m = re.fullmatch(r"(_ZN.*)17h[0-9a-f]{16}E", name)
+    m = re.fullmatch(r"(_ZN.*)17h[0-9a-f]{16}E(\.\d+)?", name)
     if m:
         return m.group(1)
     return re.sub(r"Cs[0-9A-Za-z]+_", "Cs*_", name) if name.startswith("_R") else name
