@@ -15,8 +15,10 @@
 //! 1.90); a build given a linker or link arguments of its own links as it would without this.
 
 use std::env;
-use std::fmt::Write as _;
 use std::path::Path;
+
+#[path = "link/script.rs"]
+mod script;
 
 const LIST: &str = "link/hot-functions.txt";
 
@@ -39,32 +41,13 @@ fn main() {
             return;
         }
     };
-    let script = Path::new(&var("OUT_DIR")).join("hot-functions.ld");
-    if let Err(e) = std::fs::write(&script, linker_script(&list)) {
-        println!("cargo::warning={}: {e}", script.display());
+    let ld = Path::new(&var("OUT_DIR")).join("hot-functions.ld");
+    if let Err(e) = std::fs::write(&ld, script::linker_script(&list)) {
+        println!("cargo::warning={}: {e}", ld.display());
         return;
     }
     println!(
         "cargo::rustc-link-arg-bin=switchyard=-Wl,-T,{}",
-        script.display()
+        ld.display()
     );
-}
-
-/// The linker script for a list of names: a symbol's name without its hash, where a `*` stands
-/// for any run of characters (a crate's hash in the newer mangling).
-fn linker_script(list: &str) -> String {
-    let mut s = String::from("SECTIONS {\n  .text : {\n");
-    for name in list.lines().map(str::trim) {
-        // A pattern is read up to white space and a few punctuation marks; names with any of
-        // them (none the compiler makes) are left out rather than misread.
-        if name.is_empty() || name.contains(|c: char| " \t(){};,=\"".contains(c)) {
-            continue;
-        }
-        // The section of a function is `.text.` and its symbol's name; a legacy name ends in
-        // `17h`, its 16-digit hash and `E`, which the list leaves out.
-        let hash = if name.starts_with("_ZN") { "17h*" } else { "" };
-        let _ = writeln!(s, "    *(.text.{name}{hash})");
-    }
-    s.push_str("  }\n}\nINSERT BEFORE .init;\n");
-    s
 }

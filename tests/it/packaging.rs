@@ -137,3 +137,50 @@ fn the_debian_package_ships_units_and_config_and_never_starts_the_service() {
     let script = std::fs::read_to_string(root.join("packaging/install.sh")).unwrap();
     assert!(script.contains("s#/usr/bin/switchyard#/usr/local/bin/switchyard#g"));
 }
+
+#[path = "../../link/script.rs"]
+mod hot_layout;
+
+#[test]
+fn the_hot_layout_takes_each_listed_name_in_order_and_leaves_out_what_it_would_misread() {
+    let list = "_ZN10switchyard4base9json_scan4Scan11string_here\n\
+                \n\
+                mi_free\n\
+                _RNvNtNtCs*_4core3str8converts9from_utf8\n\
+                bad) name\n\
+                /DISCARD/ : { *(.text) }\n\
+                \t_ZN5hyper5proto2h14conn4Conn2go  \n";
+    let script = hot_layout::linker_script(list);
+    let patterns: Vec<&str> = script
+        .lines()
+        .filter(|l| l.contains("*("))
+        .map(str::trim)
+        .collect();
+    assert_eq!(
+        patterns,
+        [
+            "*(.text._ZN10switchyard4base9json_scan4Scan11string_here17h*)",
+            "*(.text.mi_free)",
+            "*(.text._RNvNtNtCs*_4core3str8converts9from_utf8)",
+            "*(.text._ZN5hyper5proto2h14conn4Conn2go17h*)",
+        ]
+    );
+    // One `.text`, placed where the linker's own layout has it, nothing discarded.
+    assert!(script.starts_with("SECTIONS {\n  .text : {\n"));
+    assert!(script.ends_with("  }\n}\nINSERT BEFORE .init;\n"));
+    assert!(!script.contains("DISCARD"));
+}
+
+#[test]
+fn the_committed_hot_list_is_all_taken() {
+    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("link/hot-functions.txt");
+    let list = std::fs::read_to_string(&p).unwrap();
+    let names = list.lines().filter(|l| !l.trim().is_empty()).count();
+    let script = hot_layout::linker_script(&list);
+    assert!(names > 100, "{names} names in {}", p.display());
+    assert_eq!(
+        script.matches("*(.text.").count(),
+        names,
+        "a listed name would be skipped"
+    );
+}
