@@ -750,12 +750,8 @@ impl Store {
 
     // ---- request records -------------------------------------------------------------------
 
-    /// A request record's row as the store keeps it.
-    pub fn encode_request(row: &impl records::RequestShape) -> Result<Vec<u8>, codec::CodecError> {
-        codec::encode_as::<RequestRow>(row)
-    }
-
-    /// The mutation that stores a row made by [`Store::encode_request`] under its key.
+    /// The mutation that stores a request record's row (`RequestRowOut::encode`) under its
+    /// key.
     pub fn request_put(key: u64, row: Vec<u8>) -> Mutation {
         Mutation::Put(Table::Requests, Key::Int(key), row)
     }
@@ -1207,10 +1203,7 @@ mod tests {
 
     /// A record started at `ms` (the `n`th of that millisecond), as the request log writes it.
     fn record(ms: u64, n: u64) -> Mutation {
-        Store::request_put(
-            ms << 16 | n,
-            Store::encode_request(&request_row(ms)).unwrap(),
-        )
+        Store::request_put(ms << 16 | n, codec::encode(&request_row(ms)).unwrap())
     }
 
     /// Records that finish out of the order they started in, some stored one to a row (as

@@ -7,7 +7,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::codec::{CodecError, Versioned, body, unknown, versioned_once};
+use super::codec::{CodecError, Versioned, Wire, body, unknown, versioned_once};
 use super::secrets::Secret;
 
 /// An upstream ChatGPT account, without its tokens. Version 1 (0.1.0).
@@ -563,10 +563,8 @@ pub struct RequestRow {
 
 /// A version-4 [`RequestRow`] written from borrowed parts, with no string copied: the same
 /// fields in the same order and of the same encoding (a `&str` is written as a `String` is, a
-/// [`MapSeq`] as a `Vec`), so that its bytes are the row's. What a request's record costs to
-/// keep is then the encoding alone.
-#[derive(Serialize)]
-#[serde(bound = "")]
+/// [`MapSeq`] as a `Vec`), so that its bytes are the row's ([`RequestRowOut::encode`]). What a
+/// request's record costs to keep is then the encoding alone.
 pub struct RequestRowOut<'a, A, R> {
     pub started_ms: u64,
     pub key_name: &'a str,
@@ -595,15 +593,73 @@ pub struct RequestRowOut<'a, A, R> {
     pub credit: Option<CreditRowOut<'a>>,
 }
 
-/// What is written as a request record: the row, or the row borrowed.
-pub trait RequestShape: Serialize {}
-
-impl RequestShape for RequestRow {}
-
-impl<A, R> RequestShape for RequestRowOut<'_, A, R> {}
+impl<A, R> RequestRowOut<'_, A, R> {
+    /// The row's bytes as [`super::codec::encode`] writes a [`RequestRow`] with these fields,
+    /// written by hand ([`Wire`]): serde's layers were most of what a record cost to encode.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut w = Wire::of::<RequestRow>();
+        w.varint(self.started_ms);
+        w.str(self.key_name);
+        w.str(self.model);
+        w.str(self.path);
+        w.bool(self.stream);
+        w.bool(self.ws);
+        w.str(self.outcome);
+        w.varint(u64::from(self.status));
+        w.opt_str(self.account);
+        w.varint(self.attempts.items.len() as u64);
+        for a in self.attempts.iter() {
+            w.str(a.account);
+            w.str(a.class);
+            w.opt(a.status, |w, s| w.varint(u64::from(s)));
+            w.opt_str(a.phase);
+            w.varint(a.ms);
+            w.opt_str(a.error);
+        }
+        w.opt_varint(self.ttft_ms);
+        w.varint(self.duration_ms);
+        w.opt(self.usage.as_ref(), |w, u| {
+            w.varint(u.input_tokens);
+            w.varint(u.cached_tokens);
+            w.varint(u.output_tokens);
+            w.varint(u.reasoning_tokens);
+        });
+        w.opt_str(self.session);
+        w.varint(self.candidate_pool.items.len() as u64);
+        for id in self.candidate_pool.iter() {
+            w.str(id);
+        }
+        w.varint(self.skipped.items.len() as u64);
+        for skip in self.skipped.iter() {
+            w.str(skip.account);
+            w.str(skip.reason);
+        }
+        w.str(&self.affinity);
+        w.opt(self.queue.as_ref(), |w, q| {
+            w.str(q.queue);
+            w.str(q.outcome);
+            w.varint(q.wait_ms);
+        });
+        w.str(self.transport);
+        w.opt_varint(self.ws_connect_ms);
+        w.opt_str(self.terminal_source);
+        w.varint(self.attempt_rules.items.len() as u64);
+        for rule in self.attempt_rules.iter() {
+            w.opt_str(rule);
+        }
+        w.opt_str(self.service_tier);
+        w.opt_str(self.served_tier);
+        w.opt(self.credit.as_ref(), |w, c| {
+            w.str(c.account);
+            w.str(c.redeem_id);
+            w.str(c.outcome);
+            w.varint(c.windows_reset);
+        });
+        w.into_bytes()
+    }
+}
 
 /// [`AttemptRow`] borrowed.
-#[derive(Serialize)]
 pub struct AttemptRowOut<'a> {
     pub account: &'a str,
     pub class: &'a str,
@@ -614,14 +670,12 @@ pub struct AttemptRowOut<'a> {
 }
 
 /// [`SkipRow`] borrowed.
-#[derive(Serialize)]
 pub struct SkipRowOut<'a> {
     pub account: &'a str,
     pub reason: &'a str,
 }
 
 /// [`QueueRow`] borrowed.
-#[derive(Serialize)]
 pub struct QueueRowOut<'a> {
     pub queue: &'a str,
     pub outcome: &'a str,
@@ -629,7 +683,6 @@ pub struct QueueRowOut<'a> {
 }
 
 /// [`CreditRow`] borrowed.
-#[derive(Serialize)]
 pub struct CreditRowOut<'a> {
     pub account: &'a str,
     pub redeem_id: &'a str,
@@ -643,9 +696,9 @@ pub struct MapSeq<'a, T, U> {
     pub each: fn(&'a T) -> U,
 }
 
-impl<T, U: Serialize> Serialize for MapSeq<'_, T, U> {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.collect_seq(self.items.iter().map(self.each))
+impl<'a, T, U> MapSeq<'a, T, U> {
+    fn iter(&self) -> impl Iterator<Item = U> + use<'a, T, U> {
+        self.items.iter().map(self.each)
     }
 }
 

@@ -435,20 +435,16 @@ impl RequestRecord {
 /// the ring, 2,000 answers later, from memory no cache held any more: measured at 32
 /// connections, a few per cent of the gateway's CPU.
 #[derive(Clone)]
-enum Kept {
-    Row {
-        key: u64,
-        row: Arc<[u8]>,
-        /// The one part of a record its row does not keep.
-        credit_error: Option<String>,
-    },
-    /// A record whose row could not be written (never seen: kept whole rather than lost).
-    Whole(Box<RequestRecord>),
+struct Kept {
+    key: u64,
+    row: Arc<[u8]>,
+    /// The one part of a record its row does not keep.
+    credit_error: Option<String>,
 }
 
 impl Kept {
     fn of(r: &RequestRecord, row: &[u8]) -> Kept {
-        Kept::Row {
+        Kept {
             key: r.key,
             row: Arc::from(row),
             credit_error: r.credit.as_ref().and_then(|c| c.error.clone()),
@@ -456,21 +452,12 @@ impl Kept {
     }
 
     fn record(&self) -> Option<RequestRecord> {
-        match self {
-            Kept::Row {
-                key,
-                row,
-                credit_error,
-            } => {
-                let row = crate::store::codec::decode::<RequestRow>(row).ok()?;
-                let mut r = RequestRecord::from_row(*key, row).ok()?;
-                if let Some(c) = &mut r.credit {
-                    c.error.clone_from(credit_error);
-                }
-                Some(r)
-            }
-            Kept::Whole(r) => Some((**r).clone()),
+        let row = crate::store::codec::decode::<RequestRow>(&self.row).ok()?;
+        let mut r = RequestRecord::from_row(self.key, row).ok()?;
+        if let Some(c) = &mut r.credit {
+            c.error.clone_from(&self.credit_error);
         }
+        Some(r)
     }
 }
 
@@ -511,10 +498,7 @@ impl RequestLog {
         }
         let ring = loaded
             .into_iter()
-            .map(|r| match Store::encode_request(&r.row_out()) {
-                Ok(row) => Kept::of(&r, &row),
-                Err(_) => Kept::Whole(Box::new(r)),
-            })
+            .map(|r| Kept::of(&r, &r.row_out().encode()))
             .collect();
         RequestLog {
             ring: Arc::new(Mutex::new(ring)),
@@ -548,19 +532,10 @@ impl RequestLog {
 
     /// Keeps a finished record: in memory at once, in the store when the writer has room.
     pub fn push(&self, record: RequestRecord) {
-        let kept = match Store::encode_request(&record.row_out()) {
-            Ok(row) => {
-                let kept = Kept::of(&record, &row);
-                self.store
-                    .try_write(vec![Store::request_put(record.key, row)]);
-                kept
-            }
-            Err(e) => {
-                let id = RequestLog::id_of(record.key);
-                tracing::error!(error = %e, %id, "cannot encode a request record");
-                Kept::Whole(Box::new(record.clone()))
-            }
-        };
+        let row = record.row_out().encode();
+        let kept = Kept::of(&record, &row);
+        self.store
+            .try_write(vec![Store::request_put(record.key, row)]);
         self.windows
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -695,10 +670,12 @@ mod tests {
     }
 
     /// What is written is the row, byte for byte: for a record with every part there (rules
-    /// and a credit spend included), with none, and with a plain affinity.
+    /// and a credit spend included), with none, with a plain affinity, and with numbers and
+    /// strings whose lengths take varints of several bytes (postcard's encoding of the owned
+    /// row is the reference).
     #[test]
     fn the_borrowed_row_is_written_as_the_row() {
-        use crate::store::codec::{encode, encode_as};
+        use crate::store::codec::encode;
         let full = record();
         let mut bare = record();
         bare.attempts.clear();
@@ -718,9 +695,43 @@ mod tests {
             windows_reset: 2,
             error: None,
         });
-        for r in [full, bare, ruled] {
+        let mut wide = record();
+        wide.started_ms = u64::MAX >> 16;
+        wide.key = u64::MAX;
+        wide.key_name = "k".repeat(127);
+        wide.model = "m".repeat(128);
+        wide.path = "/v1/responses/compact".into();
+        wide.status = u16::MAX;
+        wide.attempts[0].error = Some("e".repeat(70_000));
+        wide.attempts[0].ms = 0;
+        wide.attempts[1].status = None;
+        wide.attempts[1].ms = u64::MAX;
+        wide.ttft_ms = Some(0);
+        wide.duration_ms = 16_384;
+        wide.usage = Some(Usage {
+            input_tokens: u64::MAX,
+            cached_tokens: 127,
+            output_tokens: 128,
+            reasoning_tokens: 1 << 35,
+        });
+        wide.candidate_pool = (0..300).map(|i| format!("acc-{i}").into()).collect();
+        wide.ws = true;
+        wide.ws_connect_ms = Some(300);
+        wide.queue = Some(QueueRecord {
+            kind: QueueKind::Pool,
+            outcome: QueueOutcome::Timeout,
+            wait_ms: u64::MAX - 1,
+        });
+        wide.credit = Some(CreditSpend {
+            account: "é".repeat(100),
+            redeem_id: String::new(),
+            outcome: "failed".into(),
+            windows_reset: 0,
+            error: None,
+        });
+        for r in [full, bare, ruled, wide] {
             let row = encode(&r.to_row()).unwrap();
-            assert_eq!(encode_as::<RequestRow>(&r.row_out()).unwrap(), row);
+            assert_eq!(r.row_out().encode(), row);
             let back: RequestRow = crate::store::codec::decode(&row).unwrap();
             assert_eq!(RequestRecord::from_row(r.key, back).unwrap(), r);
         }
@@ -789,7 +800,7 @@ mod tests {
         row.transport = "pigeon".into();
         store.try_write(vec![Store::request_put(
             bad.key,
-            Store::encode_request(&row).unwrap(),
+            crate::store::codec::encode(&row).unwrap(),
         )]);
         store.flush().await.unwrap();
         let again = RequestLog::load(store.clone(), clock);
