@@ -427,8 +427,13 @@ impl Fleet {
         let inner = self.read();
         let e = inner.accounts.get(id)?;
         let s = e.secrets.as_ref()?;
+        Some(Self::identity_of(e, s))
+    }
+
+    /// The identity of an account (`e`) with its secrets (`s`).
+    fn identity_of(e: &Entry, s: &AccountSecrets) -> Identity {
         let (access_token, bearer, values) = e.made(s.access_token.expose());
-        Some(Identity {
+        Identity {
             bearer,
             values,
             access_token,
@@ -439,7 +444,7 @@ impl Fleet {
                 Route::Workspace(r) => Some(Arc::clone(r)),
                 _ => None,
             },
-        })
+        }
     }
 
     /// Whether the account's route is yet to be asked (or asking failed: asked again).

@@ -151,6 +151,16 @@ impl Fleet {
         rejected: Option<&str>,
         refresher: &dyn Refresher,
     ) -> Result<Identity, TokenError> {
+        // The usual case, in one look at the account: a token that can be refreshed, is not
+        // due, and was not refused. It is what the checks below find for it too.
+        if rejected.is_none() {
+            let inner = self.read();
+            let e = inner.accounts.get(id).ok_or(TokenError::Missing)?;
+            let s = e.secrets.as_ref().ok_or(TokenError::Missing)?;
+            if s.refreshable() && !Self::needs_refresh(s, self.clock.now_secs()) {
+                return Ok(Self::identity_of(e, s));
+            }
+        }
         if let Some(dead) = self.unrefreshable_end(id, rejected) {
             return dead;
         }

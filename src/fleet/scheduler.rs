@@ -588,16 +588,24 @@ impl Fleet {
 
     /// Gives back a slot and hands it to the next waiter that can use it.
     fn release(&self, id: &str, probe: bool) {
-        {
+        let awaited = {
             let mut inner = self.write();
-            if let Some(mut e) = inner.accounts.get_mut(id) {
-                e.in_flight = e.in_flight.saturating_sub(1);
-                if probe {
-                    e.probing = false;
+            let pool_waits = !inner.pool.is_empty();
+            match inner.accounts.get_mut(id) {
+                Some(mut e) => {
+                    e.in_flight = e.in_flight.saturating_sub(1);
+                    if probe {
+                        e.probing = false;
+                    }
+                    pool_waits || !e.waiters.is_empty()
                 }
+                None => false,
             }
+        };
+        // With no one waiting, for it or for the pool, there is no one to hand the slot to.
+        if awaited {
+            self.hand_off(id);
         }
-        self.hand_off(id);
     }
 
     /// While `id` has free slots and someone waits for it, hands slots over: its own sticky
