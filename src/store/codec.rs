@@ -83,6 +83,18 @@ impl Wire {
         }
     }
 
+    /// A sequence: its length, then `each` writes each item.
+    pub fn seq<T>(
+        &mut self,
+        items: impl ExactSizeIterator<Item = T>,
+        mut each: impl FnMut(&mut Wire, T),
+    ) {
+        self.varint(items.len() as u64);
+        for item in items {
+            each(self, item);
+        }
+    }
+
     pub fn opt_str(&mut self, v: Option<&str>) {
         self.opt(v, Wire::str);
     }

@@ -607,15 +607,14 @@ impl<A, R> RequestRowOut<'_, A, R> {
         w.str(self.outcome);
         w.varint(u64::from(self.status));
         w.opt_str(self.account);
-        w.varint(self.attempts.items.len() as u64);
-        for a in self.attempts.iter() {
+        w.seq(self.attempts.iter(), |w, a| {
             w.str(a.account);
             w.str(a.class);
             w.opt(a.status, |w, s| w.varint(u64::from(s)));
             w.opt_str(a.phase);
             w.varint(a.ms);
             w.opt_str(a.error);
-        }
+        });
         w.opt_varint(self.ttft_ms);
         w.varint(self.duration_ms);
         w.opt(self.usage.as_ref(), |w, u| {
@@ -625,15 +624,11 @@ impl<A, R> RequestRowOut<'_, A, R> {
             w.varint(u.reasoning_tokens);
         });
         w.opt_str(self.session);
-        w.varint(self.candidate_pool.items.len() as u64);
-        for id in self.candidate_pool.iter() {
-            w.str(id);
-        }
-        w.varint(self.skipped.items.len() as u64);
-        for skip in self.skipped.iter() {
+        w.seq(self.candidate_pool.iter(), Wire::str);
+        w.seq(self.skipped.iter(), |w, skip| {
             w.str(skip.account);
             w.str(skip.reason);
-        }
+        });
         w.str(&self.affinity);
         w.opt(self.queue.as_ref(), |w, q| {
             w.str(q.queue);
@@ -643,10 +638,7 @@ impl<A, R> RequestRowOut<'_, A, R> {
         w.str(self.transport);
         w.opt_varint(self.ws_connect_ms);
         w.opt_str(self.terminal_source);
-        w.varint(self.attempt_rules.items.len() as u64);
-        for rule in self.attempt_rules.iter() {
-            w.opt_str(rule);
-        }
+        w.seq(self.attempt_rules.iter(), Wire::opt_str);
         w.opt_str(self.service_tier);
         w.opt_str(self.served_tier);
         w.opt(self.credit.as_ref(), |w, c| {
@@ -697,7 +689,7 @@ pub struct MapSeq<'a, T, U> {
 }
 
 impl<'a, T, U> MapSeq<'a, T, U> {
-    fn iter(&self) -> impl Iterator<Item = U> + use<'a, T, U> {
+    fn iter(&self) -> impl ExactSizeIterator<Item = U> + use<'a, T, U> {
         self.items.iter().map(self.each)
     }
 }
