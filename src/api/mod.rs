@@ -450,14 +450,22 @@ impl Edge {
         Edge { router, state }
     }
 
-    pub async fn call(&self, req: Request) -> Response {
+    /// Answers `req`, which came on the client connection `conn` (none in tests of the edge
+    /// alone). The Responses routes are handed the connection; every other route finds it
+    /// among the request's extensions, which cost a map of their own per request.
+    pub async fn call(&self, mut req: Request, conn: Option<Arc<server::ClientConn>>) -> Response {
         if req.method() == axum::http::Method::POST {
-            let state = State(Arc::clone(&self.state));
+            let state = Arc::clone(&self.state);
             match req.uri().path() {
-                "/v1/responses" => return responses::create(state, req).await,
-                "/v1/responses/compact" => return responses::compact(state, req).await,
+                "/v1/responses" => return responses::create_on(state, conn, req, false).await,
+                "/v1/responses/compact" => {
+                    return responses::create_on(state, conn, req, true).await;
+                }
                 _ => {}
             }
+        }
+        if let Some(conn) = conn {
+            req.extensions_mut().insert(conn);
         }
         let mut router = self.router.clone();
         match tower_service::Service::call(&mut router, req).await {
@@ -631,7 +639,7 @@ mod tests {
                 }
                 b.body(axum::body::Body::from("{}")).unwrap()
             };
-            let direct = answer(edge.call(make()).await).await;
+            let direct = answer(edge.call(make(), None).await).await;
             let mut router = router(Arc::clone(&state));
             let routed = tower_service::Service::call(&mut router, make())
                 .await

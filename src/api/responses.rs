@@ -281,24 +281,32 @@ pub fn body_ids(obj: &RawObject<'_>) -> Vec<String> {
 pub type Conn = Option<axum::Extension<Arc<ClientConn>>>;
 
 pub async fn create(State(state): State<Arc<AppState>>, request: Request) -> Response {
-    let (conn, headers, body) = split(request);
-    handle(state, conn, headers, body, false).await
+    let conn = request.extensions().get::<Arc<ClientConn>>().cloned();
+    create_on(state, conn, request, false).await
 }
 
 pub async fn compact(State(state): State<Arc<AppState>>, request: Request) -> Response {
-    let (conn, headers, body) = split(request);
-    handle(state, conn, headers, body, true).await
+    let conn = request.extensions().get::<Arc<ClientConn>>().cloned();
+    create_on(state, conn, request, true).await
 }
 
-/// A request's connection, headers and body, taken from it (the extractors for the headers
-/// and the connection copy them).
-fn split(request: Request) -> (Conn, HeaderMap, Body) {
-    let (mut parts, body) = request.into_parts();
-    let conn = parts
-        .extensions
-        .remove::<Arc<ClientConn>>()
-        .map(axum::Extension);
-    (conn, parts.headers, body)
+/// A create (or, `compact`, a compaction) request that came on the client connection `conn`,
+/// taken apart into its headers and body (the extractors for them copy them).
+pub async fn create_on(
+    state: Arc<AppState>,
+    conn: Option<Arc<ClientConn>>,
+    request: Request,
+    compact: bool,
+) -> Response {
+    let (parts, body) = request.into_parts();
+    handle(
+        state,
+        conn.map(axum::Extension),
+        parts.headers,
+        body,
+        compact,
+    )
+    .await
 }
 
 async fn handle(

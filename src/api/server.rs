@@ -546,15 +546,15 @@ async fn connection(
     let service = {
         let conn = Arc::clone(&conn);
         let registry = Arc::clone(&registry);
-        hyper::service::service_fn(move |mut req: hyper::Request<Incoming>| {
+        hyper::service::service_fn(move |req: hyper::Request<Incoming>| {
             let active = Active::new(Arc::clone(&conn));
             if registry.draining.load(Ordering::SeqCst) {
                 conn.wind_down.set();
             }
-            req.extensions_mut().insert(Arc::clone(&conn));
+            let conn = Arc::clone(&conn);
             let app = app.clone();
             async move {
-                let resp = app.call(req.map(Body::new)).await;
+                let resp = app.call(req.map(Body::new), Some(conn)).await;
                 Ok::<_, Infallible>(resp.map(|inner| {
                     // An empty answer is never polled: it is done before its head is written.
                     let active = (!inner.is_end_stream()).then_some(active);
