@@ -31,16 +31,8 @@ pub trait Versioned: Serialize + Sized {
 }
 
 pub fn encode<T: Versioned>(value: &T) -> Result<Vec<u8>, CodecError> {
-    encode_as::<T>(value)
-}
-
-/// `shape` written as `T`'s newest version: for a borrowed form whose encoding is `T`'s.
-pub fn encode_as<T: Versioned>(shape: &impl Serialize) -> Result<Vec<u8>, CodecError> {
-    // Room for a typical record up front: growing the buffer byte by byte from one element
-    // cost more than the encoding itself.
-    let mut out = Vec::with_capacity(256);
-    out.push(T::VERSION);
-    postcard::to_extend(shape, out).map_err(|e| CodecError::Malformed(e.to_string()))
+    postcard::to_extend(value, Wire::of::<T>().into_bytes())
+        .map_err(|e| CodecError::Malformed(e.to_string()))
 }
 
 /// postcard's wire format written by hand, for the one value written on every answer (a
@@ -53,6 +45,8 @@ pub struct Wire(Vec<u8>);
 impl Wire {
     /// A value of type `T`'s newest version, its version byte written.
     pub fn of<T: Versioned>() -> Wire {
+        // Room for a typical record up front: growing the buffer byte by byte from one element
+        // cost more than the encoding itself.
         let mut out = Vec::with_capacity(256);
         out.push(T::VERSION);
         Wire(out)
