@@ -448,7 +448,9 @@ impl Fleet {
         if e.in_flight >= e.limit.floor() as u32 || !e.waiters.is_empty() {
             return Err(SkipReason::Full);
         }
-        Ok(self.grant(&mut e, now))
+        let lease = self.grant(&mut e, now);
+        e.slots_changed();
+        Ok(lease)
     }
 
     /// Marks a slot taken on `e` and returns its lease (the caller holds the lock).
@@ -597,7 +599,9 @@ impl Fleet {
                     if probe {
                         e.probing = false;
                     }
-                    pool_waits || !e.waiters.is_empty()
+                    let awaited = pool_waits || !e.waiters.is_empty();
+                    e.slots_changed();
+                    awaited
                 }
                 None => false,
             }

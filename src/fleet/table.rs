@@ -156,6 +156,21 @@ impl EntryMut<'_> {
     }
 }
 
+impl EntryMut<'_> {
+    /// Ends the borrow after a change of the slots in use alone (`in_flight`, and `probing`,
+    /// which no row holds): the row's count is set instead of the whole row built again (a
+    /// request takes a slot and gives it back through this).
+    pub fn slots_changed(self) {
+        self.hot.in_flight = self.entry.in_flight;
+        debug_assert_eq!(
+            *self.hot,
+            Hot::of(self.entry),
+            "only the slots in use changed"
+        );
+        std::mem::forget(self);
+    }
+}
+
 impl Drop for EntryMut<'_> {
     fn drop(&mut self) {
         *self.hot = Hot::of(self.entry);
