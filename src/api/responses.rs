@@ -772,7 +772,7 @@ fn normalise_headers(h: &mut [(HeaderName, HeaderValue)]) {
 /// Turns the dispatcher's frames into the HTTP answer.
 async fn respond(mut rx: Frames, sse: bool, keepalive_after: Duration) -> Response {
     let first = if sse {
-        match tokio::time::timeout(keepalive_after, rx.recv()).await {
+        match crate::base::deadline::timeout(keepalive_after, rx.recv()).await {
             Ok(f) => f,
             Err(_) => return keepalive_response(rx),
         }

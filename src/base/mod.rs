@@ -1,9 +1,10 @@
 //! What every layer uses and that knows nothing of the rest of the crate: the clock, the
-//! serving threads, the stable names of enums, URL encoding, globs, durations for people,
-//! periodic jobs, JSON objects read as raw members, and one-shot signals.
+//! serving threads and their coarse timeouts, the stable names of enums, URL encoding, globs,
+//! durations for people, periodic jobs, JSON objects read as raw members, and one-shot signals.
 
 pub mod clock;
 pub mod cores;
+pub mod deadline;
 pub mod duration;
 pub mod glob;
 pub mod job;

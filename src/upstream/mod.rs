@@ -517,7 +517,7 @@ impl Upstream {
         &self,
         sent: impl Future<Output = Result<T, Facts>>,
     ) -> Result<T, Facts> {
-        match tokio::time::timeout(self.config.header_timeout, sent).await {
+        match crate::base::deadline::timeout(self.config.header_timeout, sent).await {
             Err(_) => Err(Facts::transport(
                 Phase::PreHeaders,
                 format!(
