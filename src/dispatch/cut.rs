@@ -10,7 +10,7 @@
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 use std::task::{Context, Poll, Waker};
 
 /// The dispatcher's cut, or a request's part of it (see [`Cut::join`]).
@@ -24,20 +24,45 @@ pub struct Cut {
 struct Shared {
     cut: AtomicBool,
     next: AtomicU64,
-    /// The wakers of every request in flight, by the number it joined with.
-    waiting: Mutex<hashbrown::HashMap<u64, Arc<Wakers>>>,
+    /// Every request in flight, by the number it joined with.
+    waiting: Mutex<hashbrown::HashMap<u64, Weak<Own>>>,
 }
 
-/// The tasks waiting on one request's cut: nearly always one (its own), a second when the
-/// request moved to a task of its own after its reader left. A waker stays until the request
-/// ends; waking a task that no longer waits is harmless.
-type Wakers = Mutex<Vec<Waker>>;
+/// The tasks waiting on one request's cut: nearly always one (its own), kept in place, and a
+/// second when the request moved to a task of its own after its reader left. A waker stays
+/// until the request ends; waking a task that no longer waits is harmless.
+#[derive(Default)]
+struct Wakers {
+    first: Option<Waker>,
+    more: Vec<Waker>,
+}
 
-/// A request's place in the list; it leaves the list when the last copy is dropped.
+impl Wakers {
+    fn keep(&mut self, waker: &Waker) {
+        match &self.first {
+            None => self.first = Some(waker.clone()),
+            Some(w) if w.will_wake(waker) => {}
+            Some(_) => {
+                if !self.more.iter().any(|w| w.will_wake(waker)) {
+                    self.more.push(waker.clone());
+                }
+            }
+        }
+    }
+
+    fn take(&mut self) -> Vec<Waker> {
+        let mut all = std::mem::take(&mut self.more);
+        all.extend(self.first.take());
+        all
+    }
+}
+
+/// A request's place in the list, with its wakers (one allocation); it leaves the list when
+/// the last copy is dropped.
 struct Own {
     shared: Arc<Shared>,
     id: u64,
-    wakers: Arc<Wakers>,
+    wakers: Mutex<Wakers>,
 }
 
 impl Drop for Own {
@@ -53,21 +78,24 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 impl Cut {
     /// A request's own part of this cut, cut with it.
     pub fn join(&self) -> Cut {
-        let own = Own::of(&self.shared);
         Cut {
             shared: Arc::clone(&self.shared),
-            own: Some(Arc::new(own)),
+            own: Some(Own::join(&self.shared)),
         }
     }
 
     /// Cuts every request, those in flight and those still to come.
     pub fn cut(&self) {
         self.shared.cut.store(true, Ordering::SeqCst);
-        let waiting: Vec<Arc<Wakers>> = lock(&self.shared.waiting).values().cloned().collect();
-        for wakers in waiting {
-            for w in std::mem::take(&mut *lock(&wakers)) {
-                w.wake();
-            }
+        // Taken out of the list first: a request that ends meanwhile (its part dropped
+        // here) leaves the list under its lock.
+        let waiting: Vec<Arc<Own>> = lock(&self.shared.waiting)
+            .values()
+            .filter_map(Weak::upgrade)
+            .collect();
+        for own in waiting {
+            let wakers = lock(&own.wakers).take();
+            wakers.into_iter().for_each(Waker::wake);
         }
     }
 
@@ -85,16 +113,14 @@ impl Cut {
 }
 
 impl Own {
-    fn of(shared: &Arc<Shared>) -> Own {
-        let id = shared.next.fetch_add(1, Ordering::Relaxed);
-        // Most often one task waits on a part.
-        let wakers = Arc::new(Mutex::new(Vec::with_capacity(1)));
-        lock(&shared.waiting).insert(id, Arc::clone(&wakers));
-        Own {
+    fn join(shared: &Arc<Shared>) -> Arc<Own> {
+        let own = Arc::new(Own {
             shared: Arc::clone(shared),
-            id,
-            wakers,
-        }
+            id: shared.next.fetch_add(1, Ordering::Relaxed),
+            wakers: Mutex::default(),
+        });
+        lock(&shared.waiting).insert(own.id, Arc::downgrade(&own));
+        own
     }
 }
 
@@ -102,7 +128,7 @@ impl Own {
 /// the list for as long as it waits.
 pub struct CutOff<'a> {
     cut: &'a Cut,
-    temporary: Option<Own>,
+    temporary: Option<Arc<Own>>,
 }
 
 impl Future for CutOff<'_> {
@@ -116,14 +142,9 @@ impl Future for CutOff<'_> {
             Some(own) => &**own,
             None => this
                 .temporary
-                .get_or_insert_with(|| Own::of(&this.cut.shared)),
+                .get_or_insert_with(|| Own::join(&this.cut.shared)),
         };
-        {
-            let mut wakers = lock(&own.wakers);
-            if !wakers.iter().any(|w| w.will_wake(cx.waker())) {
-                wakers.push(cx.waker().clone());
-            }
-        }
+        lock(&own.wakers).keep(cx.waker());
         // Made after the check above and before the waker was kept: seen here.
         if this.cut.is_cut() {
             return Poll::Ready(());
