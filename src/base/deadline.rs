@@ -234,21 +234,7 @@ async fn sweep() {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::Arc;
-    use std::sync::atomic::{AtomicUsize, Ordering};
-    use std::task::Wake;
-
-    struct Count(AtomicUsize);
-    impl Wake for Count {
-        fn wake(self: Arc<Self>) {
-            self.0.fetch_add(1, Ordering::Relaxed);
-        }
-    }
-
-    fn waker() -> (Arc<Count>, Waker) {
-        let c = Arc::new(Count(AtomicUsize::new(0)));
-        (c.clone(), Waker::from(c))
-    }
+    use crate::base::counted::counted as waker;
 
     /// An entry fires at the first sweep at or after its moment, once; a disarmed one never
     /// does, and its room is used again.
@@ -271,7 +257,7 @@ mod tests {
         assert_eq!(wake.len(), 1, "only the first is due");
         assert!(!done, "the second is still armed");
         wake.into_iter().for_each(Waker::wake);
-        assert_eq!(count.0.load(Ordering::Relaxed), 1);
+        assert_eq!(count.wakes(), 1);
         assert!(list.poll(early, &w).is_ready());
         assert!(list.poll(late, &w).is_pending());
 
@@ -298,8 +284,8 @@ mod tests {
         assert!(list.poll(i, &w2).is_pending());
         let (wake, _) = list.due(t0);
         wake.into_iter().for_each(Waker::wake);
-        assert_eq!(first.0.load(Ordering::Relaxed), 0);
-        assert_eq!(second.0.load(Ordering::Relaxed), 1);
+        assert_eq!(first.wakes(), 0);
+        assert_eq!(second.wakes(), 1);
     }
 
     /// Once every entry is gone, the list gives back its room.

@@ -273,27 +273,8 @@ impl Drop for Frames {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::atomic::{AtomicUsize, Ordering};
-    use std::task::Wake;
+    use crate::base::counted::counted;
     use tokio::sync::oneshot;
-
-    /// A waker that counts its wakes.
-    struct Count(AtomicUsize);
-
-    impl Wake for Count {
-        fn wake(self: Arc<Self>) {
-            self.0.fetch_add(1, Ordering::SeqCst);
-        }
-    }
-
-    fn counted() -> (Arc<Count>, Waker) {
-        let c = Arc::new(Count(AtomicUsize::new(0)));
-        (Arc::clone(&c), Waker::from(c))
-    }
-
-    fn wakes(c: &Count) -> usize {
-        c.0.load(Ordering::SeqCst)
-    }
 
     fn poll_once<F: Future>(f: Pin<&mut F>, waker: &Waker) -> Poll<F::Output> {
         f.poll(&mut Context::from_waker(waker))
@@ -311,7 +292,7 @@ mod tests {
         );
         tx.try_send(Frame::KeepAlive).unwrap();
         assert_eq!(
-            wakes(&rx_count),
+            rx_count.wakes(),
             1,
             "the waiting receiver is woken by the frame"
         );
@@ -323,10 +304,10 @@ mod tests {
         let (tx_count, tx_waker) = counted();
         let mut send = std::pin::pin!(tx.send(Frame::KeepAlive));
         assert!(poll_once(send.as_mut(), &tx_waker).is_pending());
-        assert_eq!(wakes(&tx_count), 0);
+        assert_eq!(tx_count.wakes(), 0);
         assert!(matches!(rx.try_recv(), Ok(Frame::KeepAlive)));
         assert_eq!(
-            wakes(&tx_count),
+            tx_count.wakes(),
             1,
             "taking a frame wakes the waiting sender"
         );
@@ -350,7 +331,7 @@ mod tests {
         assert!(!tx.is_closed());
         rx.close();
         assert!(tx.is_closed());
-        assert_eq!(wakes(&tx_count), 1, "closing wakes the waiting sender");
+        assert_eq!(tx_count.wakes(), 1, "closing wakes the waiting sender");
         assert!(matches!(
             poll_once(send.as_mut(), &tx_waker),
             Poll::Ready(Err(Frame::Body(_)))
@@ -375,7 +356,7 @@ mod tests {
         assert!(rx.poll_recv(&mut cx).is_pending());
         tx.try_send(Frame::KeepAlive).unwrap();
         drop(tx);
-        assert_eq!(wakes(&rx_count), 1, "woken once, by the frame");
+        assert_eq!(rx_count.wakes(), 1, "woken once, by the frame");
         assert!(matches!(rx.poll_recv(&mut cx), Poll::Ready(Some(_))));
         assert!(matches!(rx.poll_recv(&mut cx), Poll::Ready(None)));
 
@@ -385,7 +366,7 @@ mod tests {
         let mut send = std::pin::pin!(tx.send(Frame::KeepAlive));
         assert!(poll_once(send.as_mut(), &tx_waker).is_pending());
         drop(rx);
-        assert_eq!(wakes(&tx_count), 1);
+        assert_eq!(tx_count.wakes(), 1);
         assert!(tx.is_closed());
         assert!(matches!(
             poll_once(send.as_mut(), &tx_waker),
