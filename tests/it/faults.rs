@@ -199,6 +199,26 @@ async fn after_keepalive_headers_a_final_failure_arrives_as_a_failed_event_with_
     assert_eq!(last["response"]["error"]["code"], "no_available_account");
 }
 
+/// The same with both waits long enough (a second or more) to be kept in the serving
+/// thread's own list of timeouts instead of tokio's timer: the keep-alive head still goes out,
+/// and the header timeout still ends the wait.
+#[tokio::test]
+async fn coarse_timeouts_still_send_keepalives_and_end_a_wait_for_headers() {
+    let gw = Gw::start_with(1, |c| {
+        c.server.keepalive_after = switchyard::base::deadline::COARSE_FROM;
+        c.upstream.header_timeout = Duration::from_secs(2);
+    })
+    .await;
+    let a = gw.rr_order()[0].clone();
+    gw.fault(&a, FaultKind::SlowHeaders { ms: 60_000 }, Some(1));
+    let sse = gw.stream(&body("gpt-5.5", "hello", true), &[]).await;
+    assert_eq!(sse.status, 200);
+    assert!(sse.comments >= 1, "keep-alive comments: {}", sse.body);
+    let (kind, last) = sse.last();
+    assert_eq!(kind, "response.failed");
+    assert_eq!(last["response"]["error"]["code"], "no_available_account");
+}
+
 #[tokio::test]
 async fn model_unsupported_on_one_account_fails_over_and_on_all_is_404() {
     let gw = Gw::start(2).await;
