@@ -14,7 +14,9 @@
 //!
 //! `cargo bench --bench load` (release; `LOAD_SECONDS`, default 5, per measurement;
 //! `LOAD_GATEWAY=path` runs another build of the gateway; `LOAD_CONNS=32,1` the connection
-//! counts; `LOAD_KEEP_AWAKE=1`, as root, keeps idle cores polling for the run).
+//! counts; `LOAD_KEEP_AWAKE=1`, as root, keeps idle cores polling for the run). At each
+//! connection count it then measures the gateway and the hyper floor alternately
+//! (`LOAD_ALTERNATIONS` times, default 3) and prints their CPU per answer and its ratios.
 //! `LOAD_SECONDS=1 cargo test --bench load` runs it once in a debug build as a smoke test.
 //! `LOAD_ONLY=rss cargo bench --bench load` measures only the gateway's RSS over a long run
 //! (`LOAD_RSS_REQUESTS`, default 200k): after the first 10k answers and after the last;
@@ -749,14 +751,6 @@ fn conn_counts_or(default: &[usize]) -> Vec<usize> {
 
 /// A build's runs in a paired comparison: CPU per answer and req/s of each, and the medians.
 fn paired_summary(runs: &[Run]) -> String {
-    let median = |mut v: Vec<f64>| {
-        v.sort_by(f64::total_cmp);
-        match v.len() {
-            0 => f64::NAN,
-            n if n % 2 == 1 => v[n / 2],
-            n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
-        }
-    };
     let cpu: Vec<f64> = runs.iter().filter_map(|r| r.cpu_us).collect();
     let rps: Vec<f64> = runs.iter().map(|r| r.rps).collect();
     let list = |v: &[f64]| {
@@ -772,6 +766,16 @@ fn paired_summary(runs: &[Run]) -> String {
         list(&rps),
         median(rps)
     )
+}
+
+/// The middle value (the mean of the two middle ones for an even count); NaN for none.
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    match v.len() {
+        0 => f64::NAN,
+        n if n % 2 == 1 => v[n / 2],
+        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+    }
 }
 
 /// One keep-alive connection to a target.
@@ -1475,6 +1479,7 @@ fn main() {
     }
     // `cargo test --bench` passes harness flags; `cargo bench` passes `--bench`.
     let secs: f64 = env_or("LOAD_SECONDS", 5.0);
+    let alternations: usize = env_or("LOAD_ALTERNATIONS", 3);
     // Held open for the whole run: the request lasts while the file is open.
     let _awake = keep_awake();
     let tmp = tempfile::tempdir().unwrap();
@@ -1568,6 +1573,28 @@ fn main() {
                 ));
             }
             println!("{:>11}   floor, a bare pass-through on the same stack: {}", "", floor.join("; "));
+            // The CPU target's ratio, the gateway's CPU per answer over the hyper floor's,
+            // measured alternately: the machine's drift from one measurement to the next falls
+            // on both alike, and one disturbed measurement moves the median little.
+            let (_, hyper_floor, hyper_port) = &floors[0];
+            let floor_target = Target::backend(*hyper_port);
+            let mut cpu = Vec::new();
+            for _ in 0..alternations {
+                let g = measure(&via_gateway, conns, secs, Meter::Process(gateway.0.id())).await;
+                let f = measure(&floor_target, conns, secs, Meter::Process(hyper_floor.0.id())).await;
+                cpu.extend(g.cpu_us.zip(f.cpu_us));
+            }
+            if !cpu.is_empty() {
+                let pairs: Vec<String> = cpu.iter().map(|(g, f)| format!("{g:.0}/{f:.0}")).collect();
+                let ratios: Vec<f64> = cpu.iter().map(|(g, f)| g / f).collect();
+                println!(
+                    "{:>11}   CPU per answer, gateway / hyper floor, alternating: {} µs; ratios {} (median {:.2}x)",
+                    "",
+                    pairs.join(", "),
+                    ratios.iter().map(|r| format!("{r:.2}x")).collect::<Vec<_>>().join(", "),
+                    median(ratios)
+                );
+            }
         }
         println!(
             "gateway RSS: {} KB idle with 4 accounts after start, {} KB after the load",
