@@ -179,7 +179,7 @@ fn window(
                 t.output_tokens += u.output_tokens;
             }
         }
-        let (pool, _) = tally(r);
+        let pool = tally(r);
         w.requests += pool.requests;
         w.client_errors += pool.client_errors;
         w.upstream_errors += pool.upstream_errors;

@@ -86,36 +86,31 @@ pub fn is_upstream_error(a: &AttemptRecord) -> bool {
     )
 }
 
-/// A request's counts, pool-wide and per account (`chatgpt_account_id`).
-pub fn tally(r: &RequestRecord) -> (Tally, Vec<(&str, Tally)>) {
-    let client_error = u64::from(r.outcome.is_error());
-    let mut pool = Tally {
+/// A request's counts pool-wide.
+pub fn tally(r: &RequestRecord) -> Tally {
+    Tally {
         requests: 1,
-        client_errors: client_error,
-        ..Tally::default()
-    };
-    let mut per: Vec<(&str, Tally)> = Vec::with_capacity(r.attempts.len());
-    for a in &r.attempts {
-        let up = u64::from(is_upstream_error(a));
-        pool.attempts += 1;
-        pool.upstream_errors += up;
-        let i = match per.iter().position(|(id, _)| *id == a.account) {
-            Some(i) => i,
-            None => {
-                per.push((&a.account, Tally::default()));
-                per.len() - 1
-            }
+        client_errors: u64::from(r.outcome.is_error()),
+        attempts: r.attempts.len() as u64,
+        upstream_errors: r.attempts.iter().filter(|a| is_upstream_error(a)).count() as u64,
+    }
+}
+
+/// What each of a request's attempts adds to its account's counts (`chatgpt_account_id`):
+/// the attempt, and with the last one the request, which ended there.
+fn per_attempt(r: &RequestRecord) -> impl Iterator<Item = (&str, Tally)> {
+    let client_error = u64::from(r.outcome.is_error());
+    let last = r.attempts.len().saturating_sub(1);
+    r.attempts.iter().enumerate().map(move |(i, a)| {
+        let ended = i == last;
+        let t = Tally {
+            requests: u64::from(ended),
+            client_errors: if ended { client_error } else { 0 },
+            attempts: 1,
+            upstream_errors: u64::from(is_upstream_error(a)),
         };
-        per[i].1.attempts += 1;
-        per[i].1.upstream_errors += up;
-    }
-    if let Some(last) = r.attempts.last()
-        && let Some((_, t)) = per.iter_mut().find(|(id, _)| *id == last.account)
-    {
-        t.requests += 1;
-        t.client_errors += client_error;
-    }
-    (pool, per)
+        (&*a.account, t)
+    })
 }
 
 struct Minute {
@@ -165,7 +160,7 @@ impl ErrorWindows {
             return;
         }
         let at_min = now_ms / 60_000;
-        let (pool, per) = tally(r);
+        let pool = tally(r);
         if self.minutes.back().is_none_or(|m| m.at_min != at_min) {
             self.minutes.push_back(Minute {
                 at_min,
@@ -185,7 +180,7 @@ impl ErrorWindows {
             return;
         };
         m.pool.add(&pool);
-        for (id, t) in per {
+        for (id, t) in per_attempt(r) {
             // An account seen this minute already is found by its borrowed id.
             match m.accounts.get_mut(id) {
                 Some(kept) => kept.add(&t),
