@@ -182,21 +182,28 @@ async fn a_slow_first_token_gets_keepalive_comments_and_then_the_stream() {
     assert_eq!(sse.last().0, "response.completed");
 }
 
-#[tokio::test]
-async fn after_keepalive_headers_a_final_failure_arrives_as_a_failed_event_with_the_same_code() {
-    let gw = Gw::start_with(1, |c| {
-        c.server.keepalive_after = Duration::from_millis(100);
-        c.upstream.header_timeout = Duration::from_millis(800);
-    })
-    .await;
+/// An account whose headers come after `slow_ms`, with the keep-alive and header timeouts
+/// `configure` sets: the client gets keep-alive comments on a 200, then `response.failed`
+/// with the code a JSON client would get.
+async fn fails_after_keepalives(configure: fn(&mut switchyard::config::Config), slow_ms: u64) {
+    let gw = Gw::start_with(1, configure).await;
     let a = gw.rr_order()[0].clone();
-    gw.fault(&a, FaultKind::SlowHeaders { ms: 3000 }, Some(1));
+    gw.fault(&a, FaultKind::SlowHeaders { ms: slow_ms }, Some(1));
     let sse = gw.stream(&body("gpt-5.5", "hello", true), &[]).await;
     assert_eq!(sse.status, 200);
-    assert!(sse.comments >= 1);
+    assert!(sse.comments >= 1, "keep-alive comments: {}", sse.body);
     let (kind, last) = sse.last();
     assert_eq!(kind, "response.failed");
     assert_eq!(last["response"]["error"]["code"], "no_available_account");
+}
+
+#[tokio::test]
+async fn after_keepalive_headers_a_final_failure_arrives_as_a_failed_event_with_the_same_code() {
+    let configure = |c: &mut switchyard::config::Config| {
+        c.server.keepalive_after = Duration::from_millis(100);
+        c.upstream.header_timeout = Duration::from_millis(800);
+    };
+    fails_after_keepalives(configure, 3000).await;
 }
 
 /// The same with both waits long enough (a second or more) to be kept in the serving
@@ -204,19 +211,11 @@ async fn after_keepalive_headers_a_final_failure_arrives_as_a_failed_event_with_
 /// and the header timeout still ends the wait.
 #[tokio::test]
 async fn coarse_timeouts_still_send_keepalives_and_end_a_wait_for_headers() {
-    let gw = Gw::start_with(1, |c| {
+    let configure = |c: &mut switchyard::config::Config| {
         c.server.keepalive_after = switchyard::base::deadline::COARSE_FROM;
         c.upstream.header_timeout = Duration::from_secs(2);
-    })
-    .await;
-    let a = gw.rr_order()[0].clone();
-    gw.fault(&a, FaultKind::SlowHeaders { ms: 60_000 }, Some(1));
-    let sse = gw.stream(&body("gpt-5.5", "hello", true), &[]).await;
-    assert_eq!(sse.status, 200);
-    assert!(sse.comments >= 1, "keep-alive comments: {}", sse.body);
-    let (kind, last) = sse.last();
-    assert_eq!(kind, "response.failed");
-    assert_eq!(last["response"]["error"]["code"], "no_available_account");
+    };
+    fails_after_keepalives(configure, 60_000).await;
 }
 
 #[tokio::test]
