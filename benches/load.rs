@@ -677,7 +677,7 @@ fn publish() {
             let added = |r: &Run| {
                 format!(
                     "{:.3} / {:.3} ms",
-                    ms(r.p50.saturating_sub(d.p50)),
+                    p50_added(r, &d),
                     ms(r.p99.saturating_sub(d.p99))
                 )
             };
@@ -1424,6 +1424,11 @@ fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
         .unwrap_or(default)
 }
 
+/// What `through` adds to the median latency of `direct`, in ms.
+fn p50_added(through: &Run, direct: &Run) -> f64 {
+    ms(through.p50.saturating_sub(direct.p50))
+}
+
 fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1000.0
 }
@@ -1526,7 +1531,7 @@ fn main() {
             let d = measure(&direct, conns, secs, nginx_meter).await;
             let n = if nginx { Some(measure(&via_nginx, conns, secs, nginx_meter).await) } else { None };
             let g = measure(&via_gateway, conns, secs, Meter::Process(gateway.0.id())).await;
-            let added = |r: &Run| ms(r.p50.saturating_sub(d.p50));
+            let added = |r: &Run| p50_added(r, &d);
             let nginx_adds = n.as_ref().map(added);
             let gw_adds = added(&g);
             println!(
@@ -1573,16 +1578,21 @@ fn main() {
                 ));
             }
             println!("{:>11}   floor, a bare pass-through on the same stack: {}", "", floor.join("; "));
-            // The CPU target's ratio, the gateway's CPU per answer over the hyper floor's,
-            // measured alternately: the machine's drift from one measurement to the next falls
-            // on both alike, and one disturbed measurement moves the median little.
+            // The CPU target's ratio, the gateway's CPU per answer over the hyper floor's, and
+            // the latency each adds to the upstream's, measured alternately (direct, gateway,
+            // floor): the machine's drift from one measurement to the next falls on all alike,
+            // and one disturbed measurement moves the median little.
             let (_, hyper_floor, hyper_port) = &floors[0];
             let floor_target = Target::backend(*hyper_port);
             let mut cpu = Vec::new();
+            let (mut gw_added, mut floor_added) = (Vec::new(), Vec::new());
             for _ in 0..alternations {
+                let d = measure(&direct, conns, secs, Meter::None).await;
                 let g = measure(&via_gateway, conns, secs, Meter::Process(gateway.0.id())).await;
                 let f = measure(&floor_target, conns, secs, Meter::Process(hyper_floor.0.id())).await;
                 cpu.extend(g.cpu_us.zip(f.cpu_us));
+                gw_added.push(p50_added(&g, &d));
+                floor_added.push(p50_added(&f, &d));
             }
             if !cpu.is_empty() {
                 let pairs: Vec<String> = cpu.iter().map(|(g, f)| format!("{g:.0}/{f:.0}")).collect();
@@ -1593,6 +1603,17 @@ fn main() {
                     pairs.join(", "),
                     ratios.iter().map(|r| format!("{r:.2}x")).collect::<Vec<_>>().join(", "),
                     median(ratios)
+                );
+            }
+            if !gw_added.is_empty() {
+                let list = |v: &[f64]| v.iter().map(|a| format!("{a:.3}")).collect::<Vec<_>>().join(", ");
+                println!(
+                    "{:>11}   p50 added to direct, alternating: gateway {} ms (median {:.3} ms); hyper floor {} ms (median {:.3} ms)",
+                    "",
+                    list(&gw_added),
+                    median(gw_added.clone()),
+                    list(&floor_added),
+                    median(floor_added.clone())
                 );
             }
         }
