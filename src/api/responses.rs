@@ -502,15 +502,12 @@ impl<'a> Peek<'a> {
     /// The peek of a body: scanned, or read by `serde_json` where the scan leaves it to a
     /// full reader (`None` when that refuses it too).
     fn of(bytes: &'a [u8]) -> Option<Peek<'a>> {
-        std::str::from_utf8(bytes)
-            .ok()
-            .and_then(Peek::scan)
-            .or_else(|| crate::base::raw_json::from_bytes(bytes).ok())
+        Peek::scan(bytes).or_else(|| crate::base::raw_json::from_bytes(bytes).ok())
     }
 
     /// The same as its derived reader gives, read by a scan of the text; `None` for what the
     /// scan leaves to that reader (a field twice, a field of another type, bad JSON).
-    fn scan(text: &'a str) -> Option<Peek<'a>> {
+    fn scan(text: &'a [u8]) -> Option<Peek<'a>> {
         let mut peek = Peek {
             model: None,
             stream: None,
@@ -911,7 +908,7 @@ mod tests {
             "{}",
         ];
         for t in scanned {
-            let got = Peek::scan(t);
+            let got = Peek::scan(t.as_bytes());
             assert!(got.is_some(), "{t}");
             assert_eq!(got, read(t), "{t}");
         }
@@ -929,12 +926,12 @@ mod tests {
             r#"{"model":"a""#,
         ];
         for t in left {
-            assert_eq!(Peek::scan(t), None, "{t}");
+            assert_eq!(Peek::scan(t.as_bytes()), None, "{t}");
         }
         assert!(read(left[7]).is_some());
         assert_eq!(Peek::of(left[7].as_bytes()), read(left[7]));
         // Borrowed from the body where written without escapes, as the reader borrows.
-        let peek = Peek::scan(scanned[0]).unwrap();
+        let peek = Peek::scan(scanned[0].as_bytes()).unwrap();
         assert!(matches!(peek.model, Some(Cow::Borrowed("gpt-5.5"))));
     }
 

@@ -6,7 +6,10 @@
 //! It takes the grammar of RFC 8259 as `serde_json` does: the same escapes (a `\u` escape is
 //! four hex digits, its code point unchecked where the value is read past), no control
 //! characters in strings, no leading zeros, no trailing commas, nothing after the value but
-//! whitespace. Each read gives `None` for what it does not take: bad JSON, and also forms it
+//! whitespace. It reads bytes as `serde_json::from_slice` does: a string's bytes are checked
+//! as UTF-8 only where they are taken (a value read, a key of an object read member by member)
+//! and not where they are read past, so a body of a few hundred kilobytes is not checked as
+//! a whole for the few fields read from its start. Each read gives `None` for what it does not take: bad JSON, and also forms it
 //! leaves to a full reader (nesting deeper than [`MAX_DEPTH`], a count that is no plain
 //! integer). A caller then reads the text with `serde_json`, which has the last word; a scan
 //! that gives a value gives the one `serde_json` would.
@@ -18,7 +21,7 @@ pub const MAX_DEPTH: usize = 100;
 
 /// A position in JSON text.
 pub struct Scan<'a> {
-    text: &'a str,
+    text: &'a [u8],
     at: usize,
     depth: usize,
 }
@@ -26,31 +29,32 @@ pub struct Scan<'a> {
 /// A string as it was written: where it stands in the text, quotes included.
 #[derive(Clone, Copy, Debug)]
 pub struct Str<'a> {
-    text: &'a str,
+    text: &'a [u8],
     start: usize,
     end: usize,
     escaped: bool,
+    /// Without escapes, every byte below 0x80: UTF-8 without a second look.
+    ascii: bool,
 }
 
 impl<'a> Str<'a> {
-    /// Its value: borrowed from the text when it has no escapes. `None` for an escape of no
-    /// character (a lone surrogate), which a full reader refuses too.
+    /// Its value: borrowed from the text when it has no escapes. `None` for bytes that are no
+    /// UTF-8 or an escape of no character (a lone surrogate), which a full reader refuses too.
     pub fn text(self) -> Option<Cow<'a, str>> {
         if self.escaped {
-            serde_json::from_str(self.text.get(self.start..self.end)?)
+            serde_json::from_slice(self.text.get(self.start..self.end)?)
                 .ok()
                 .map(Cow::Owned)
         } else {
-            self.text
-                .get(self.start + 1..self.end - 1)
-                .map(Cow::Borrowed)
+            std::str::from_utf8(self.raw()).ok().map(Cow::Borrowed)
         }
     }
 
     /// Its bytes as written, between the quotes.
     fn raw(self) -> &'a [u8] {
-        let b = self.text.as_bytes();
-        b.get(self.start + 1..self.end - 1).unwrap_or_default()
+        self.text
+            .get(self.start + 1..self.end - 1)
+            .unwrap_or_default()
     }
 }
 
@@ -77,7 +81,8 @@ impl Seen {
 }
 
 impl<'a> Scan<'a> {
-    pub fn new(text: &'a str) -> Scan<'a> {
+    /// A scan of `text`, which need not be UTF-8 as a whole (see the module's note).
+    pub fn new(text: &'a [u8]) -> Scan<'a> {
         Scan {
             text,
             at: 0,
@@ -88,7 +93,7 @@ impl<'a> Scan<'a> {
     /// The next byte that is no whitespace, not taken.
     #[inline]
     pub fn peek(&mut self) -> Option<u8> {
-        let b = self.text.as_bytes();
+        let b = self.text;
         loop {
             let c = *b.get(self.at)?;
             // Whitespace is a space and three bytes below it.
@@ -114,15 +119,17 @@ impl<'a> Scan<'a> {
         if self.peek()? != b'"' {
             return None;
         }
-        self.string_here()
+        self.string_here::<true>()
     }
 
-    /// The string that starts here, at its quote.
-    fn string_here(&mut self) -> Option<Str<'a>> {
-        let b = self.text.as_bytes();
+    /// The string that starts here, at its quote; with `ASCII`, whether it is ASCII is found
+    /// on the way (a string read past need not say).
+    fn string_here<const ASCII: bool>(&mut self) -> Option<Str<'a>> {
+        let b = self.text;
         let start = self.at;
         // Most strings have no escape: their end is the first stop.
-        let i = start + 1 + plain_run(b.get(start + 1..)?);
+        let (run, ascii) = plain_run::<ASCII>(b.get(start + 1..)?);
+        let i = start + 1 + run;
         if *b.get(i)? != b'"' {
             return self.string_with_stops(start, i);
         }
@@ -132,6 +139,7 @@ impl<'a> Scan<'a> {
             start,
             end: self.at,
             escaped: false,
+            ascii,
         })
     }
 
@@ -140,7 +148,7 @@ impl<'a> Scan<'a> {
     /// common case needs few registers.
     #[inline(never)]
     fn string_with_stops(&mut self, start: usize, mut i: usize) -> Option<Str<'a>> {
-        let b = self.text.as_bytes();
+        let b = self.text;
         let mut escaped = false;
         loop {
             match *b.get(i)? {
@@ -156,7 +164,7 @@ impl<'a> Scan<'a> {
                 // A control character.
                 _ => return None,
             }
-            i += plain_run(b.get(i..)?);
+            i += plain_run::<false>(b.get(i..)?).0;
         }
         self.at = i + 1;
         Some(Str {
@@ -164,6 +172,8 @@ impl<'a> Scan<'a> {
             start,
             end: self.at,
             escaped,
+            // Not asked of a string with escapes: its value is read by `serde_json`.
+            ascii: false,
         })
     }
 
@@ -192,7 +202,7 @@ impl<'a> Scan<'a> {
     /// An integer of digits alone (no sign, fraction or exponent) that fits 64 bits.
     pub fn count(&mut self) -> Option<u64> {
         self.peek()?;
-        let b = self.text.as_bytes();
+        let b = self.text;
         let digits = b[self.at..]
             .iter()
             .take_while(|c| c.is_ascii_digit())
@@ -214,7 +224,7 @@ impl<'a> Scan<'a> {
     /// Reads past one value of any kind.
     pub fn value(&mut self) -> Option<()> {
         match self.peek()? {
-            b'"' => self.string_here().map(drop),
+            b'"' => self.string_here::<false>().map(drop),
             b'{' => self.object(|s, _| s.value()),
             b'[' => self.elements(Scan::value),
             b't' => self.literal(b"true"),
@@ -225,8 +235,8 @@ impl<'a> Scan<'a> {
     }
 
     /// An object: `member` is called with each key's value as bytes and must read the value
-    /// that follows. A key that is no string (a lone surrogate escaped) is `None`, as the
-    /// derived readers of structs refuse it.
+    /// that follows. A key that is no string (bytes that are no UTF-8, a lone surrogate
+    /// escaped) is `None`, as the derived readers of structs refuse it.
     pub fn members(
         &mut self,
         mut member: impl FnMut(&mut Self, &[u8]) -> Option<()>,
@@ -235,7 +245,11 @@ impl<'a> Scan<'a> {
             if key.escaped {
                 member(s, key.text()?.as_bytes())
             } else {
-                member(s, key.raw())
+                let raw = key.raw();
+                if !key.ascii {
+                    std::str::from_utf8(raw).ok()?;
+                }
+                member(s, raw)
             }
         })
     }
@@ -291,14 +305,14 @@ impl<'a> Scan<'a> {
     }
 
     fn literal(&mut self, word: &[u8]) -> Option<()> {
-        self.text.as_bytes()[self.at..]
+        self.text[self.at..]
             .starts_with(word)
             .then(|| self.at += word.len())
     }
 
     /// `-? (0 | [1-9][0-9]*) (. [0-9]+)? ([eE] [+-]? [0-9]+)?`
     fn number(&mut self) -> Option<()> {
-        let b = self.text.as_bytes();
+        let b = self.text;
         let digits = |i: usize| {
             b[i.min(b.len())..]
                 .iter()
@@ -331,13 +345,16 @@ impl<'a> Scan<'a> {
     }
 }
 
-/// How many bytes at the start of `b` need no second look in a string: none is a quote, a
-/// backslash or a control character. Eight at a time, then one by one.
+/// How many bytes at the start of `b` need no second look in a string (none is a quote, a
+/// backslash or a control character), and with `ASCII` whether all of those are ASCII (without,
+/// `false`). Eight at a time, then one by one.
 #[inline(always)]
-fn plain_run(b: &[u8]) -> usize {
+fn plain_run<const ASCII: bool>(b: &[u8]) -> (usize, bool) {
     const ONES: u64 = u64::MAX / 255;
     const HIGH: u64 = ONES << 7;
     let mut n = 0;
+    // The bytes of the run or'ed together: a high bit set is a byte that is no ASCII.
+    let mut seen = 0;
     while let Some(chunk) = b[n..].first_chunk::<8>() {
         let w = u64::from_le_bytes(*chunk);
         let quote = w ^ (ONES * u64::from(b'"'));
@@ -347,14 +364,30 @@ fn plain_run(b: &[u8]) -> usize {
             | backslash.wrapping_sub(ONES) & !backslash)
             & HIGH;
         if stop != 0 {
-            return n + stop.trailing_zeros() as usize / 8;
+            // The bytes before the first stop: the bits below its (high) bit.
+            if ASCII {
+                seen |= w & ((stop & stop.wrapping_neg()) - 1);
+            }
+            return (
+                n + stop.trailing_zeros() as usize / 8,
+                ASCII && seen & HIGH == 0,
+            );
+        }
+        if ASCII {
+            seen |= w;
         }
         n += 8;
     }
-    n + b[n..]
-        .iter()
-        .take_while(|&&c| c >= 0x20 && c != b'"' && c != b'\\')
-        .count()
+    for &c in &b[n..] {
+        if c < 0x20 || c == b'"' || c == b'\\' {
+            break;
+        }
+        if ASCII {
+            seen |= u64::from(c);
+        }
+        n += 1;
+    }
+    (n, ASCII && seen & HIGH == 0)
 }
 
 #[cfg(test)]
@@ -362,13 +395,13 @@ mod tests {
     use super::*;
 
     /// Whether the scan takes `text` as one value, as `serde_json` does.
-    fn takes(text: &str) -> bool {
-        let mut s = Scan::new(text);
+    fn takes(text: impl AsRef<[u8]>) -> bool {
+        let mut s = Scan::new(text.as_ref());
         s.value().is_some() && s.end().is_some()
     }
 
-    fn serde_takes(text: &str) -> bool {
-        serde_json::from_str::<serde::de::IgnoredAny>(text).is_ok()
+    fn serde_takes(text: impl AsRef<[u8]>) -> bool {
+        serde_json::from_slice::<serde::de::IgnoredAny>(text.as_ref()).is_ok()
     }
 
     #[test]
@@ -438,8 +471,41 @@ mod tests {
                 variants.push(v);
             }
             for v in variants {
-                if let Ok(text) = std::str::from_utf8(&v) {
-                    assert_eq!(takes(text), serde_takes(text), "{text}");
+                assert_eq!(
+                    takes(&v),
+                    serde_takes(&v),
+                    "{}",
+                    String::from_utf8_lossy(&v)
+                );
+            }
+        }
+    }
+
+    /// A run ends at its first stop, and is ASCII when every byte before that stop is, at any
+    /// length and wherever the stop and a byte above 0x7f stand (in or across eight-byte steps).
+    #[test]
+    fn a_run_says_whether_its_bytes_before_the_stop_are_ascii() {
+        for len in 0..20 {
+            for stop in [None, Some(b'"'), Some(b'\\'), Some(0x01)] {
+                for high in (0..len + 3).map(Some).chain([None]) {
+                    let mut b = vec![b'a'; len];
+                    if let Some(c) = stop {
+                        b.push(c);
+                    }
+                    b.extend_from_slice(b"zz");
+                    if let Some(h) = high.filter(|h| *h < b.len()) {
+                        b[h] = 0xe9;
+                    }
+                    let end = b
+                        .iter()
+                        .position(|&c| c < 0x20 || c == b'"' || c == b'\\')
+                        .unwrap_or(b.len());
+                    assert_eq!(
+                        plain_run::<true>(&b),
+                        (end, b[..end].is_ascii()),
+                        "{len} {stop:?} {high:?}"
+                    );
+                    assert_eq!(plain_run::<false>(&b), (end, false));
                 }
             }
         }
@@ -448,14 +514,14 @@ mod tests {
     #[test]
     fn nesting_past_the_limit_is_left_to_the_full_reader() {
         let deep = |n: usize| format!("{}{}", "[".repeat(n), "]".repeat(n));
-        assert!(takes(&deep(MAX_DEPTH)));
-        assert!(!takes(&deep(MAX_DEPTH + 1)));
-        assert!(serde_takes(&deep(MAX_DEPTH + 1)));
+        assert!(takes(deep(MAX_DEPTH)));
+        assert!(!takes(deep(MAX_DEPTH + 1)));
+        assert!(serde_takes(deep(MAX_DEPTH + 1)));
     }
 
     #[test]
     fn strings_give_their_value_and_counts_only_plain_integers() {
-        let mut s = Scan::new(r#"["plain","e\u00e9\n","\ud800"]"#);
+        let mut s = Scan::new(br#"["plain","e\u00e9\n","\ud800"]"#);
         let mut got = Vec::new();
         s.elements(|s| {
             got.push(s.string()?.text());
@@ -467,7 +533,7 @@ mod tests {
         assert_eq!(got[1].as_deref(), Some("eé\n"));
         assert_eq!(got[2], None);
 
-        let count = |t: &str| Scan::new(t).count();
+        let count = |t: &str| Scan::new(t.as_bytes()).count();
         assert_eq!(count("0"), Some(0));
         assert_eq!(count(" 18446744073709551615"), Some(u64::MAX));
         for t in [
@@ -480,6 +546,64 @@ mod tests {
             "",
         ] {
             assert_eq!(count(t), None, "{t}");
+        }
+    }
+
+    /// Bytes that are no UTF-8 are refused where a value or a key is taken, and read past
+    /// elsewhere, as `serde_json::from_slice` reads them into a struct of the fields taken.
+    #[test]
+    fn bytes_that_are_no_utf8_are_refused_only_where_they_are_taken() {
+        #[derive(serde::Deserialize)]
+        struct Taken<'a> {
+            #[serde(borrow)]
+            model: Option<Cow<'a, str>>,
+        }
+        let scan = |text: &[u8]| {
+            let mut model = None;
+            let mut s = Scan::new(text);
+            s.members(|s, key| match key {
+                b"model" => s.string()?.text().map(|t| model = Some(t.into_owned())),
+                _ => s.value(),
+            })?;
+            s.end()?;
+            Some(model)
+        };
+        let serde = |text: &[u8]| {
+            serde_json::from_slice::<Taken>(text)
+                .ok()
+                .map(|t| t.model.map(Cow::into_owned))
+        };
+        let bad = [0xff_u8, 0xc3];
+        let with = |pattern: &str| {
+            let mut v = Vec::new();
+            for (i, part) in pattern.split('~').enumerate() {
+                if i > 0 {
+                    v.extend_from_slice(&bad);
+                }
+                v.extend_from_slice(part.as_bytes());
+            }
+            v
+        };
+        let cases = [
+            (
+                r#"{"input":"a~b","model":"m"}"#,
+                Some(Some("m".to_string())),
+            ),
+            (
+                r#"{"input":["~",{"~":1}],"model":"m"}"#,
+                Some(Some("m".to_string())),
+            ),
+            (r#"{"model":"m~"}"#, None),
+            (r#"{"model":"m\n~"}"#, None),
+            (r#"{"~":1,"model":"m"}"#, None),
+            (r#"{"model":"é"}"#, Some(Some("é".to_string()))),
+            (r#"{"é":1,"model":"m"}"#, Some(Some("m".to_string()))),
+        ];
+        for (pattern, want) in cases {
+            let text = with(pattern);
+            assert_eq!(scan(&text), want, "{pattern}");
+            assert_eq!(serde(&text), want, "{pattern}, as serde_json reads it");
+            assert_eq!(takes(&text), serde_takes(&text), "{pattern}");
         }
     }
 }

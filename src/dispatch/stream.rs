@@ -276,14 +276,12 @@ fn present<'de, D: serde::Deserializer<'de>>(
 impl ResponsePeek {
     /// The peek of an event's data.
     pub fn of(ev: &Event) -> ResponsePeek {
-        std::str::from_utf8(ev.data())
-            .ok()
-            .and_then(ResponsePeek::scan)
+        ResponsePeek::scan(ev.data())
             .unwrap_or_else(|| crate::base::raw_json::from_bytes(ev.data()).unwrap_or_default())
     }
 
     /// The same read by a scan of the text; `None` for what it leaves to the derived reader.
-    fn scan(text: &str) -> Option<ResponsePeek> {
+    fn scan(text: &[u8]) -> Option<ResponsePeek> {
         let mut response = None;
         let mut seen = Seen::default();
         let mut s = Scan::new(text);
@@ -845,7 +843,7 @@ mod tests {
         let read: ResponsePeek =
             crate::base::raw_json::from_bytes(data.as_bytes()).unwrap_or_default();
         assert_eq!(p, read, "{data}");
-        if let Some(scanned) = ResponsePeek::scan(data) {
+        if let Some(scanned) = ResponsePeek::scan(data.as_bytes()) {
             assert_eq!(scanned, read, "{data}");
         }
         assert_eq!((p.id(), p.usage()), (tree.id(), tree.usage()), "{data}");
@@ -912,7 +910,7 @@ mod tests {
             r#"{"response":{"usage":{"input_tokens":"3","input_tokens_details":7,"x":[{}]}}}"#,
             r#"{"response":null,"sequence_number":-4.5e1}"#,
         ] {
-            assert!(ResponsePeek::scan(data).is_some(), "{data}");
+            assert!(ResponsePeek::scan(data.as_bytes()).is_some(), "{data}");
             peek(data);
         }
         for data in [
@@ -928,7 +926,7 @@ mod tests {
             r#"[{"id":"a"}]"#,
             r#"{"response":{"id":"a"}} {}"#,
         ] {
-            assert_eq!(ResponsePeek::scan(data), None, "{data}");
+            assert_eq!(ResponsePeek::scan(data.as_bytes()), None, "{data}");
             let ev = Event::from_data(Bytes::from(data.to_string()));
             let read: ResponsePeek =
                 crate::base::raw_json::from_bytes(data.as_bytes()).unwrap_or_default();

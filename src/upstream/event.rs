@@ -268,7 +268,7 @@ fn read_response_id(data: &[u8]) -> Option<String> {
 /// the scan leaves the event to the full reading (an id that is no text, JSON it does not
 /// take before the id), which finds the same id wherever this one does.
 fn plain_response_id(data: &[u8]) -> Option<Arc<str>> {
-    let mut s = Scan::new(std::str::from_utf8(data).ok()?);
+    let mut s = Scan::new(data);
     let mut id = None;
     // Each walk ends (`None`) as soon as it has what it came for.
     let _ = s.members(|s, key| {
