@@ -348,15 +348,20 @@ where
     }
 }
 
-impl TtlMap<String, String> {
+/// A map of text to text (a `String` or a shared `Arc<str>` each) persists as such.
+impl<K, V> TtlMap<K, V>
+where
+    K: Eq + Hash + Clone + AsRef<str> + From<String>,
+    V: Clone + AsRef<str> + From<String>,
+{
     /// Persists the live entries under `name` (waits for the commit).
     pub async fn save_to(&self, store: &Store, name: &str) -> Result<usize, StoreError> {
         let rows: Vec<SnapshotRow> = self
             .snapshot()
             .into_iter()
             .map(|e| SnapshotRow {
-                key: e.key,
-                value: e.value,
+                key: e.key.as_ref().to_owned(),
+                value: e.value.as_ref().to_owned(),
                 created_ms: e.created_ms,
                 touched_ms: e.touched_ms,
             })
@@ -372,8 +377,8 @@ impl TtlMap<String, String> {
             Some(SnapshotRecord(rows)) => Ok(self.restore(
                 rows.into_iter()
                     .map(|r| SnapshotEntry {
-                        key: r.key,
-                        value: r.value,
+                        key: K::from(r.key),
+                        value: V::from(r.value),
                         created_ms: r.created_ms,
                         touched_ms: r.touched_ms,
                     })

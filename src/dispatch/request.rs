@@ -625,7 +625,9 @@ impl Dispatcher {
         if let Some(served) = &trace.served
             && let Some(resp) = &served.response_id
         {
-            self.fleet.affinity.own(resp, &served.id);
+            self.fleet
+                .affinity
+                .own(Arc::clone(resp), Arc::clone(&served.id));
         }
         let Some(session) = &ctx.session else {
             return Decision::None;

@@ -6,6 +6,7 @@
 //! the account that produced it. Both are TTL maps, snapshotted to the store so an upgrade does
 //! not scatter every session.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use super::health::Class;
@@ -125,7 +126,7 @@ impl Decision {
 #[derive(Clone)]
 pub struct Affinity {
     pub sessions: TtlMap<String, String>,
-    pub responses: TtlMap<String, String>,
+    pub responses: TtlMap<Arc<str>, Arc<str>>,
     /// Session -> accounts it avoids (each exclusion ends with the entry's TTL).
     exclusions: TtlMap<String, Vec<String>>,
     /// Key + session -> accounts that refused one of its prompts, and until when (unix ms).
@@ -183,13 +184,14 @@ impl Affinity {
     }
 
     /// The account that produced a response.
-    pub fn owner(&self, response_id: &str) -> Option<String> {
+    pub fn owner(&self, response_id: &str) -> Option<Arc<str>> {
         self.responses.peek(response_id)
     }
 
-    pub fn own(&self, response_id: &str, account: &str) {
-        self.responses
-            .insert(response_id.to_string(), account.to_string());
+    /// Remembers the account that produced a response; a request's shared strings are kept as
+    /// they are (the map's key, its order's copy of the key and the value are no copies).
+    pub fn own(&self, response_id: impl Into<Arc<str>>, account: impl Into<Arc<str>>) {
+        self.responses.insert(response_id.into(), account.into());
     }
 
     /// Keeps a session away from an account for a while (it broke one of its streams).
@@ -270,7 +272,7 @@ impl Affinity {
     /// Forgets everything bound to an account (it was removed).
     pub fn forget_account(&self, account: &str) {
         self.sessions.retain(|_, a| a != account);
-        self.responses.retain(|_, a| a != account);
+        self.responses.retain(|_, a| &**a != account);
     }
 
     pub async fn save(&self, store: &Store) -> Result<(usize, usize), StoreError> {

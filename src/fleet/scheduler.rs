@@ -419,9 +419,9 @@ impl Fleet {
             ));
         }
         Ok(Plan {
-            order: vec![Arc::from(owner.as_str())],
-            sticky: Some(owner.clone()),
-            bound: Some(owner),
+            order: vec![Arc::clone(&owner)],
+            sticky: Some(owner.to_string()),
+            bound: Some(owner.to_string()),
             owner_only: true,
             ..Plan::default()
         })
