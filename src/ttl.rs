@@ -614,6 +614,16 @@ mod tests {
         assert_eq!(m2.load_from(&store, "affinity").unwrap(), 2);
         assert_eq!(m2.peek("b"), Some("2".into()));
         assert_eq!(m2.load_from(&store, "nothing-saved").unwrap(), 0);
+        // Shared strings persist as text too: a snapshot one kind of map wrote, the other
+        // reads (the response owners' map changed kind with its snapshot in place).
+        let shared: TtlMap<Arc<str>, Arc<str>> = TtlMap::new(config, Arc::new(clock.clone()));
+        assert_eq!(shared.load_from(&store, "affinity").unwrap(), 2);
+        assert_eq!(shared.peek("a"), Some(Arc::from("1")));
+        shared.insert(Arc::from("c"), Arc::from("3"));
+        assert_eq!(shared.save_to(&store, "shared").await.unwrap(), 3);
+        let m3: TtlMap<String, String> = TtlMap::new(config, Arc::new(clock.clone()));
+        assert_eq!(m3.load_from(&store, "shared").unwrap(), 3);
+        assert_eq!(m3.peek("c"), Some("3".into()));
     }
 
     #[tokio::test]
