@@ -15,8 +15,9 @@
 //! `cargo bench --bench load` (release; `LOAD_SECONDS`, default 5, per measurement;
 //! `LOAD_GATEWAY=path` runs another build of the gateway; `LOAD_CONNS=32,1` the connection
 //! counts; `LOAD_KEEP_AWAKE=1`, as root, keeps idle cores polling for the run). At each
-//! connection count it then measures the gateway and the hyper floor alternately
-//! (`LOAD_ALTERNATIONS` times, default 3) and prints their CPU per answer and its ratios.
+//! connection count it then measures the upstream directly, the gateway and the hyper floor
+//! in turn (`LOAD_ALTERNATIONS` rounds, default 3) and prints the gateway's and the floor's
+//! CPU per answer and their ratios, and the p50 each adds to the direct one, with medians.
 //! `LOAD_SECONDS=1 cargo test --bench load` runs it once in a debug build as a smoke test.
 //! `LOAD_ONLY=rss cargo bench --bench load` measures only the gateway's RSS over a long run
 //! (`LOAD_RSS_REQUESTS`, default 200k): after the first 10k answers and after the last;

@@ -9,9 +9,9 @@
 //! whitespace. It reads bytes as `serde_json::from_slice` does: a string's bytes are checked
 //! as UTF-8 only where they are taken (a value read, a key of an object read member by member)
 //! and not where they are read past, so a body of a few hundred kilobytes is not checked as
-//! a whole for the few fields read from its start. Each read gives `None` for what it does not take: bad JSON, and also forms it
-//! leaves to a full reader (nesting deeper than [`MAX_DEPTH`], a count that is no plain
-//! integer). A caller then reads the text with `serde_json`, which has the last word; a scan
+//! a whole for the few fields read from its start. Each read gives `None` for what it does
+//! not take: bad JSON, and also forms it leaves to a full reader (nesting deeper than
+//! [`MAX_DEPTH`], a count that is no plain integer). A caller then reads the text with `serde_json`, which has the last word; a scan
 //! that gives a value gives the one `serde_json` would.
 
 use std::borrow::Cow;
